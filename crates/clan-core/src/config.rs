@@ -1,0 +1,185 @@
+//! The cluster file (TOML, like slurm.conf): node ids, addresses, the cluster key.
+//!
+//! ```toml
+//! name = "prod"
+//! key_file = "/etc/clan/cluster.key"   # 32+ random bytes, mode 0600
+//! heartbeat_ms = 500
+//! suspect_after_ms = 1500
+//! dead_after_ms = 3000
+//!
+//! [[node]]
+//! id = 1
+//! addr = "10.0.0.1:7100"
+//! ```
+
+use crate::id::NodeId;
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+/// Why a cluster file can not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("{path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("cannot read cluster key {path}: {source}")]
+    Key { path: PathBuf, source: std::io::Error },
+    #[error("cluster key {0} is shorter than 16 bytes")]
+    ShortKey(PathBuf),
+    #[error("node {0} is not in the cluster file")]
+    NoSuchNode(u32),
+}
+
+/// One node of the cluster file.
+#[derive(Debug, Clone, Deserialize)]
+pub struct NodeEntry {
+    pub id: u32,
+    pub addr: SocketAddr,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    name: String,
+    key_file: PathBuf,
+    #[serde(default = "default_heartbeat")]
+    heartbeat_ms: u64,
+    #[serde(default)]
+    suspect_after_ms: Option<u64>,
+    #[serde(default)]
+    dead_after_ms: Option<u64>,
+    /// Local clusters: every node gets its own pid namespace and cgroup subtree.
+    #[serde(default)]
+    local: bool,
+    /// Where node state lives; `{node}` is replaced by the node id.
+    #[serde(default)]
+    state_dir: Option<String>,
+    /// Root of the clan tree for CLI lookups (sockets live in `dir/node<N>/`).
+    #[serde(default)]
+    dir: Option<PathBuf>,
+    node: Vec<NodeEntry>,
+}
+
+fn default_heartbeat() -> u64 {
+    500
+}
+
+/// A parsed cluster file with its key.
+#[derive(Debug, Clone)]
+pub struct ClusterConfig {
+    pub name: String,
+    pub key: Vec<u8>,
+    pub heartbeat_ms: u64,
+    pub suspect_after_ms: u64,
+    pub dead_after_ms: u64,
+    pub local: bool,
+    pub dir: PathBuf,
+    state_dir: String,
+    pub nodes: Vec<NodeEntry>,
+    pub path: PathBuf,
+}
+
+impl ClusterConfig {
+    /// Reads and checks a cluster file and the key it names.
+    pub fn load(path: &Path) -> Result<ClusterConfig, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| ConfigError::Read { path: path.into(), source })?;
+        let raw: RawConfig = toml::from_str(&text)
+            .map_err(|e| ConfigError::Parse { path: path.into(), message: e.to_string() })?;
+        let perr = |message: String| ConfigError::Parse { path: path.into(), message };
+        if raw.node.is_empty() {
+            return Err(perr("no [[node]] entries".into()));
+        }
+        let mut seen = std::collections::HashSet::new();
+        for n in &raw.node {
+            if NodeId::new(n.id).is_none() {
+                return Err(perr(format!("node id {} outside 1..=213", n.id)));
+            }
+            if !seen.insert(n.id) {
+                return Err(perr(format!("node {} listed twice", n.id)));
+            }
+        }
+        if raw.heartbeat_ms == 0 {
+            return Err(perr("heartbeat_ms must be positive".into()));
+        }
+        let base = path.parent().unwrap_or(Path::new("/"));
+        let key_path = if raw.key_file.is_absolute() { raw.key_file.clone() } else { base.join(&raw.key_file) };
+        let key = std::fs::read(&key_path)
+            .map_err(|source| ConfigError::Key { path: key_path.clone(), source })?;
+        let key: Vec<u8> = String::from_utf8(key.clone())
+            .map(|s| s.trim().as_bytes().to_vec())
+            .unwrap_or(key);
+        if key.len() < 16 {
+            return Err(ConfigError::ShortKey(key_path));
+        }
+        let dir = raw.dir.clone().unwrap_or_else(|| base.to_path_buf());
+        let mut nodes = raw.node;
+        nodes.sort_by_key(|n| n.id);
+        Ok(ClusterConfig {
+            name: raw.name,
+            key,
+            heartbeat_ms: raw.heartbeat_ms,
+            suspect_after_ms: raw.suspect_after_ms.unwrap_or(raw.heartbeat_ms * 3),
+            dead_after_ms: raw.dead_after_ms.unwrap_or(raw.heartbeat_ms * 6),
+            local: raw.local,
+            state_dir: raw.state_dir.unwrap_or_else(|| dir.join("node{node}").display().to_string()),
+            dir,
+            nodes,
+            path: path.into(),
+        })
+    }
+
+    pub fn node(&self, id: NodeId) -> Result<&NodeEntry, ConfigError> {
+        self.nodes.iter().find(|n| n.id == id.get()).ok_or(ConfigError::NoSuchNode(id.get()))
+    }
+
+    pub fn node_ids(&self) -> impl Iterator<Item = NodeId> + '_ {
+        self.nodes.iter().filter_map(|n| NodeId::new(n.id))
+    }
+
+    /// The state directory of `node`.
+    pub fn state_dir(&self, node: NodeId) -> PathBuf {
+        PathBuf::from(self.state_dir.replace("{node}", &node.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loads_a_cluster_file() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("k"), "0123456789abcdef0123\n").unwrap();
+        let p = d.path().join("cluster.toml");
+        std::fs::write(
+            &p,
+            "name = \"t\"\nkey_file = \"k\"\nlocal = true\n[[node]]\nid = 2\naddr = \"127.0.0.1:7002\"\n[[node]]\nid = 1\naddr = \"127.0.0.1:7001\"\n",
+        )
+        .unwrap();
+        let c = ClusterConfig::load(&p).unwrap();
+        assert_eq!(c.nodes[0].id, 1);
+        assert_eq!(c.key, b"0123456789abcdef0123");
+        assert_eq!(c.dead_after_ms, 3000);
+        assert_eq!(c.state_dir(NodeId::new(2).unwrap()), d.path().join("node2"));
+    }
+
+    #[test]
+    fn rejects_bad_files() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("k"), "short").unwrap();
+        let p = d.path().join("c.toml");
+        for (text, want) in [
+            ("name = \"t\"\nkey_file = \"k\"\nnode = []\n", "no [[node]]"),
+            ("name = \"t\"\nkey_file = \"k\"\n[[node]]\nid = 0\naddr = \"127.0.0.1:1\"\n", "outside"),
+            ("name = \"t\"\nkey_file = \"k\"\n[[node]]\nid = 1\naddr = \"127.0.0.1:1\"\n", "shorter"),
+            ("name = 3\n", "invalid type"),
+        ] {
+            std::fs::write(&p, text).unwrap();
+            let e = ClusterConfig::load(&p).unwrap_err().to_string();
+            assert!(e.contains(want), "{e}");
+        }
+    }
+}

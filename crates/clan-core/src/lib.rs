@@ -1,0 +1,14 @@
+//! Shared types of clan: identifiers, signals, exit statuses, named locks and the cluster
+//! configuration. Everything here is plain data; no I/O beyond reading a config file.
+
+pub mod config;
+pub mod exit;
+pub mod id;
+pub mod lock;
+pub mod signal;
+
+pub use config::{ClusterConfig, ConfigError, NodeEntry};
+pub use exit::{ExitCode, WaitStatus};
+pub use id::{Gpid, IdError, JobId, NodeId, GPID_SPAN, MAX_NODE};
+pub use lock::{NamedMutex, NamedRwLock};
+pub use signal::{parse_signal, signal_name};

@@ -1,0 +1,24 @@
+//! clan's wire protocol.
+//!
+//! The messages are generated from `proto/clan.proto` (the IDL between nodes, clients and
+//! shepherds). [`frame`] puts them on a byte stream with a length prefix and a size limit;
+//! [`auth`] authenticates peers with the cluster key and MACs every frame between nodes.
+//! Protocol types stop here: the daemon converts them into its own types at the edge.
+
+pub mod auth;
+pub mod convert;
+pub mod frame;
+
+/// Messages generated from `proto/clan.proto`.
+#[allow(clippy::all, missing_docs)]
+pub mod pb {
+    include!(concat!(env!("OUT_DIR"), "/clan.v1.rs"));
+}
+
+/// Protocol version carried in every Hello.
+pub const VERSION: u32 = 1;
+
+/// Largest frame accepted from anyone (16 MiB): a bigger length is malformed input.
+pub const MAX_FRAME: usize = 16 << 20;
+
+pub use frame::{read_frame, read_frame_sync, write_frame, write_frame_sync, FrameError};
