@@ -1,0 +1,47 @@
+use clan_client::Client;
+use clan_core::{ExitCode as X, Gpid};
+use std::process::ExitCode;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Signal name or number (TERM, SIGKILL, 9, RTMIN+1).
+    #[arg(short, long, default_value = "TERM")]
+    signal: String,
+    /// Processes: gpids (30004711) or NODE:PID (3:4711).
+    #[arg(required = true)]
+    gpids: Vec<String>,
+}
+
+pub async fn run(c: Client, a: Args) -> ExitCode {
+    let Some(sig) = clan_core::parse_signal(&a.signal) else {
+        crate::fail(&format!("invalid signal {:?}", a.signal));
+        return ExitCode::from(X::USAGE);
+    };
+    let mut code = X::OK;
+    let mut gpids = Vec::new();
+    for g in &a.gpids {
+        match g.parse::<Gpid>() {
+            Ok(g) => gpids.push(g),
+            Err(e) => {
+                crate::fail(&e);
+                code = X::NOT_FOUND;
+            }
+        }
+    }
+    if gpids.is_empty() {
+        return ExitCode::from(code);
+    }
+    match c.kill(&gpids, sig).await {
+        Ok(results) => {
+            for (_, r) in results {
+                if let Err(e) = r {
+                    crate::fail(&e);
+                    let err = clan_client::ClientError::Remote(e);
+                    code = code.max(err.exit_code());
+                }
+            }
+            ExitCode::from(code)
+        }
+        Err(e) => crate::client_error(&e),
+    }
+}

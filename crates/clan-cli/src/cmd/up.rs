@@ -1,0 +1,88 @@
+use clan_client::Client;
+use clan_core::ExitCode as X;
+use clan_daemon::localcluster::{self, UpOptions};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Number of nodes.
+    #[arg(short = 'n', long, default_value_t = 4)]
+    nodes: u32,
+    /// Node N listens on 127.0.0.1:BASE+N.
+    #[arg(long, default_value_t = 7100)]
+    base_port: u16,
+    /// Heartbeat interval.
+    #[arg(long, default_value_t = 500)]
+    heartbeat_ms: u64,
+    /// A node not heard from for this long is dead.
+    #[arg(long, default_value_t = 3000)]
+    dead_after_ms: u64,
+}
+
+fn dir_or_default(dir: Option<PathBuf>) -> PathBuf {
+    dir.unwrap_or_else(|| PathBuf::from(clan_client::DEFAULT_DIR))
+}
+
+pub async fn run(a: Args, dir: Option<PathBuf>) -> ExitCode {
+    let dir = dir_or_default(dir);
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("clan: warning: not root: nodes get no pid namespace and no cgroup subtree");
+    }
+    let bin_dir = std::env::current_exe().ok().and_then(|p| p.parent().map(PathBuf::from)).unwrap_or_default();
+    let opts = UpOptions {
+        dir: dir.clone(),
+        nodes: a.nodes,
+        base_port: a.base_port,
+        heartbeat_ms: a.heartbeat_ms,
+        dead_after_ms: a.dead_after_ms,
+        bin_dir,
+    };
+    let cfg = match localcluster::up(&opts) {
+        Ok(c) => c,
+        Err(e) => {
+            crate::fail(&format!("{e:#}"));
+            return ExitCode::from(X::FAILURE);
+        }
+    };
+    // Ready when every node answers and sees every other node up.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    for n in cfg.node_ids() {
+        let c = Client::at(clan_client::socket_path(&dir, n), n);
+        loop {
+            let ok = matches!(c.nodes().await, Ok(ns) if ns.len() == a.nodes as usize && ns.iter().all(|i| i.state == "up"));
+            if ok {
+                break;
+            }
+            if Instant::now() > deadline {
+                let log = std::fs::read_to_string(cfg.state_dir(n).join("cland.log")).unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(5).collect();
+                crate::fail(&format!("node {n} did not come up; its log ends:\n{}", tail.into_iter().rev().collect::<Vec<_>>().join("\n")));
+                let _ = localcluster::down(&dir);
+                return ExitCode::from(X::FAILURE);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    println!("clan: {} nodes up in {} (stop with `clan down`)", a.nodes, dir.display());
+    ExitCode::SUCCESS
+}
+
+pub fn down(dir: Option<PathBuf>) -> ExitCode {
+    let dir = dir_or_default(dir);
+    match localcluster::down(&dir) {
+        Ok(r) => {
+            let mut msg = format!("clan: stopped {} node(s)", r.stopped.len());
+            if !r.killed.is_empty() {
+                msg.push_str(&format!(", killed {:?} that did not stop", r.killed));
+            }
+            println!("{msg}; removed {}", dir.display());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            crate::fail(&format!("{e:#}"));
+            ExitCode::from(X::FAILURE)
+        }
+    }
+}

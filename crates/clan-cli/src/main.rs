@@ -1,0 +1,134 @@
+//! `clan`: a thin command line over the client library (one file per command in `cmd/`).
+//! Exit codes are documented in docs/cli.md; `clan run` ends as its process ended.
+
+mod cmd;
+
+use clan_client::{Client, ClientError};
+use clan_core::{ExitCode as X, NodeId};
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(name = "clan", version, about = "A single-system image for Linux clusters")]
+struct Cli {
+    /// Cluster directory holding the nodes' sockets [default: $CLAN_DIR or /run/clan].
+    #[arg(long, global = true, env = "CLAN_DIR")]
+    dir: Option<PathBuf>,
+    /// Talk to this node's cland [default: $CLAN_NODE, else the lowest local node].
+    #[arg(long, global = true, value_name = "N")]
+    from: Option<NodeId>,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Start a local cluster of N node daemons on this machine.
+    Up(cmd::up::Args),
+    /// Stop the local cluster and remove everything it left.
+    Down,
+    /// List the nodes with state, address, load, processes and memory.
+    Nodes,
+    /// Run a command on a node of the cluster (the `clan run` process stands for it).
+    Run(cmd::run::Args),
+    /// List the processes of the whole cluster.
+    Ps(cmd::ps::Args),
+    /// Send a signal to processes on any node.
+    Kill(cmd::kill::Args),
+    /// Wait for processes you started and print how they ended.
+    Wait(cmd::wait::Args),
+    /// Print the output of a detached process.
+    Logs(cmd::logs::Args),
+    /// Daemon statistics.
+    Stats(cmd::stats::Args),
+    /// Register, remove or show this node's load manager.
+    Loadmgr(cmd::loadmgr::Args),
+}
+
+/// Turns `clan kill -9 G` and `clan kill -TERM G` into `clan kill -s 9 G`, as kill(1) allows.
+fn normalize(mut args: Vec<String>) -> Vec<String> {
+    if let Some(i) = args.iter().position(|a| a == "kill") {
+        if let Some(a) = args.get(i + 1).cloned() {
+            if let Some(sig) = a.strip_prefix('-') {
+                if !sig.starts_with('-') && sig != "s" && clan_core::parse_signal(sig).is_some() {
+                    args[i + 1] = sig.to_string();
+                    args.insert(i + 1, "-s".into());
+                }
+            }
+        }
+    }
+    args
+}
+
+pub fn fail(e: &dyn std::fmt::Display) {
+    eprintln!("clan: {e}");
+}
+
+/// Prints a client error and returns its exit code.
+pub fn client_error(e: &ClientError) -> ExitCode {
+    fail(e);
+    ExitCode::from(e.exit_code())
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse_from(normalize(std::env::args().collect()));
+    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            fail(&e);
+            return ExitCode::from(X::FAILURE);
+        }
+    };
+    let dir = cli.dir.clone();
+    let client = || Client::locate(dir.as_deref(), cli.from);
+    rt.block_on(async {
+        match cli.cmd {
+            Cmd::Up(a) => cmd::up::run(a, cli.dir.clone()).await,
+            Cmd::Down => cmd::up::down(cli.dir.clone()),
+            Cmd::Nodes => with(client(), cmd::nodes::run).await,
+            Cmd::Run(a) => match client() {
+                Ok(c) => cmd::run::run(c, a).await,
+                Err(e) => {
+                    fail(&e);
+                    ExitCode::from(X::RUN_FAILED)
+                }
+            },
+            Cmd::Ps(a) => match client() {
+                Ok(c) => cmd::ps::run(c, a).await,
+                Err(e) => client_error(&e),
+            },
+            Cmd::Kill(a) => match client() {
+                Ok(c) => cmd::kill::run(c, a).await,
+                Err(e) => client_error(&e),
+            },
+            Cmd::Wait(a) => match client() {
+                Ok(c) => cmd::wait::run(c, a).await,
+                Err(e) => client_error(&e),
+            },
+            Cmd::Logs(a) => match client() {
+                Ok(c) => cmd::logs::run(c, a).await,
+                Err(e) => client_error(&e),
+            },
+            Cmd::Stats(a) => match client() {
+                Ok(c) => cmd::stats::run(c, a).await,
+                Err(e) => client_error(&e),
+            },
+            Cmd::Loadmgr(a) => match client() {
+                Ok(c) => cmd::loadmgr::run(c, a).await,
+                Err(e) => client_error(&e),
+            },
+        }
+    })
+}
+
+async fn with<F, Fut>(c: Result<Client, ClientError>, f: F) -> ExitCode
+where
+    F: FnOnce(Client) -> Fut,
+    Fut: std::future::Future<Output = ExitCode>,
+{
+    match c {
+        Ok(c) => f(c).await,
+        Err(e) => client_error(&e),
+    }
+}

@@ -1,0 +1,413 @@
+//! The clan client library: everything the `clan` command does, for programs.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), clan_client::ClientError> {
+//! use clan_client::{Client, RunSpec};
+//! let c = Client::locate(None, None)?;                 // CLAN_DIR / CLAN_NODE or /run/clan
+//! let started = c.spawn(RunSpec::command(["sleep", "1"]).node(2)).await?;
+//! let status = c.wait_one(started.gpids[0]).await?;
+//! assert_eq!(status.code, 0);
+//! # Ok(()) }
+//! ```
+//!
+//! A [`Client`] talks to one node's cland over its Unix socket; requests on one client are
+//! sent one at a time. Operations that block (wait, attached runs) use connections of their
+//! own, so a client can be shared by tasks.
+
+use clan_core::{Gpid, NodeId, WaitStatus};
+use clan_proto::pb::{local_reply::Reply, local_request::Op};
+use clan_proto::{read_frame, write_frame};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::UnixStream;
+use tokio::sync::Mutex;
+
+pub use clan_proto::pb;
+
+/// Where clan keeps its sockets when nothing else is said.
+pub const DEFAULT_DIR: &str = "/run/clan";
+
+/// Why a request failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("no cland is running at {path} (start a local cluster with `clan up`, or `systemctl start cland`)")]
+    NoDaemon { path: PathBuf },
+    #[error("{0}")]
+    Remote(pb::Error),
+    #[error("lost connection to cland: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("protocol error: {0}")]
+    Protocol(String),
+}
+
+impl ClientError {
+    /// The protocol error code, when the daemon answered with one.
+    pub fn code(&self) -> Option<pb::ErrorCode> {
+        match self {
+            ClientError::Remote(e) => Some(e.kind()),
+            _ => None,
+        }
+    }
+
+    /// The documented exit code of the `clan` command for this error.
+    pub fn exit_code(&self) -> u8 {
+        use clan_core::ExitCode as X;
+        use pb::ErrorCode as C;
+        match self {
+            ClientError::NoDaemon { .. } => X::NO_DAEMON,
+            ClientError::Remote(e) => match e.kind() {
+                C::NotFound => X::NOT_FOUND,
+                C::Permission => X::PERMISSION,
+                C::NodeDown => X::NODE_DOWN,
+                C::Invalid => X::USAGE,
+                _ => X::FAILURE,
+            },
+            _ => X::FAILURE,
+        }
+    }
+}
+
+pub type Result<T> = std::result::Result<T, ClientError>;
+
+/// A command to run somewhere in the cluster.
+#[derive(Debug, Clone, Default)]
+pub struct RunSpec {
+    pub argv: Vec<Vec<u8>>,
+    /// `None`: this process's environment.
+    pub env: Option<Vec<Vec<u8>>>,
+    /// `None`: this process's working directory.
+    pub cwd: Option<PathBuf>,
+    pub node: Option<NodeId>,
+    pub policy: pb::Policy,
+    pub count: u32,
+    pub job: u64,
+    pub tty: bool,
+    pub winsize: (u16, u16),
+    pub detached: bool,
+}
+
+impl RunSpec {
+    pub fn command<I, S>(argv: I) -> RunSpec
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<std::ffi::OsStr>,
+    {
+        use std::os::unix::ffi::OsStrExt;
+        RunSpec { argv: argv.into_iter().map(|a| a.as_ref().as_bytes().to_vec()).collect(), detached: true, ..Default::default() }
+    }
+
+    pub fn node(mut self, n: u32) -> RunSpec {
+        self.node = NodeId::new(n);
+        self
+    }
+
+    pub fn policy(mut self, p: pb::Policy) -> RunSpec {
+        self.policy = p;
+        self
+    }
+
+    pub fn count(mut self, k: u32) -> RunSpec {
+        self.count = k;
+        self
+    }
+
+    pub fn job(mut self, j: u64) -> RunSpec {
+        self.job = j;
+        self
+    }
+
+    pub fn attached(mut self) -> RunSpec {
+        self.detached = false;
+        self
+    }
+
+    fn to_request(&self) -> pb::RunRequest {
+        use std::os::unix::ffi::{OsStrExt, OsStringExt};
+        let env = self.env.clone().unwrap_or_else(|| {
+            std::env::vars_os()
+                .map(|(k, v)| {
+                    let mut e = k.into_vec();
+                    e.push(b'=');
+                    e.extend_from_slice(v.as_bytes());
+                    e
+                })
+                .collect()
+        });
+        let cwd = self.cwd.clone().or_else(|| std::env::current_dir().ok()).unwrap_or_else(|| PathBuf::from("/"));
+        pb::RunRequest {
+            spec: Some(pb::ProcSpec {
+                argv: self.argv.clone(),
+                env,
+                cwd: cwd.as_os_str().as_bytes().to_vec(),
+                tty: self.tty,
+                detached: self.detached,
+                rows: u32::from(self.winsize.0),
+                cols: u32::from(self.winsize.1),
+            }),
+            node: self.node.map(|n| n.get()).unwrap_or(0),
+            policy: self.policy as i32,
+            count: self.count,
+            job: self.job,
+        }
+    }
+}
+
+/// The socket of a node's cland under `dir` (`dir/node<N>/cland.sock`).
+pub fn socket_path(dir: &Path, node: NodeId) -> PathBuf {
+    dir.join(format!("node{node}")).join("cland.sock")
+}
+
+/// A connection to one node's cland.
+pub struct Client {
+    path: PathBuf,
+    node: NodeId,
+    conn: Mutex<Option<(OwnedReadHalf, OwnedWriteHalf)>>,
+    next: AtomicU64,
+}
+
+impl Client {
+    /// Finds the cland to talk to: `node` (else `CLAN_NODE`, else the lowest node with a
+    /// socket) under `dir` (else `CLAN_DIR`, else /run/clan). So a process started by clan
+    /// talks to its own node.
+    pub fn locate(dir: Option<&Path>, node: Option<NodeId>) -> Result<Client> {
+        let dir = dir
+            .map(Path::to_path_buf)
+            .or_else(|| std::env::var_os("CLAN_DIR").map(PathBuf::from))
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_DIR));
+        let node = node.or_else(|| std::env::var("CLAN_NODE").ok().and_then(|v| v.parse().ok()));
+        let node = match node {
+            Some(n) => n,
+            None => {
+                let mut found: Vec<NodeId> = std::fs::read_dir(&dir)
+                    .map(|rd| {
+                        rd.flatten()
+                            .filter_map(|e| e.file_name().to_str()?.strip_prefix("node")?.parse::<NodeId>().ok())
+                            .filter(|n| socket_path(&dir, *n).exists())
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                found.sort();
+                match found.first() {
+                    Some(n) => *n,
+                    None => return Err(ClientError::NoDaemon { path: socket_path(&dir, NodeId::new(1).expect("1 is a node")) }),
+                }
+            }
+        };
+        Ok(Client::at(socket_path(&dir, node), node))
+    }
+
+    /// A client for the socket at `path` (node `node`).
+    pub fn at(path: PathBuf, node: NodeId) -> Client {
+        Client { path, node, conn: Mutex::new(None), next: AtomicU64::new(1) }
+    }
+
+    /// The node this client talks to.
+    pub fn node(&self) -> NodeId {
+        self.node
+    }
+
+    async fn open(&self) -> Result<(OwnedReadHalf, OwnedWriteHalf)> {
+        match UnixStream::connect(&self.path).await {
+            Ok(s) => Ok(s.into_split()),
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused) => {
+                Err(ClientError::NoDaemon { path: self.path.clone() })
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn request_on(rd: &mut OwnedReadHalf, wr: &mut OwnedWriteHalf, id: u64, op: Op) -> Result<Reply> {
+        write_frame(wr, &pb::LocalRequest { id, op: Some(op) }).await?;
+        let reply: pb::LocalReply = read_frame(rd)
+            .await
+            .map_err(|e| ClientError::Protocol(e.to_string()))?
+            .ok_or_else(|| ClientError::Io(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "cland closed the connection")))?;
+        match reply.reply {
+            Some(Reply::Error(e)) => Err(ClientError::Remote(e)),
+            Some(r) => Ok(r),
+            None => Err(ClientError::Protocol("empty reply".into())),
+        }
+    }
+
+    /// Sends one request on the shared connection.
+    pub async fn request(&self, op: Op) -> Result<Reply> {
+        let mut guard = self.conn.lock().await;
+        if guard.is_none() {
+            *guard = Some(self.open().await?);
+        }
+        let (rd, wr) = guard.as_mut().expect("just opened");
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        let r = Self::request_on(rd, wr, id, op).await;
+        if matches!(r, Err(ClientError::Io(_)) | Err(ClientError::Protocol(_))) {
+            *guard = None;
+        }
+        r
+    }
+
+    /// Sends one request on a connection of its own (for requests that block).
+    pub async fn request_alone(&self, op: Op) -> Result<Reply> {
+        let (mut rd, mut wr) = self.open().await?;
+        Self::request_on(&mut rd, &mut wr, 1, op).await
+    }
+
+    /// Starts a detached process (or `count` of them): returns at once.
+    pub async fn spawn(&self, spec: RunSpec) -> Result<pb::Started> {
+        let mut spec = spec;
+        spec.detached = true;
+        match self.request(Op::Run(spec.to_request())).await? {
+            Reply::Started(s) => Ok(s),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Starts attached processes: their output, signals and exit come through the session.
+    pub async fn run(&self, spec: RunSpec) -> Result<Session> {
+        let mut spec = spec;
+        spec.detached = false;
+        let (mut rd, mut wr) = self.open().await?;
+        match Self::request_on(&mut rd, &mut wr, 1, Op::Run(spec.to_request())).await? {
+            Reply::Started(s) => Ok(Session { started: s, rd, wr }),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Signals processes on any node; one result per gpid.
+    pub async fn kill(&self, gpids: &[Gpid], signal: i32) -> Result<Vec<(Gpid, std::result::Result<(), pb::Error>)>> {
+        let op = Op::Kill(pb::KillRequest { gpids: gpids.iter().map(|g| g.raw()).collect(), signal });
+        match self.request(op).await? {
+            Reply::Kill(k) => Ok(k
+                .results
+                .into_iter()
+                .zip(gpids)
+                .map(|(r, &g)| (g, r.error.map_or(Ok(()), Err)))
+                .collect()),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Signals one process.
+    pub async fn kill_one(&self, gpid: Gpid, signal: i32) -> Result<()> {
+        let r = self.kill(&[gpid], signal).await?;
+        r.into_iter().next().map(|(_, r)| r.map_err(ClientError::Remote)).unwrap_or(Ok(()))
+    }
+
+    /// Waits for processes the caller started; one status per gpid.
+    pub async fn wait(&self, gpids: &[Gpid]) -> Result<Vec<(Gpid, std::result::Result<WaitStatus, pb::Error>)>> {
+        let op = Op::Wait(pb::WaitRequest { gpids: gpids.iter().map(|g| g.raw()).collect() });
+        match self.request_alone(op).await? {
+            Reply::Wait(w) => Ok(w
+                .results
+                .into_iter()
+                .zip(gpids)
+                .map(|(r, &g)| match (r.status, r.error) {
+                    (_, Some(e)) => (g, Err(e)),
+                    (Some(s), None) => (g, Ok(s.into())),
+                    (None, None) => (g, Err(pb::Error::new(pb::ErrorCode::Internal, "no status"))),
+                })
+                .collect()),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Waits for one process.
+    pub async fn wait_one(&self, gpid: Gpid) -> Result<WaitStatus> {
+        let r = self.wait(&[gpid]).await?;
+        r.into_iter().next().map(|(_, r)| r.map_err(ClientError::Remote)).unwrap_or_else(|| Err(ClientError::Protocol("no result".into())))
+    }
+
+    /// Processes of the cluster (or of `nodes`), per node, queried in parallel.
+    pub async fn ps(&self, filter: pb::PsFilter, nodes: &[NodeId]) -> Result<Vec<pb::NodePs>> {
+        let op = Op::Ps(pb::PsRequest { filter: Some(filter), nodes: nodes.iter().map(|n| n.get()).collect() });
+        match self.request(op).await? {
+            Reply::Ps(p) => Ok(p.nodes),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// The nodes of the cluster with their state and load.
+    pub async fn nodes(&self) -> Result<Vec<pb::NodeInfo>> {
+        match self.request(Op::Nodes(pb::NodesRequest {})).await? {
+            Reply::Nodes(n) => Ok(n.nodes),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Output of a detached process from `offset`.
+    pub async fn logs(&self, gpid: Gpid, offset: u64, follow: bool) -> Result<pb::LogChunk> {
+        match self.request(Op::Logs(pb::LogsRequest { gpid: gpid.raw(), follow, offset })).await? {
+            Reply::Log(c) => Ok(c),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Lock statistics of every node (or of `nodes`).
+    pub async fn lock_stats(&self, nodes: &[NodeId]) -> Result<Vec<pb::NodeLockStats>> {
+        match self.request(Op::Stats(pb::StatsRequest { nodes: nodes.iter().map(|n| n.get()).collect() })).await? {
+            Reply::Stats(s) => Ok(s.nodes),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Registers, removes or shows this node's load manager.
+    pub async fn loadmgr(&self, action: pb::load_mgr_request::Action) -> Result<String> {
+        match self.request(Op::Loadmgr(pb::LoadMgrRequest { action: Some(action) })).await? {
+            Reply::Loadmgr(l) => Ok(l.description),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Stops this node's cland (and, with `kill`, every process of the node).
+    pub async fn shutdown(&self, kill: bool) -> Result<()> {
+        self.request(Op::Shutdown(pb::ShutdownRequest { kill_processes: kill })).await.map(|_| ())
+    }
+}
+
+fn unexpected(r: Reply) -> ClientError {
+    ClientError::Protocol(format!("unexpected reply {r:?}"))
+}
+
+/// Attached processes: send them input and signals, receive their output and exit.
+pub struct Session {
+    pub started: pb::Started,
+    rd: OwnedReadHalf,
+    wr: OwnedWriteHalf,
+}
+
+/// The sending half of a session.
+pub struct SessionWriter {
+    wr: OwnedWriteHalf,
+}
+
+/// The receiving half of a session.
+pub struct SessionReader {
+    rd: OwnedReadHalf,
+}
+
+impl Session {
+    pub fn split(self) -> (pb::Started, SessionReader, SessionWriter) {
+        (self.started, SessionReader { rd: self.rd }, SessionWriter { wr: self.wr })
+    }
+}
+
+impl SessionWriter {
+    pub async fn send(&mut self, gpid: Gpid, input: pb::session_input::Input) -> Result<()> {
+        let op = Op::Input(pb::SessionInput { gpid: gpid.raw(), input: Some(input) });
+        write_frame(&mut self.wr, &pb::LocalRequest { id: 0, op: Some(op) }).await?;
+        Ok(())
+    }
+}
+
+impl SessionReader {
+    /// The next output, exit or loss of a process; `None` when cland closed the session.
+    pub async fn next(&mut self) -> Result<Option<pb::SessionOutput>> {
+        loop {
+            match read_frame::<pb::LocalReply, _>(&mut self.rd).await.map_err(|e| ClientError::Protocol(e.to_string()))? {
+                None => return Ok(None),
+                Some(pb::LocalReply { reply: Some(Reply::Output(o)), .. }) => return Ok(Some(o)),
+                Some(pb::LocalReply { reply: Some(Reply::Error(e)), .. }) => return Err(ClientError::Remote(e)),
+                Some(_) => continue,
+            }
+        }
+    }
+}

@@ -1,0 +1,129 @@
+//! The few raw system calls that neither std nor nix wrap: pidfds and waitid with rusage.
+//! All unsafe code of the crate lives here.
+
+use crate::WaitStatus;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+/// `pidfd_open(2)`: a file descriptor that names exactly this process, race-free.
+pub fn pidfd_open(pid: i32) -> io::Result<OwnedFd> {
+    // SAFETY: pidfd_open takes two integers and returns a new fd or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel just returned this fd to us and nobody else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// `pidfd_send_signal(2)` on a pidfd or on an open `/proc/PID` directory.
+pub fn pidfd_send_signal(fd: &impl AsRawFd, sig: i32) -> io::Result<()> {
+    // SAFETY: a null siginfo and zero flags are valid; fd is an open descriptor we borrow.
+    let r = unsafe {
+        libc::syscall(libc::SYS_pidfd_send_signal, fd.as_raw_fd(), sig, std::ptr::null::<libc::siginfo_t>(), 0)
+    };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// A child's state change as waitid(2) reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChildEvent {
+    Exited(WaitStatus),
+    Stopped(i32),
+    Continued,
+}
+
+/// `waitid(P_PIDFD, fd, WEXITED [| WNOWAIT] [| WNOHANG])` with the child's rusage.
+/// `Ok(None)` when WNOHANG finds nothing to report. With `keep` the child stays a zombie
+/// (WNOWAIT), so its pid is not reused until it is reaped.
+pub fn wait_pidfd(fd: &impl AsRawFd, keep: bool, nohang: bool) -> io::Result<Option<ChildEvent>> {
+    const P_PIDFD: libc::c_int = 3;
+    let mut flags = libc::WEXITED;
+    if keep {
+        flags |= libc::WNOWAIT;
+    }
+    if nohang {
+        flags |= libc::WNOHANG;
+    }
+    // SAFETY: zeroed siginfo_t and rusage are valid out-parameters.
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    loop {
+        // SAFETY: the raw waitid syscall takes (idtype, id, infop, options, rusage); both
+        // pointers are to live, writable locals of the right types.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_waitid,
+                P_PIDFD,
+                fd.as_raw_fd(),
+                &mut info as *mut libc::siginfo_t,
+                flags,
+                &mut ru as *mut libc::rusage,
+            )
+        };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        break;
+    }
+    // SAFETY: waitid filled a SIGCHLD siginfo (or left it zeroed under WNOHANG); si_pid and
+    // si_status are the fields of that layout.
+    let (pid, status) = unsafe { (info.si_pid(), info.si_status()) };
+    if pid == 0 {
+        return Ok(None);
+    }
+    let us = |t: libc::timeval| (t.tv_sec as u64) * 1_000_000 + t.tv_usec as u64;
+    let mut ws = WaitStatus { utime_us: us(ru.ru_utime), stime_us: us(ru.ru_stime), ..Default::default() };
+    match info.si_code {
+        libc::CLD_EXITED => ws.code = status,
+        libc::CLD_KILLED => ws.signal = status,
+        libc::CLD_DUMPED => {
+            ws.signal = status;
+            ws.core_dumped = true;
+        }
+        libc::CLD_STOPPED | libc::CLD_TRAPPED => return Ok(Some(ChildEvent::Stopped(status))),
+        libc::CLD_CONTINUED => return Ok(Some(ChildEvent::Continued)),
+        _ => ws.code = status,
+    }
+    Ok(Some(ChildEvent::Exited(ws)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pidfd_wait_keeps_the_zombie_until_reaped() {
+        let child = std::process::Command::new("sh").args(["-c", "exit 7"]).spawn().unwrap();
+        let pid = child.id() as i32;
+        let fd = pidfd_open(pid).unwrap();
+        let ev = wait_pidfd(&fd, true, false).unwrap().unwrap();
+        assert!(matches!(ev, ChildEvent::Exited(WaitStatus { code: 7, signal: 0, .. })));
+        // Still a zombie: /proc/PID exists with state Z.
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        assert!(stat.contains(") Z "), "{stat}");
+        let again = wait_pidfd(&fd, false, false).unwrap().unwrap();
+        assert_eq!(ev, again);
+        assert!(std::fs::metadata(format!("/proc/{pid}")).is_err());
+        std::mem::forget(child);
+    }
+
+    #[test]
+    fn signal_through_pidfd() {
+        let child = std::process::Command::new("sleep").arg("100").spawn().unwrap();
+        let fd = pidfd_open(child.id() as i32).unwrap();
+        pidfd_send_signal(&fd, libc::SIGTERM).unwrap();
+        let ev = wait_pidfd(&fd, false, false).unwrap().unwrap();
+        assert!(matches!(ev, ChildEvent::Exited(WaitStatus { signal: 15, .. })));
+        std::mem::forget(child);
+    }
+}

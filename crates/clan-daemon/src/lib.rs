@@ -1,0 +1,194 @@
+//! cland, the node daemon, as a library (the `cland` binary is a thin wrapper).
+//!
+//! A node is Solaris MC's process manager: it starts processes under shepherds
+//! (`process::vproc`), answers for the processes of its pid namespace (`process::view`),
+//! signals (`process::signal`), collects exit statuses for parents (`process::wait`), places
+//! new processes (`placement`), links to the other nodes (`peer`), relays attached
+//! processes (`session`) and serves the local API (`local`). See docs/architecture.md.
+
+pub mod cgroup;
+pub mod error;
+pub mod local;
+pub mod localcluster;
+pub mod node;
+pub mod peer;
+pub mod placement;
+pub mod process;
+pub mod session;
+
+use anyhow::Context;
+use clan_core::{ClusterConfig, NodeId};
+use node::Node;
+use process::view::ProcView;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use tracing::{info, warn};
+
+pub use error::{Error, Result};
+
+/// How cland was asked to run.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub config: PathBuf,
+    pub node: NodeId,
+    /// Directory holding `clan-shepherd` (default: next to the running executable).
+    pub bin_dir: Option<PathBuf>,
+}
+
+/// The local socket of `node` under a cluster directory.
+pub fn socket_path(state_dir: &Path) -> PathBuf {
+    state_dir.join("cland.sock")
+}
+
+fn pid_alive(pid: i32) -> bool {
+    pid > 0 && nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok()
+}
+
+/// Finds or starts the node's namespace init (local clusters as root).
+fn ensure_init(state: &Path, node: NodeId, cg: Option<&cgroup::NodeCgroup>, bin: &Path) -> anyhow::Result<u32> {
+    let pidfile = state.join("init.pid");
+    if let Some(pid) = std::fs::read_to_string(&pidfile).ok().and_then(|s| s.trim().parse::<i32>().ok()) {
+        let ours = std::fs::read_link("/proc/self/ns/pid").ok();
+        let theirs = std::fs::read_link(format!("/proc/{pid}/ns/pid")).ok();
+        if pid_alive(pid) && theirs.is_some() && theirs != ours {
+            info!(pid, "reusing the node's namespace init");
+            return Ok(pid as u32);
+        }
+    }
+    let mut cmd = std::process::Command::new(bin.join("clan-shepherd"));
+    cmd.args(["node-init", "--hostname", &format!("node{node}")]);
+    if let Some(cg) = cg {
+        cmd.arg("--cgroup").arg(cg.sub("init"));
+    }
+    let out = cmd.stderr(std::process::Stdio::inherit()).output().context("start the node's namespace init")?;
+    if !out.status.success() {
+        anyhow::bail!("the node's namespace init failed to start");
+    }
+    let pid: u32 = String::from_utf8_lossy(&out.stdout).trim().parse().context("namespace init pid")?;
+    std::fs::write(&pidfile, pid.to_string())?;
+    Ok(pid)
+}
+
+/// Runs a node until it is told to stop.
+pub async fn run(opts: Options) -> anyhow::Result<()> {
+    let cfg = ClusterConfig::load(&opts.config)?;
+    cfg.node(opts.node)?;
+    let state = cfg.state_dir(opts.node);
+    std::fs::create_dir_all(state.join("sh")).with_context(|| format!("create {}", state.display()))?;
+    std::fs::create_dir_all(state.join("logs"))?;
+    let pidfile = state.join("cland.pid");
+    if let Some(pid) = std::fs::read_to_string(&pidfile).ok().and_then(|s| s.trim().parse::<i32>().ok()) {
+        if pid != std::process::id() as i32 && pid_alive(pid) && std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "cland") {
+            anyhow::bail!("node {} already has a cland (pid {pid})", opts.node);
+        }
+    }
+    std::fs::write(&pidfile, std::process::id().to_string())?;
+    let bin_dir = match opts.bin_dir.clone() {
+        Some(d) => d,
+        None => std::env::current_exe()?.parent().map(Path::to_path_buf).unwrap_or_default(),
+    };
+    let root = nix::unistd::geteuid().is_root();
+    let cg = if root {
+        match cgroup::cgroup2_mount() {
+            Some(mount) => {
+                let base = if cfg.local {
+                    localcluster::node_cgroup(&mount, &cfg.name, opts.node)
+                } else {
+                    mount.join(cgroup::own_cgroup().unwrap_or_default().trim_start_matches('/'))
+                };
+                match cgroup::NodeCgroup::create(base.clone()) {
+                    Ok(cg) => {
+                        if let Err(e) = cg.enter("daemon") {
+                            warn!("cannot move cland into {}: {e}", cg.sub("daemon").display());
+                        }
+                        Some(cg)
+                    }
+                    Err(e) => {
+                        warn!("no cgroup subtree at {}: {e}; tasks are not confined", base.display());
+                        None
+                    }
+                }
+            }
+            None => {
+                warn!("no cgroup v2 mount found; tasks are not confined");
+                None
+            }
+        }
+    } else {
+        None
+    };
+    let (view_path, ns_init) = if cfg.local && root {
+        let pid = ensure_init(&state, opts.node, cg.as_ref(), &bin_dir)?;
+        (PathBuf::from(format!("/proc/{pid}/root/proc")), pid)
+    } else {
+        (PathBuf::from("/proc"), 0)
+    };
+    let view = ProcView::open(opts.node, view_path.clone(), ns_init).with_context(|| format!("open {}", view_path.display()))?;
+    let placement = placement::Placement::load(state.join("loadmgr.json"));
+    let node = Arc::new(Node::new(opts.node, cfg.clone(), state.clone(), view, cg, bin_dir.join("clan-shepherd"), placement));
+    node.recover().await;
+    node.start_peers().await?;
+    {
+        let node = node.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(node.cfg.heartbeat_ms.max(250)));
+            loop {
+                tick.tick().await;
+                let n = node.clone();
+                let _ = tokio::task::spawn_blocking(move || {
+                    n.sample_load(0.2);
+                    if let Some(cg) = &n.cgroup {
+                        cg.prune_jobs();
+                    }
+                })
+                .await;
+            }
+        });
+    }
+    let sock = socket_path(&state);
+    node.serve_local(&sock).await?;
+    info!(node = %opts.node, incarnation = node.incarnation, "cland ready");
+
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
+    let mut stop = node.shutdown.subscribe();
+    let kill = tokio::select! {
+        _ = term.recv() => false,
+        _ = int.recv() => false,
+        r = stop.wait_for(|s| s.is_some()) => r.map(|v| v.unwrap_or(false)).unwrap_or(false),
+    };
+    info!(kill_processes = kill, "stopping");
+    node.say_goodbye();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    if kill {
+        stop_processes(&node);
+    }
+    let _ = std::fs::remove_file(&sock);
+    let _ = std::fs::remove_file(&pidfile);
+    Ok(())
+}
+
+/// Kills every process of the node (its init, shepherds and tasks) for a local-cluster `down`.
+fn stop_processes(node: &Node) {
+    if let Some(cg) = &node.cgroup {
+        let mut dirs = vec![cg.sub("init"), cg.sub("shepherds")];
+        if let Ok(rd) = std::fs::read_dir(&cg.root) {
+            dirs.extend(rd.flatten().filter(|e| e.file_name().to_string_lossy().starts_with("job")).map(|e| e.path()));
+        }
+        for d in dirs {
+            if let Err(e) = cgroup::kill_and_remove(&d, Duration::from_secs(10)) {
+                warn!("{}: {e}", d.display());
+            }
+        }
+    } else {
+        for vp in node.vprocs.read().values() {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(vp.host_pid as i32), nix::sys::signal::Signal::SIGKILL);
+        }
+        if node.view.ns_init != 0 {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(node.view.ns_init as i32), nix::sys::signal::Signal::SIGKILL);
+        }
+    }
+    let _ = std::fs::remove_dir_all(node.state_dir.join("sh"));
+    let _ = std::fs::remove_file(node.state_dir.join("init.pid"));
+}

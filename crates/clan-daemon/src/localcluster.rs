@@ -1,0 +1,178 @@
+//! Local clusters (DESIGN.md 5): N clands on this machine, each with its own state
+//! directory, port on 127.0.0.1, cgroup subtree and, as root, pid namespace. `up` writes the
+//! cluster file and a fresh key and starts the daemons; `down` stops them and removes every
+//! process, cgroup, namespace and file they had.
+
+use crate::cgroup;
+use anyhow::{bail, Context};
+use clan_core::{ClusterConfig, NodeId};
+use clan_proto::pb;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// The cgroup of a local cluster.
+pub fn cluster_cgroup(mount: &Path, name: &str) -> PathBuf {
+    mount.join(format!("clan.{name}"))
+}
+
+/// The cgroup subtree of one node of a local cluster.
+pub fn node_cgroup(mount: &Path, name: &str, node: NodeId) -> PathBuf {
+    cluster_cgroup(mount, name).join(format!("node{node}"))
+}
+
+#[derive(Debug, Clone)]
+pub struct UpOptions {
+    pub dir: PathBuf,
+    pub nodes: u32,
+    pub base_port: u16,
+    pub heartbeat_ms: u64,
+    pub dead_after_ms: u64,
+    /// Directory holding `cland` and `clan-shepherd`.
+    pub bin_dir: PathBuf,
+}
+
+fn pid_of(file: &Path) -> Option<i32> {
+    std::fs::read_to_string(file).ok()?.trim().parse().ok()
+}
+
+fn alive(pid: i32) -> bool {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok()
+}
+
+/// A name for the cluster's cgroup, unique per directory.
+fn cluster_name(dir: &Path) -> String {
+    let s = dir.display().to_string();
+    let mut h: u32 = 0x811c9dc5;
+    for b in s.bytes() {
+        h = (h ^ u32::from(b)).wrapping_mul(0x01000193);
+    }
+    let base: String = dir
+        .file_name()
+        .map(|f| f.to_string_lossy().chars().filter(|c| c.is_ascii_alphanumeric()).take(16).collect())
+        .unwrap_or_default();
+    format!("{base}-{h:08x}")
+}
+
+/// Whether a cluster is running in `dir`.
+pub fn running(dir: &Path) -> bool {
+    let Ok(cfg) = ClusterConfig::load(&dir.join("cluster.toml")) else { return false };
+    let any = cfg.node_ids().any(|n| pid_of(&cfg.state_dir(n).join("cland.pid")).is_some_and(alive));
+    any
+}
+
+/// Writes the cluster file and starts one cland per node. Returns the cluster.
+pub fn up(o: &UpOptions) -> anyhow::Result<ClusterConfig> {
+    if o.nodes == 0 || o.nodes > clan_core::MAX_NODE {
+        bail!("a local cluster has 1..={} nodes", clan_core::MAX_NODE);
+    }
+    if running(&o.dir) {
+        bail!("a cluster is already running in {} (stop it with `clan down`)", o.dir.display());
+    }
+    if u32::from(o.base_port) + o.nodes > 65535 {
+        bail!("ports {}+{} do not fit", o.base_port, o.nodes);
+    }
+    for i in 1..=o.nodes {
+        let port = o.base_port + i as u16;
+        std::net::TcpListener::bind(("127.0.0.1", port)).with_context(|| format!("port {port} is in use (choose another --base-port)"))?;
+    }
+    let cland = o.bin_dir.join("cland");
+    if !cland.exists() {
+        bail!("{} not found", cland.display());
+    }
+    std::fs::create_dir_all(&o.dir).with_context(|| format!("create {}", o.dir.display()))?;
+    let mut key = [0u8; 32];
+    getrandom::getrandom(&mut key).map_err(|e| anyhow::anyhow!("random key: {e}"))?;
+    let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
+    let key_path = o.dir.join("cluster.key");
+    std::fs::write(&key_path, hex + "\n")?;
+    std::fs::set_permissions(&key_path, std::fs::Permissions::from_mode(0o600))?;
+    let mut toml = format!(
+        "# A local clan cluster written by `clan up`.\nname = \"{}\"\nkey_file = \"cluster.key\"\nlocal = true\nheartbeat_ms = {}\nsuspect_after_ms = {}\ndead_after_ms = {}\n",
+        cluster_name(&o.dir),
+        o.heartbeat_ms,
+        (o.dead_after_ms / 2).max(o.heartbeat_ms * 2),
+        o.dead_after_ms
+    );
+    for i in 1..=o.nodes {
+        toml.push_str(&format!("\n[[node]]\nid = {i}\naddr = \"127.0.0.1:{}\"\n", o.base_port + i as u16));
+    }
+    let cfg_path = o.dir.join("cluster.toml");
+    std::fs::write(&cfg_path, toml)?;
+    let cfg = ClusterConfig::load(&cfg_path)?;
+    for n in cfg.node_ids() {
+        let state = cfg.state_dir(n);
+        std::fs::create_dir_all(&state)?;
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(state.join("cland.log"))?;
+        let mut cmd = std::process::Command::new(&cland);
+        cmd.arg("--config").arg(&cfg_path).arg("--node").arg(n.to_string());
+        cmd.stdin(std::process::Stdio::null()).stdout(log.try_clone()?).stderr(log);
+        // SAFETY: setsid in the child before exec only detaches it from our terminal.
+        unsafe {
+            cmd.pre_exec(|| {
+                nix::unistd::setsid().map_err(std::io::Error::from)?;
+                Ok(())
+            });
+        }
+        cmd.spawn().with_context(|| format!("start cland for node {n}"))?;
+    }
+    Ok(cfg)
+}
+
+/// Sends a request to a node's local socket and reads the reply (blocking).
+pub fn request(sock: &Path, op: pb::local_request::Op, timeout: Duration) -> anyhow::Result<pb::LocalReply> {
+    let mut s = std::os::unix::net::UnixStream::connect(sock)?;
+    s.set_read_timeout(Some(timeout))?;
+    clan_proto::write_frame_sync(&mut s, &pb::LocalRequest { id: 1, op: Some(op) })?;
+    clan_proto::read_frame_sync::<pb::LocalReply, _>(&mut s)?.context("no reply")
+}
+
+/// What `down` did.
+#[derive(Debug, Default)]
+pub struct DownReport {
+    pub stopped: Vec<u32>,
+    pub killed: Vec<u32>,
+}
+
+/// Stops every node of the cluster in `dir` and removes all it left.
+pub fn down(dir: &Path) -> anyhow::Result<DownReport> {
+    let cfg_path = dir.join("cluster.toml");
+    let cfg = ClusterConfig::load(&cfg_path).with_context(|| format!("no local cluster in {}", dir.display()))?;
+    if !cfg.local {
+        bail!("{} is not a local cluster", cfg_path.display());
+    }
+    let mut report = DownReport::default();
+    for n in cfg.node_ids() {
+        let state = cfg.state_dir(n);
+        let pid = pid_of(&state.join("cland.pid")).filter(|&p| alive(p));
+        if let Some(pid) = pid {
+            let asked = request(
+                &crate::socket_path(&state),
+                pb::local_request::Op::Shutdown(pb::ShutdownRequest { kill_processes: true }),
+                Duration::from_secs(5),
+            )
+            .is_ok();
+            let deadline = Instant::now() + Duration::from_secs(15);
+            while asked && alive(pid) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            if alive(pid) {
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+                report.killed.push(n.get());
+            } else {
+                report.stopped.push(n.get());
+            }
+        }
+        // A node whose cland died leaves its namespace init: kill it (and with it the node).
+        if let Some(init) = pid_of(&state.join("init.pid")).filter(|&p| alive(p)) {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(init), nix::sys::signal::Signal::SIGKILL);
+        }
+    }
+    if let Some(mount) = cgroup::cgroup2_mount() {
+        let cg = cluster_cgroup(&mount, &cfg.name);
+        cgroup::kill_and_remove(&cg, Duration::from_secs(15)).with_context(|| format!("remove {}", cg.display()))?;
+    }
+    std::fs::remove_dir_all(dir).with_context(|| format!("remove {}", dir.display()))?;
+    Ok(report)
+}

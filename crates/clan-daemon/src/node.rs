@@ -1,0 +1,193 @@
+//! The node: Solaris MC's process manager. It owns this node's tables, each behind its own
+//! named lock (DESIGN.md 17); there is no lock around the node as a whole.
+//!
+//! Lock order, where two are held at once: `vprocs` before `vproc.subscriber`;
+//! `peer.state` before `peer.pending`. No lock is held across an `.await`.
+
+use crate::cgroup::NodeCgroup;
+use crate::error::{Error, Result};
+use crate::peer::Peer;
+use crate::placement::Placement;
+use crate::process::view::ProcView;
+use crate::process::vproc::VProc;
+use crate::process::wait::ChildRec;
+use clan_core::{ClusterConfig, Gpid, JobId, NamedMutex, NamedRwLock, NodeId};
+use clan_proto::pb;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::sync::watch;
+
+/// Load figures of this node, refreshed by the sampler.
+#[derive(Debug, Clone, Default)]
+pub struct LocalLoad {
+    pub load: f64,
+    pub procs: u32,
+    pub mem_used_kb: u64,
+    pub mem_total_kb: u64,
+}
+
+pub struct Node {
+    pub id: NodeId,
+    pub cfg: ClusterConfig,
+    pub incarnation: u64,
+    pub started: Instant,
+    pub state_dir: PathBuf,
+    pub view: ProcView,
+    pub cgroup: Option<NodeCgroup>,
+    pub shepherd_bin: PathBuf,
+    /// Fixed by the cluster file; each peer locks its own state.
+    pub peers: HashMap<NodeId, Arc<Peer>>,
+    pub vprocs: NamedRwLock<HashMap<Gpid, Arc<VProc>>>,
+    pub children: NamedMutex<HashMap<Gpid, ChildRec>>,
+    pub placement: NamedMutex<Placement>,
+    pub load: NamedMutex<LocalLoad>,
+    job_seq: NamedMutex<u64>,
+    pub shutdown: watch::Sender<Option<bool>>,
+}
+
+impl Node {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        id: NodeId,
+        cfg: ClusterConfig,
+        state_dir: PathBuf,
+        view: ProcView,
+        cgroup: Option<NodeCgroup>,
+        shepherd_bin: PathBuf,
+        placement: Placement,
+    ) -> Node {
+        let mut inc = [0u8; 8];
+        getrandom::getrandom(&mut inc).expect("kernel random");
+        let peers = cfg
+            .nodes
+            .iter()
+            .filter(|n| n.id != id.get())
+            .filter_map(|n| Some((NodeId::new(n.id)?, Arc::new(Peer::new(NodeId::new(n.id)?, n.addr)))))
+            .collect();
+        let job_seq = std::fs::read_to_string(state_dir.join("job.seq")).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0);
+        Node {
+            id,
+            cfg,
+            incarnation: u64::from_le_bytes(inc) >> 1,
+            started: Instant::now(),
+            state_dir,
+            view,
+            cgroup,
+            shepherd_bin,
+            peers,
+            vprocs: NamedRwLock::new("vprocs", HashMap::new()),
+            children: NamedMutex::new("children", HashMap::new()),
+            placement: NamedMutex::new("placement", placement),
+            load: NamedMutex::new("load", LocalLoad::default()),
+            job_seq: NamedMutex::new("jobs", job_seq),
+            shutdown: watch::channel(None).0,
+        }
+    }
+
+    /// A new cluster-wide job id: this node's prefix and a persisted sequence number.
+    pub fn new_job(&self) -> Result<JobId> {
+        let mut seq = self.job_seq.lock();
+        *seq = (*seq % (clan_core::id::JOB_SPAN - 1)) + 1;
+        let tmp = self.state_dir.join("job.seq.tmp");
+        std::fs::write(&tmp, seq.to_string())
+            .and_then(|_| std::fs::rename(&tmp, self.state_dir.join("job.seq")))
+            .map_err(|e| Error::internal("persist job sequence", e))?;
+        JobId::new(self.id, *seq).ok_or_else(|| Error::Internal("job sequence overflow".into()))
+    }
+
+    /// Credentials for requests the daemon makes on its own behalf.
+    pub fn own_creds(&self) -> pb::Creds {
+        pb::Creds { uid: 0, gid: 0, groups: vec![], pid: std::process::id(), node: self.id.get() }
+    }
+
+    pub fn peer(&self, id: NodeId) -> Result<&Arc<Peer>> {
+        self.peers.get(&id).ok_or_else(|| Error::NotFound(format!("node {id} is not in the cluster")))
+    }
+
+    /// Whether `id` names this node or a live peer.
+    pub fn node_alive(&self, id: NodeId) -> Result<bool> {
+        if id == self.id {
+            return Ok(true);
+        }
+        Ok(self.peer(id)?.state_name(&self.cfg, self.started) != "dead")
+    }
+
+    /// This node's entry for `clan nodes` and heartbeats.
+    pub fn self_info(&self) -> pb::NodeInfo {
+        let l = self.load.lock().clone();
+        let addr = self.cfg.node(self.id).map(|n| n.addr.to_string()).unwrap_or_default();
+        pb::NodeInfo {
+            id: self.id.get(),
+            state: "up".into(),
+            addr,
+            load: l.load,
+            procs: l.procs,
+            mem_used_kb: l.mem_used_kb,
+            mem_total_kb: l.mem_total_kb,
+            incarnation: self.incarnation,
+        }
+    }
+
+    /// Every node of the cluster, this one included, in id order.
+    pub fn nodes(&self) -> Vec<pb::NodeInfo> {
+        let mut v = vec![self.self_info()];
+        for p in self.peers.values() {
+            v.push(p.info(&self.cfg, self.started));
+        }
+        v.sort_by_key(|n| n.id);
+        v
+    }
+
+    /// This node's processes matching `filter`, with clan's own knowledge added.
+    pub async fn ps_local(self: &Arc<Self>, filter: pb::PsFilter) -> Vec<pb::ProcInfo> {
+        let node = self.clone();
+        tokio::task::spawn_blocking(move || {
+            let _g = clan_core::lock::giant();
+            let mut procs = node.view.list(&filter);
+            let vprocs = node.vprocs.read();
+            for p in &mut procs {
+                if let Some(vp) = Gpid::from_raw(p.gpid).and_then(|g| vprocs.get(&g)) {
+                    p.managed = true;
+                    if p.job == 0 {
+                        p.job = vp.job;
+                    }
+                }
+            }
+            procs
+        })
+        .await
+        .unwrap_or_default()
+    }
+
+    /// Refreshes this node's load figures from its /proc (runs on a blocking thread).
+    pub fn sample_load(&self, alpha: f64) {
+        let (running, total, rss) = if self.view.ns_init != 0 {
+            self.view.sample()
+        } else {
+            let la = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+            let run = la.split_whitespace().nth(3).and_then(|f| f.split('/').next()?.parse().ok()).unwrap_or(0);
+            (run, self.view.pids().len() as u32, 0)
+        };
+        let (total_kb, avail_kb) = meminfo();
+        let mut l = self.load.lock();
+        // Runnable processes other than the sampler itself, smoothed like loadavg.
+        let now = f64::from(running.saturating_sub(u32::from(self.view.ns_init == 0)));
+        l.load = l.load * (1.0 - alpha) + now * alpha;
+        l.procs = total;
+        l.mem_total_kb = total_kb;
+        l.mem_used_kb = if self.view.ns_init != 0 { rss } else { total_kb.saturating_sub(avail_kb) };
+    }
+}
+
+fn meminfo() -> (u64, u64) {
+    let text = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let get = |k: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(k))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0)
+    };
+    (get("MemTotal:"), get("MemAvailable:"))
+}

@@ -1,0 +1,407 @@
+//! Links between nodes (DESIGN.md 11, 18).
+//!
+//! Each node dials every other node once and keeps that *control* connection for its own
+//! requests and heartbeats; replies come back on it. What a node receives on the connections
+//! others dialed (heartbeats, requests) tells it they are alive. A peer not heard from for
+//! `suspect_after_ms` is suspect, after `dead_after_ms` dead, and at once when it says
+//! goodbye. Attached processes get a *session* connection each (session.rs).
+
+use crate::error::{Error, Result};
+use crate::node::Node;
+use clan_core::{ClusterConfig, NamedMutex, NodeId};
+use clan_proto::auth::{self, Identity};
+use clan_proto::pb::{self, peer_frame::Frame, peer_reply::Reply, peer_request::Op};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, oneshot, watch};
+use tracing::{debug, info, warn};
+
+#[derive(Debug, Default)]
+pub struct PeerState {
+    pub last_heard: Option<Instant>,
+    pub info: Option<pb::NodeInfo>,
+    pub goodbye: bool,
+    pub declared_dead: bool,
+    /// Placements sent there since its last heartbeat (least-loaded counts them as load).
+    pub placed_since: u32,
+}
+
+type Pending = HashMap<u64, oneshot::Sender<Result<Reply>>>;
+
+pub struct Peer {
+    pub id: NodeId,
+    pub addr: SocketAddr,
+    pub state: NamedMutex<PeerState>,
+    pending: NamedMutex<Pending>,
+    out: NamedMutex<Option<mpsc::UnboundedSender<pb::PeerFrame>>>,
+    next_id: AtomicU64,
+    /// Bumped each time the peer is declared dead; sessions watch it.
+    pub deaths: watch::Sender<u64>,
+}
+
+impl Peer {
+    pub fn new(id: NodeId, addr: SocketAddr) -> Peer {
+        Peer {
+            id,
+            addr,
+            state: NamedMutex::new("peer.state", PeerState::default()),
+            pending: NamedMutex::new("peer.pending", HashMap::new()),
+            out: NamedMutex::new("peer.out", None),
+            next_id: AtomicU64::new(1),
+            deaths: watch::channel(0).0,
+        }
+    }
+
+    /// up, suspect or dead, from the time since the peer was last heard.
+    pub fn state_name(&self, cfg: &ClusterConfig, started: Instant) -> &'static str {
+        let st = self.state.lock();
+        state_of(&st, cfg, started)
+    }
+
+    pub fn info(&self, cfg: &ClusterConfig, started: Instant) -> pb::NodeInfo {
+        let st = self.state.lock();
+        let mut i = st.info.clone().unwrap_or_default();
+        i.id = self.id.get();
+        i.addr = self.addr.to_string();
+        i.state = state_of(&st, cfg, started).to_string();
+        i
+    }
+
+    fn fail_pending(&self, e: Error) {
+        let drained: Vec<_> = self.pending.lock().drain().collect();
+        for (_, tx) in drained {
+            let _ = tx.send(Err(e.clone()));
+        }
+    }
+
+    fn send(&self, f: pb::PeerFrame) -> bool {
+        match &*self.out.lock() {
+            Some(tx) => tx.send(f).is_ok(),
+            None => false,
+        }
+    }
+}
+
+fn state_of(st: &PeerState, cfg: &ClusterConfig, started: Instant) -> &'static str {
+    if st.goodbye || st.declared_dead {
+        return "dead";
+    }
+    let since = st.last_heard.unwrap_or(started).elapsed().as_millis() as u64;
+    if since > cfg.dead_after_ms {
+        "dead"
+    } else if since > cfg.suspect_after_ms || st.last_heard.is_none() {
+        "suspect"
+    } else {
+        "up"
+    }
+}
+
+impl Node {
+    pub fn identity(&self, kind: pb::ConnKind) -> Identity {
+        Identity { node: self.id.get(), incarnation: self.incarnation, cluster: self.cfg.name.clone(), kind }
+    }
+
+    /// Sends a request to a peer and waits for its reply.
+    pub async fn call(&self, to: NodeId, creds: pb::Creds, op: Op) -> Result<Reply> {
+        let p = self.peer(to)?;
+        if p.state_name(&self.cfg, self.started) == "dead" {
+            return Err(Error::NodeDead(to));
+        }
+        let id = p.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        p.pending.lock().insert(id, tx);
+        let frame = pb::PeerFrame { frame: Some(Frame::Request(pb::PeerRequest { id, creds: Some(creds), op: Some(op) })) };
+        if !p.send(frame) {
+            p.pending.lock().remove(&id);
+            return Err(Error::NodeDown(format!("node {to} is unreachable")));
+        }
+        match rx.await {
+            Ok(Ok(Reply::Error(e))) => Err(e.into()),
+            Ok(r) => r,
+            Err(_) => Err(Error::NodeDown(format!("lost connection to node {to}"))),
+        }
+    }
+
+    /// Starts the links: the listener, one dialer per peer, heartbeats and the failure detector.
+    pub async fn start_peers(self: &Arc<Self>) -> anyhow::Result<()> {
+        let me = self.cfg.node(self.id)?.addr;
+        let listener = TcpListener::bind(me).await.map_err(|e| anyhow::anyhow!("cannot listen on {me}: {e}"))?;
+        let node = self.clone();
+        tokio::spawn(async move {
+            loop {
+                match listener.accept().await {
+                    Ok((s, from)) => {
+                        let node = node.clone();
+                        tokio::spawn(async move { node.serve_inbound(s, from).await });
+                    }
+                    Err(e) => {
+                        warn!("accept: {e}");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                }
+            }
+        });
+        for p in self.peers.values() {
+            let (node, p) = (self.clone(), p.clone());
+            tokio::spawn(async move { node.dial_loop(p).await });
+        }
+        let node = self.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(node.cfg.heartbeat_ms));
+            loop {
+                tick.tick().await;
+                let hb = pb::Heartbeat { info: Some(node.self_info()), dead: vec![] };
+                for p in node.peers.values() {
+                    p.send(pb::PeerFrame { frame: Some(Frame::Heartbeat(hb.clone())) });
+                }
+            }
+        });
+        let node = self.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis((node.cfg.heartbeat_ms / 4).max(20)));
+            loop {
+                tick.tick().await;
+                node.detect_failures();
+            }
+        });
+        Ok(())
+    }
+
+    fn detect_failures(self: &Arc<Self>) {
+        for p in self.peers.values() {
+            let newly_dead = {
+                let mut st = p.state.lock();
+                let dead = state_of(&st, &self.cfg, self.started) == "dead";
+                let newly = dead && !st.declared_dead && (st.last_heard.is_some() || st.goodbye);
+                if newly {
+                    st.declared_dead = true;
+                }
+                newly
+            };
+            if newly_dead {
+                warn!(node = %p.id, "node declared dead");
+                p.fail_pending(Error::NodeDead(p.id));
+                p.deaths.send_modify(|n| *n += 1);
+                self.children_of_dead_node(p.id);
+            }
+        }
+    }
+
+    fn heard(&self, from: NodeId, info: Option<pb::NodeInfo>) {
+        if let Some(p) = self.peers.get(&from) {
+            let mut st = p.state.lock();
+            let was_dead = st.declared_dead || st.goodbye;
+            if let Some(i) = info {
+                if st.info.as_ref().is_some_and(|old| old.incarnation != i.incarnation) {
+                    info!(node = %from, "node restarted");
+                }
+                st.info = Some(i);
+                st.placed_since = 0;
+            }
+            st.last_heard = Some(Instant::now());
+            st.goodbye = false;
+            st.declared_dead = false;
+            if was_dead {
+                info!(node = %from, "node is up again");
+            }
+        }
+    }
+
+    async fn dial_loop(self: Arc<Self>, p: Arc<Peer>) {
+        let mut backoff = Duration::from_millis(50);
+        loop {
+            match self.dial(&p).await {
+                Ok(()) => backoff = Duration::from_millis(50),
+                Err(e) => debug!(node = %p.id, "link: {e}"),
+            }
+            *p.out.lock() = None;
+            p.fail_pending(Error::NodeDown(format!("lost connection to node {}", p.id)));
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_millis(self.cfg.heartbeat_ms.max(100)));
+        }
+    }
+
+    async fn dial(&self, p: &Arc<Peer>) -> anyhow::Result<()> {
+        let s = tokio::time::timeout(Duration::from_millis(self.cfg.dead_after_ms), TcpStream::connect(p.addr)).await??;
+        s.set_nodelay(true)?;
+        let (r, w) = s.into_split();
+        let (hello, mut rd, mut wr) = auth::connect(r, w, &self.cfg.key, &self.identity(pb::ConnKind::Control)).await?;
+        if hello.node != p.id.get() {
+            anyhow::bail!("{} answered as node {}", p.addr, hello.node);
+        }
+        let (tx, mut rx) = mpsc::unbounded_channel::<pb::PeerFrame>();
+        *p.out.lock() = Some(tx);
+        debug!(node = %p.id, "linked");
+        let writer = tokio::spawn(async move {
+            while let Some(f) = rx.recv().await {
+                if wr.write(&f).await.is_err() {
+                    break;
+                }
+            }
+        });
+        let res = loop {
+            match rd.read().await {
+                Ok(Some(pb::PeerFrame { frame: Some(Frame::Reply(r)) })) => {
+                    let tx = p.pending.lock().remove(&r.id);
+                    if let (Some(tx), Some(reply)) = (tx, r.reply) {
+                        let _ = tx.send(Ok(reply));
+                    }
+                }
+                Ok(Some(_)) => {}
+                Ok(None) => break Ok(()),
+                Err(e) => break Err(e.into()),
+            }
+        };
+        writer.abort();
+        res
+    }
+
+    async fn serve_inbound(self: Arc<Self>, s: TcpStream, from: SocketAddr) {
+        let _ = s.set_nodelay(true);
+        let (r, w) = s.into_split();
+        let (hello, mut rd, mut wr) = match auth::accept(r, w, &self.cfg.key, &self.identity(pb::ConnKind::Control)).await {
+            Ok(x) => x,
+            Err(e) => {
+                warn!(peer = %from, "refused: {e}");
+                return;
+            }
+        };
+        let Some(peer) = NodeId::new(hello.node).filter(|n| self.peers.contains_key(n)) else {
+            warn!(peer = %from, node = hello.node, "refused: not a node of this cluster");
+            return;
+        };
+        if hello.kind == pb::ConnKind::Session as i32 {
+            crate::session::serve_remote(self, peer, rd, wr).await;
+            return;
+        }
+        self.heard(peer, None);
+        let (tx, mut rx) = mpsc::unbounded_channel::<pb::PeerFrame>();
+        let writer = tokio::spawn(async move {
+            while let Some(f) = rx.recv().await {
+                if wr.write(&f).await.is_err() {
+                    break;
+                }
+            }
+        });
+        loop {
+            match rd.read().await {
+                Ok(Some(pb::PeerFrame { frame: Some(f) })) => match f {
+                    Frame::Heartbeat(hb) => self.heard(peer, hb.info),
+                    Frame::Request(req) => {
+                        self.heard(peer, None);
+                        let (node, tx) = (self.clone(), tx.clone());
+                        tokio::spawn(async move {
+                            let id = req.id;
+                            let reply = match node.handle_peer(peer, req).await {
+                                Ok(r) => r,
+                                Err(e) => Reply::Error(e.into()),
+                            };
+                            let _ = tx.send(pb::PeerFrame { frame: Some(Frame::Reply(pb::PeerReply { id, reply: Some(reply) })) });
+                        });
+                    }
+                    Frame::Goodbye(_) => {
+                        info!(node = %peer, "node said goodbye");
+                        if let Some(p) = self.peers.get(&peer) {
+                            p.state.lock().goodbye = true;
+                        }
+                        self.detect_failures();
+                    }
+                    _ => {}
+                },
+                Ok(_) => break,
+                Err(e) => {
+                    warn!(node = %peer, "dropping link: {e}");
+                    break;
+                }
+            }
+        }
+        writer.abort();
+    }
+
+    /// Tells every peer this node is going away (they declare it dead at once).
+    pub fn say_goodbye(&self) {
+        for p in self.peers.values() {
+            p.send(pb::PeerFrame { frame: Some(Frame::Goodbye(true)) });
+        }
+    }
+
+    /// Serves one request from a peer.
+    async fn handle_peer(self: &Arc<Self>, from: NodeId, req: pb::PeerRequest) -> Result<Reply> {
+        let creds = req.creds.unwrap_or_default();
+        let op = req.op.ok_or_else(|| Error::Invalid("empty request".into()))?;
+        let gpid = |raw: u64| clan_core::Gpid::from_raw(raw).ok_or_else(|| Error::Invalid(format!("invalid gpid {raw}")));
+        match op {
+            Op::Spawn(s) => {
+                let spec = s.spec.unwrap_or_default();
+                if !spec.detached {
+                    return Err(Error::Invalid("attached processes start on a session connection".into()));
+                }
+                let vp = self
+                    .spawn_local(crate::process::vproc::SpawnLocal {
+                        spec,
+                        creds: s.creds.unwrap_or(creds),
+                        job: s.job,
+                        rank: s.rank,
+                        size: s.size,
+                        parent_node: NodeId::new(s.parent_node).unwrap_or(from),
+                    })
+                    .await?;
+                Ok(Reply::Started(pb::Started { gpids: vec![vp.gpid.raw()], job: s.job, nodes: vec![self.id.get()] }))
+            }
+            Op::Signal(s) => {
+                self.signal_local(gpid(s.gpid)?, s.signal, &creds)?;
+                Ok(Reply::Ok(pb::Ok {}))
+            }
+            Op::Ps(p) => {
+                let procs = self.ps_local(p.filter.unwrap_or_default()).await;
+                Ok(Reply::Ps(pb::NodePs { node: self.id.get(), procs, error: String::new() }))
+            }
+            Op::Wait(w) => {
+                let g = gpid(*w.gpids.first().ok_or_else(|| Error::Invalid("wait for nothing".into()))?)?;
+                let ws = self.wait_home(g, &creds).await?;
+                Ok(Reply::Wait(pb::WaitReply { results: vec![pb::WaitResult { gpid: g.raw(), status: Some(ws.into()), error: None }] }))
+            }
+            Op::Release(r) => {
+                self.release_local(gpid(r.gpid)?);
+                Ok(Reply::Ok(pb::Ok {}))
+            }
+            Op::Status(st) => {
+                self.child_status(gpid(st.gpid)?, st.uid, st.status.unwrap_or_default().into());
+                Ok(Reply::Ok(pb::Ok {}))
+            }
+            Op::Logs(l) => Ok(Reply::Log(self.logs_local(gpid(l.gpid)?, l.offset, l.follow, &creds).await?)),
+            Op::Stats(_) => Ok(Reply::Stats(self.lock_stats())),
+            Op::Reattach(_) => Err(Error::Invalid("reattach is not supported on a control connection".into())),
+        }
+    }
+
+    /// This node's lock counters.
+    pub fn lock_stats(&self) -> pb::NodeLockStats {
+        pb::NodeLockStats {
+            node: self.id.get(),
+            locks: clan_core::lock::snapshot()
+                .into_iter()
+                .filter(|s| !s.name.starts_with("test."))
+                .map(|s| pb::LockStat {
+                    name: s.name.to_string(),
+                    acquisitions: s.acquisitions,
+                    contended: s.contended,
+                    wait_ns: s.wait_ns,
+                    max_wait_ns: s.max_wait_ns,
+                })
+                .collect(),
+            error: String::new(),
+        }
+    }
+
+    /// Notes a placement on `to` until its next heartbeat reports it.
+    pub fn note_placement(&self, to: NodeId) {
+        if let Some(p) = self.peers.get(&to) {
+            p.state.lock().placed_since += 1;
+        }
+    }
+}

@@ -1,0 +1,202 @@
+//! Where a new process goes (Solaris MC 4.3): an explicit node, round-robin (the default),
+//! least-loaded from the loads the nodes exchange, or a registered *load manager*
+//! (registerloadmgr): an external program run for each placement, or a service on a Unix
+//! socket, that is given the candidate nodes as one JSON line and answers with a node id.
+
+use crate::error::{Error, Result};
+use crate::node::Node;
+use clan_core::NodeId;
+use clan_proto::pb;
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+use std::time::Duration;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tracing::warn;
+
+/// A registered load manager.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub enum LoadManager {
+    /// A program run once per placement: JSON on stdin, a node id on stdout.
+    Command(Vec<String>),
+    /// A service on a Unix socket: one JSON line in, one line with a node id back.
+    Socket(PathBuf),
+}
+
+impl LoadManager {
+    pub fn describe(&self) -> String {
+        match self {
+            LoadManager::Command(c) => format!("command: {}", c.join(" ")),
+            LoadManager::Socket(p) => format!("socket: {}", p.display()),
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct Placement {
+    last: u32,
+    pub manager: Option<LoadManager>,
+    file: PathBuf,
+}
+
+#[derive(Serialize)]
+struct Query<'a> {
+    argv: Vec<String>,
+    uid: u32,
+    exclude: &'a [u32],
+    nodes: Vec<NodeLoad>,
+}
+
+#[derive(Serialize)]
+struct NodeLoad {
+    id: u32,
+    load: f64,
+    procs: u32,
+    mem_used_kb: u64,
+    mem_total_kb: u64,
+}
+
+impl Placement {
+    /// Loads a persisted load-manager registration from `file`.
+    pub fn load(file: PathBuf) -> Placement {
+        let manager = std::fs::read(&file).ok().and_then(|b| serde_json::from_slice(&b).ok());
+        Placement { last: 0, manager, file }
+    }
+
+    pub fn set_manager(&mut self, m: Option<LoadManager>) -> Result<()> {
+        match &m {
+            Some(m) => std::fs::write(&self.file, serde_json::to_vec(m).expect("serializable"))
+                .map_err(|e| Error::internal("persist load manager", e))?,
+            None => {
+                let _ = std::fs::remove_file(&self.file);
+            }
+        }
+        self.manager = m;
+        Ok(())
+    }
+}
+
+impl Node {
+    /// Chooses `count` distinct live nodes for a new job's processes.
+    pub async fn place(&self, explicit: u32, policy: pb::Policy, count: u32, spec: &pb::ProcSpec, uid: u32) -> Result<Vec<NodeId>> {
+        let count = count.max(1) as usize;
+        if explicit != 0 {
+            let n = NodeId::new(explicit).ok_or_else(|| Error::NotFound(format!("node {explicit} is not in the cluster")))?;
+            if !self.node_alive(n)? {
+                return Err(Error::NodeDead(n));
+            }
+            if count > 1 {
+                return Err(Error::Invalid("--node places one process; use -N without --node for several".into()));
+            }
+            return Ok(vec![n]);
+        }
+        let infos: Vec<pb::NodeInfo> = self.nodes().into_iter().filter(|n| n.state != "dead").collect();
+        if count > infos.len() {
+            return Err(Error::Invalid(format!("{count} copies asked for, but only {} node(s) are up", infos.len())));
+        }
+        let manager = self.placement.lock().manager.clone();
+        let policy = match policy {
+            pb::Policy::Default if manager.is_some() => pb::Policy::LoadManager,
+            pb::Policy::Default => pb::Policy::RoundRobin,
+            p => p,
+        };
+        let chosen = match (policy, manager) {
+            (pb::Policy::LoadManager, None) => return Err(Error::Invalid("no load manager is registered on this node".into())),
+            (pb::Policy::LoadManager, Some(m)) => match self.ask_manager(&m, &infos, count, spec, uid).await {
+                Ok(v) => v,
+                Err(e) => {
+                    warn!("load manager failed ({e}); placing round-robin");
+                    self.round_robin(&infos, count)
+                }
+            },
+            (pb::Policy::LeastLoaded, _) => self.least_loaded(&infos, count),
+            _ => self.round_robin(&infos, count),
+        };
+        for &n in &chosen {
+            self.note_placement(n);
+        }
+        Ok(chosen)
+    }
+
+    fn round_robin(&self, infos: &[pb::NodeInfo], count: usize) -> Vec<NodeId> {
+        let mut pl = self.placement.lock();
+        let start = infos.iter().position(|n| n.id > pl.last).unwrap_or(0);
+        let v: Vec<NodeId> = (0..count).filter_map(|i| NodeId::new(infos[(start + i) % infos.len()].id)).collect();
+        if let Some(l) = v.last() {
+            pl.last = l.get();
+        }
+        v
+    }
+
+    fn least_loaded(&self, infos: &[pb::NodeInfo], count: usize) -> Vec<NodeId> {
+        let mut scored: Vec<(f64, u32, u32)> = infos
+            .iter()
+            .map(|n| {
+                let pending = NodeId::new(n.id)
+                    .and_then(|id| self.peers.get(&id))
+                    .map(|p| p.state.lock().placed_since)
+                    .unwrap_or(0);
+                (n.load + f64::from(pending), n.procs, n.id)
+            })
+            .collect();
+        scored.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+        scored.into_iter().take(count).filter_map(|(_, _, id)| NodeId::new(id)).collect()
+    }
+
+    async fn ask_manager(&self, m: &LoadManager, infos: &[pb::NodeInfo], count: usize, spec: &pb::ProcSpec, uid: u32) -> Result<Vec<NodeId>> {
+        let mut chosen: Vec<u32> = Vec::new();
+        for _ in 0..count {
+            let q = Query {
+                argv: spec.argv.iter().map(|a| String::from_utf8_lossy(a).into_owned()).collect(),
+                uid,
+                exclude: &chosen,
+                nodes: infos
+                    .iter()
+                    .filter(|n| !chosen.contains(&n.id))
+                    .map(|n| NodeLoad { id: n.id, load: n.load, procs: n.procs, mem_used_kb: n.mem_used_kb, mem_total_kb: n.mem_total_kb })
+                    .collect(),
+            };
+            let mut line = serde_json::to_string(&q).expect("serializable");
+            line.push('\n');
+            let answer = tokio::time::timeout(Duration::from_secs(2), query(m, line))
+                .await
+                .map_err(|_| Error::Internal("load manager timed out".into()))??;
+            let id: u32 = answer
+                .trim()
+                .parse()
+                .map_err(|_| Error::Internal(format!("load manager answered {:?}, not a node id", answer.trim())))?;
+            if !infos.iter().any(|n| n.id == id) || chosen.contains(&id) {
+                return Err(Error::Internal(format!("load manager chose node {id}, which is not a live candidate")));
+            }
+            chosen.push(id);
+        }
+        Ok(chosen.into_iter().filter_map(NodeId::new).collect())
+    }
+}
+
+async fn query(m: &LoadManager, line: String) -> Result<String> {
+    let io = |e: std::io::Error| Error::internal("load manager", e);
+    match m {
+        LoadManager::Command(argv) => {
+            let mut child = tokio::process::Command::new(&argv[0])
+                .args(&argv[1..])
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .kill_on_drop(true)
+                .spawn()
+                .map_err(io)?;
+            let mut stdin = child.stdin.take().expect("piped");
+            stdin.write_all(line.as_bytes()).await.map_err(io)?;
+            drop(stdin);
+            let out = child.wait_with_output().await.map_err(io)?;
+            Ok(String::from_utf8_lossy(&out.stdout).lines().next().unwrap_or("").to_string())
+        }
+        LoadManager::Socket(p) => {
+            let s = tokio::net::UnixStream::connect(p).await.map_err(io)?;
+            let (r, mut w) = s.into_split();
+            w.write_all(line.as_bytes()).await.map_err(io)?;
+            let mut answer = String::new();
+            BufReader::new(r).read_line(&mut answer).await.map_err(io)?;
+            Ok(answer)
+        }
+    }
+}

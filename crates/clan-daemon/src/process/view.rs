@@ -1,0 +1,237 @@
+//! The node's processes as the kernel shows them: a /proc of the node's pid namespace
+//! (`/proc/INIT/root/proc` on a local cluster, `/proc` on a real node). Nothing here keeps a
+//! copy of process state; every answer is read from the kernel when asked.
+
+use crate::error::{Error, Result};
+use clan_core::{Gpid, NodeId};
+use clan_proto::pb;
+use nix::fcntl::{openat, OFlag};
+use nix::sys::stat::{fstatat, Mode};
+use procfs_core::process::Stat;
+use procfs_core::FromRead;
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::Read;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::PathBuf;
+
+/// One node's /proc.
+pub struct ProcView {
+    pub node: NodeId,
+    pub path: PathBuf,
+    root: OwnedFd,
+    /// Host pid of the namespace init (0: the host's own pid namespace).
+    pub ns_init: u32,
+    ticks_per_sec: u64,
+    page_kb: u64,
+    users: clan_core::NamedMutex<HashMap<u32, String>>,
+}
+
+/// What `ps` shows of one process, before the job and managed flags are added.
+pub struct RawProc {
+    pub info: pb::ProcInfo,
+}
+
+impl ProcView {
+    pub fn open(node: NodeId, path: PathBuf, ns_init: u32) -> std::io::Result<ProcView> {
+        let f = File::options().read(true).custom_flags(libc::O_DIRECTORY).open(&path)?;
+        Ok(ProcView {
+            node,
+            path,
+            root: OwnedFd::from(f),
+            ns_init,
+            // SAFETY: sysconf has no preconditions.
+            ticks_per_sec: unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64,
+            // SAFETY: as above.
+            page_kb: (unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u64) / 1024,
+            users: clan_core::NamedMutex::new("users", HashMap::new()),
+        })
+    }
+
+    fn open_at(&self, rel: &str) -> nix::Result<File> {
+        let fd = openat(Some(self.root.as_raw_fd()), rel, OFlag::O_RDONLY | OFlag::O_CLOEXEC, Mode::empty())?;
+        // SAFETY: openat just returned this descriptor and nothing else owns it.
+        Ok(unsafe { File::from_raw_fd(fd) })
+    }
+
+    fn read_at(&self, rel: &str, limit: usize) -> Option<Vec<u8>> {
+        let mut f = self.open_at(rel).ok()?;
+        let mut buf = Vec::with_capacity(512);
+        f.by_ref().take(limit as u64).read_to_end(&mut buf).ok()?;
+        Some(buf)
+    }
+
+    /// Local numbers of every process in the view.
+    pub fn pids(&self) -> Vec<u32> {
+        let Ok(rd) = std::fs::read_dir(&self.path) else { return Vec::new() };
+        rd.flatten().filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok()).collect()
+    }
+
+    pub fn user_name(&self, uid: u32) -> String {
+        let mut users = self.users.lock();
+        users
+            .entry(uid)
+            .or_insert_with(|| {
+                nix::unistd::User::from_uid(uid.into())
+                    .ok()
+                    .flatten()
+                    .map(|u| u.name)
+                    .unwrap_or_else(|| uid.to_string())
+            })
+            .clone()
+    }
+
+    /// Reads one process; `None` when it has gone meanwhile.
+    pub fn read(&self, pid: u32) -> Option<RawProc> {
+        let stat_bytes = self.read_at(&format!("{pid}/stat"), 4096)?;
+        let stat = Stat::from_read(stat_bytes.as_slice()).ok()?;
+        let st = fstatat(Some(self.root.as_raw_fd()), pid.to_string().as_str(), nix::fcntl::AtFlags::empty()).ok()?;
+        let cmdline = self.read_at(&format!("{pid}/cmdline"), 4096).unwrap_or_default();
+        let cmd = if cmdline.is_empty() {
+            format!("[{}]", stat.comm)
+        } else {
+            let mut s: Vec<u8> = cmdline.iter().map(|&b| if b == 0 { b' ' } else { b }).collect();
+            while s.last() == Some(&b' ') {
+                s.pop();
+            }
+            String::from_utf8_lossy(&s).into_owned()
+        };
+        let job = self
+            .read_at(&format!("{pid}/cgroup"), 4096)
+            .and_then(|c| job_of_cgroup(&String::from_utf8_lossy(&c)))
+            .unwrap_or(0);
+        let gpid = Gpid::new(self.node, pid)?;
+        let ppid = u32::try_from(stat.ppid).ok().and_then(|p| Gpid::new(self.node, p)).map(|g| g.raw()).unwrap_or(0);
+        Some(RawProc {
+            info: pb::ProcInfo {
+                gpid: gpid.raw(),
+                node: self.node.get(),
+                uid: st.st_uid,
+                user: self.user_name(st.st_uid),
+                state: stat.state.to_string(),
+                cpu_ms: (stat.utime + stat.stime) * 1000 / self.ticks_per_sec,
+                rss_kb: stat.rss * self.page_kb,
+                cmd,
+                ppid,
+                job,
+                start_ticks: stat.starttime,
+                managed: false,
+            },
+        })
+    }
+
+    /// Every process matching `filter`.
+    pub fn list(&self, filter: &pb::PsFilter) -> Vec<pb::ProcInfo> {
+        let pids: Vec<u32> = if filter.gpids.is_empty() {
+            self.pids()
+        } else {
+            filter
+                .gpids
+                .iter()
+                .filter_map(|&g| Gpid::from_raw(g))
+                .filter(|g| g.node() == self.node)
+                .map(|g| g.local())
+                .collect()
+        };
+        pids.into_iter()
+            .filter_map(|p| self.read(p))
+            .map(|r| r.info)
+            .filter(|i| filter.job == 0 || i.job == filter.job)
+            .filter(|i| !filter.has_uid || i.uid == filter.uid)
+            .collect()
+    }
+
+    /// Opens `/proc/PID` of a process as a handle for pidfd_send_signal: the handle names
+    /// exactly this process, so a pid reused after the check can not be hit.
+    pub fn open_process(&self, gpid: Gpid) -> Result<ProcHandle> {
+        let fd = openat(
+            Some(self.root.as_raw_fd()),
+            gpid.local().to_string().as_str(),
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|_| Error::NoSuchProcess(gpid))?;
+        // SAFETY: openat just returned this descriptor and nothing else owns it.
+        let dir = unsafe { OwnedFd::from_raw_fd(fd) };
+        Ok(ProcHandle { gpid, dir })
+    }
+
+    /// Runnable processes, all processes and their resident memory, for the node's load.
+    pub fn sample(&self) -> (u32, u32, u64) {
+        let (mut running, mut total, mut rss) = (0, 0, 0);
+        for pid in self.pids() {
+            if let Some(b) = self.read_at(&format!("{pid}/stat"), 4096) {
+                if let Ok(s) = Stat::from_read(b.as_slice()) {
+                    total += 1;
+                    if s.state == 'R' {
+                        running += 1;
+                    }
+                    rss += s.rss * self.page_kb;
+                }
+            }
+        }
+        (running, total, rss)
+    }
+}
+
+/// An open `/proc/PID` directory.
+pub struct ProcHandle {
+    pub gpid: Gpid,
+    pub dir: OwnedFd,
+}
+
+/// Real, effective and saved uid of a process, from its status file.
+#[derive(Debug, Clone, Copy)]
+pub struct Uids {
+    pub real: u32,
+    pub effective: u32,
+    pub saved: u32,
+}
+
+impl ProcHandle {
+    pub fn uids(&self) -> Result<Uids> {
+        let fd = openat(Some(self.dir.as_raw_fd()), "status", OFlag::O_RDONLY | OFlag::O_CLOEXEC, Mode::empty())
+            .map_err(|_| Error::NoSuchProcess(self.gpid))?;
+        // SAFETY: fresh descriptor from openat, owned by this File only.
+        let mut f = unsafe { File::from_raw_fd(fd) };
+        let mut s = String::new();
+        f.read_to_string(&mut s).map_err(|_| Error::NoSuchProcess(self.gpid))?;
+        let line = s.lines().find_map(|l| l.strip_prefix("Uid:")).ok_or(Error::NoSuchProcess(self.gpid))?;
+        let v: Vec<u32> = line.split_whitespace().filter_map(|x| x.parse().ok()).collect();
+        if v.len() < 3 {
+            return Err(Error::NoSuchProcess(self.gpid));
+        }
+        Ok(Uids { real: v[0], effective: v[1], saved: v[2] })
+    }
+}
+
+/// The job of a process from its cgroup v2 path (`0::/.../job1000003`).
+pub fn job_of_cgroup(text: &str) -> Option<u64> {
+    let path = text.lines().find_map(|l| l.strip_prefix("0::"))?;
+    path.split('/').find_map(|c| c.strip_prefix("job")?.parse().ok())
+}
+
+use std::os::unix::fs::OpenOptionsExt;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn job_from_cgroup_path() {
+        assert_eq!(job_of_cgroup("0::/clan.t/node1/job1000003\n"), Some(1000003));
+        assert_eq!(job_of_cgroup("0::/clan.t/node1/shepherds\n"), None);
+        assert_eq!(job_of_cgroup("garbage"), None);
+    }
+
+    #[test]
+    fn reads_this_process_from_the_host_view() {
+        let v = ProcView::open(NodeId::new(1).unwrap(), "/proc".into(), 0).unwrap();
+        let me = std::process::id();
+        let p = v.read(me).unwrap();
+        assert_eq!(p.info.gpid, 10_000_000 + u64::from(me));
+        assert!(v.pids().contains(&me));
+        let h = v.open_process(Gpid::new(NodeId::new(1).unwrap(), me).unwrap()).unwrap();
+        assert_eq!(h.uids().unwrap().real, nix::unistd::getuid().as_raw());
+    }
+}

@@ -1,0 +1,225 @@
+//! Virtual process objects (Solaris MC's vproc) for the processes clan started on this node,
+//! each linked to its shepherd. The shepherd is the truth: a restarted cland rebuilds this
+//! table from the shepherds' sockets (`recover`).
+
+use crate::error::{Error, Result};
+use crate::node::Node;
+use clan_core::{Gpid, NamedMutex, NodeId, WaitStatus};
+use clan_proto::pb::{self, shepherd_in::Msg as In, shepherd_out::Msg as Out};
+use clan_proto::{read_frame, write_frame};
+use std::path::Path;
+use std::process::Stdio;
+use std::sync::Arc;
+use tokio::io::AsyncWriteExt;
+use tokio::net::UnixStream;
+use tokio::sync::{mpsc, watch};
+use tracing::{debug, info, warn};
+
+/// A process started by clan on this node.
+pub struct VProc {
+    pub gpid: Gpid,
+    pub host_pid: u32,
+    pub uid: u32,
+    pub job: u64,
+    pub parent_node: NodeId,
+    pub detached: bool,
+    pub argv0: String,
+    tx: mpsc::UnboundedSender<pb::ShepherdIn>,
+    /// `Some` once the process has exited.
+    pub status: watch::Sender<Option<WaitStatus>>,
+    /// Where output and the exit status of an attached process go.
+    subscriber: NamedMutex<Option<mpsc::Sender<pb::SessionOutput>>>,
+}
+
+impl VProc {
+    pub fn send(&self, msg: In) {
+        let _ = self.tx.send(pb::ShepherdIn { msg: Some(msg) });
+    }
+
+    /// Routes output to `sub` from now on and asks the shepherd to relay.
+    pub fn attach(&self, sub: mpsc::Sender<pb::SessionOutput>) {
+        *self.subscriber.lock() = Some(sub);
+        self.send(In::Attach(true));
+    }
+
+    pub fn detach_subscriber(&self) {
+        *self.subscriber.lock() = None;
+    }
+
+    pub fn exited(&self) -> Option<WaitStatus> {
+        *self.status.borrow()
+    }
+
+    async fn deliver(&self, out: pb::session_output::Output) {
+        let sub = self.subscriber.lock().clone();
+        if let Some(s) = sub {
+            let _ = s.send(pb::SessionOutput { gpid: self.gpid.raw(), output: Some(out) }).await;
+        }
+    }
+}
+
+/// What to start: the request as the daemon sees it.
+pub struct SpawnLocal {
+    pub spec: pb::ProcSpec,
+    pub creds: pb::Creds,
+    pub job: u64,
+    pub rank: u32,
+    pub size: u32,
+    pub parent_node: NodeId,
+}
+
+impl Node {
+    /// Starts a process on this node under a new shepherd.
+    pub async fn spawn_local(self: &Arc<Self>, req: SpawnLocal) -> Result<Arc<VProc>> {
+        if req.spec.argv.is_empty() {
+            return Err(Error::Invalid("empty command".into()));
+        }
+        let cgroup = match &self.cgroup {
+            Some(cg) => cg.job(req.job).map_err(|e| Error::internal("create task cgroup", e))?.display().to_string(),
+            None => String::new(),
+        };
+        let spec = pb::ShepherdSpec {
+            spec: Some(req.spec.clone()),
+            creds: Some(req.creds.clone()),
+            node: self.id.get(),
+            job: req.job,
+            rank: req.rank,
+            size: req.size,
+            parent_node: req.parent_node.get(),
+            state_dir: self.state_dir.display().to_string(),
+            cgroup,
+            ns_init_pid: self.view.ns_init,
+            cluster_dir: self.cfg.dir.display().to_string(),
+            shepherd_cgroup: self.cgroup.as_ref().map(|c| c.sub("shepherds").display().to_string()).unwrap_or_default(),
+            hostname: String::new(),
+        };
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.state_dir.join("shepherd.log"))
+            .map_err(|e| Error::internal("open shepherd.log", e))?;
+        let mut child = tokio::process::Command::new(&self.shepherd_bin)
+            .arg("run")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(log))
+            .spawn()
+            .map_err(|e| Error::internal(&format!("start shepherd {}", self.shepherd_bin.display()), e))?;
+        let mut stdin = child.stdin.take().expect("piped");
+        let mut stdout = child.stdout.take().expect("piped");
+        write_frame(&mut stdin, &spec).await.map_err(|e| Error::internal("send spec to shepherd", e))?;
+        drop(stdin);
+        let ready: Option<pb::ShepherdReady> =
+            read_frame(&mut stdout).await.map_err(|e| Error::internal("read shepherd report", e))?;
+        let _ = child.wait().await;
+        let ready = ready.ok_or_else(|| Error::Internal("shepherd exited without a report".into()))?;
+        if let Some(e) = ready.error {
+            return Err(e.into());
+        }
+        let gpid = Gpid::from_raw(ready.gpid).ok_or_else(|| Error::Internal(format!("shepherd reported gpid {}", ready.gpid)))?;
+        let vp = self.link_shepherd(&self.state_dir.join("sh").join(format!("{gpid}.sock"))).await?;
+        info!(gpid = %gpid, job = req.job, cmd = %vp.argv0, "started");
+        Ok(vp)
+    }
+
+    /// Connects to a shepherd, learns what it runs, and enters it in the vproc table.
+    pub async fn link_shepherd(self: &Arc<Self>, sock: &Path) -> Result<Arc<VProc>> {
+        let stream = UnixStream::connect(sock).await.map_err(|e| Error::internal(&format!("connect {}", sock.display()), e))?;
+        let (mut rd, mut wr) = stream.into_split();
+        write_frame(&mut wr, &pb::ShepherdIn { msg: Some(In::Hello(true)) })
+            .await
+            .map_err(|e| Error::internal("shepherd hello", e))?;
+        let info = match read_frame::<pb::ShepherdOut, _>(&mut rd).await {
+            Ok(Some(pb::ShepherdOut { msg: Some(Out::Info(i)) })) => i,
+            other => return Err(Error::Internal(format!("shepherd {} answered {other:?}", sock.display()))),
+        };
+        let spec = info.spec.clone().unwrap_or_default();
+        let ps = spec.spec.clone().unwrap_or_default();
+        let gpid = Gpid::from_raw(info.gpid).ok_or_else(|| Error::Internal("shepherd has a bad gpid".into()))?;
+        let (tx, mut rx) = mpsc::unbounded_channel::<pb::ShepherdIn>();
+        let (status, _) = watch::channel(info.exited.map(WaitStatus::from));
+        let vp = Arc::new(VProc {
+            gpid,
+            host_pid: info.host_pid,
+            uid: spec.creds.as_ref().map(|c| c.uid).unwrap_or(0),
+            job: spec.job,
+            parent_node: NodeId::new(spec.parent_node).unwrap_or(self.id),
+            detached: ps.detached,
+            argv0: ps.argv.first().map(|a| String::from_utf8_lossy(a).into_owned()).unwrap_or_default(),
+            tx,
+            status,
+            subscriber: NamedMutex::new("vproc.subscriber", None),
+        });
+        self.vprocs.write().insert(gpid, vp.clone());
+        tokio::spawn(async move {
+            while let Some(m) = rx.recv().await {
+                if write_frame(&mut wr, &m).await.is_err() {
+                    break;
+                }
+            }
+            let _ = wr.shutdown().await;
+        });
+        let node = self.clone();
+        let link = vp.clone();
+        tokio::spawn(async move {
+            loop {
+                match read_frame::<pb::ShepherdOut, _>(&mut rd).await {
+                    Ok(Some(pb::ShepherdOut { msg: Some(m) })) => match m {
+                        Out::Stdout(d) => link.deliver(pb::session_output::Output::Stdout(d)).await,
+                        Out::Stderr(d) => link.deliver(pb::session_output::Output::Stderr(d)).await,
+                        Out::Exited(st) => {
+                            let ws = WaitStatus::from(st);
+                            link.status.send_replace(Some(ws));
+                            link.deliver(pb::session_output::Output::Exited(st)).await;
+                            node.process_exited(&link, ws);
+                        }
+                        Out::Info(_) => {}
+                    },
+                    Ok(_) => break,
+                    Err(e) => {
+                        debug!(gpid = %link.gpid, "shepherd link: {e}");
+                        break;
+                    }
+                }
+            }
+            // The shepherd is gone: it reaped the process after a release, or it was killed.
+            if link.exited().is_none() {
+                warn!(gpid = %link.gpid, "shepherd vanished before its process exited");
+                let ws = WaitStatus { signal: libc::SIGKILL, ..Default::default() };
+                link.status.send_replace(Some(ws));
+                link.deliver(pb::session_output::Output::Exited(ws.into())).await;
+                node.process_exited(&link, ws);
+            }
+            node.vprocs.write().remove(&link.gpid);
+        });
+        Ok(vp)
+    }
+
+    /// Rebuilds the vproc table from the shepherds that outlived a previous cland.
+    pub async fn recover(self: &Arc<Self>) {
+        let dir = self.state_dir.join("sh");
+        let Ok(rd) = std::fs::read_dir(&dir) else { return };
+        let mut n = 0;
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.extension().is_some_and(|x| x == "sock") {
+                match self.link_shepherd(&p).await {
+                    Ok(vp) => {
+                        n += 1;
+                        if let Some(ws) = vp.exited() {
+                            // Its status may not have reached the parent: push it again.
+                            self.process_exited(&vp, ws);
+                        }
+                    }
+                    Err(err) => {
+                        warn!(socket = %p.display(), "stale shepherd socket: {err}");
+                        let _ = std::fs::remove_file(&p);
+                    }
+                }
+            }
+        }
+        if n > 0 {
+            info!(count = n, "recovered processes from their shepherds");
+        }
+    }
+}

@@ -1,0 +1,271 @@
+//! Attached processes: the stub's stdio, signals and exit status (DESIGN.md 7).
+//!
+//! The stub (`clan run`) talks to its own node over the local socket. For each process of
+//! the run, that node either attaches to the local vproc or opens a *session* connection to
+//! the process's node, which starts the process and relays between the session and the
+//! shepherd. Output flows back with backpressure all the way to the process's pipes. When
+//! the stub goes away without releasing, the process is orphaned: its pipes break and its
+//! shepherd reaps it when it exits, as with a local process whose parent died.
+
+use crate::error::{Error, Result};
+use crate::node::Node;
+use crate::process::vproc::{SpawnLocal, VProc};
+use clan_core::{Gpid, NodeId};
+use clan_proto::auth::{self, PeerReader, PeerWriter};
+use clan_proto::pb::{self, peer_frame::Frame, session_input::Input, shepherd_in::Msg as In};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+use tracing::debug;
+
+/// One process of a run, seen from the stub's node.
+pub enum Endpoint {
+    Local(Arc<VProc>),
+    Remote(mpsc::UnboundedSender<pb::SessionInput>),
+}
+
+impl Endpoint {
+    pub fn input(&self, gpid: Gpid, input: Input) {
+        match self {
+            Endpoint::Local(vp) => vp.send(to_shepherd(input)),
+            Endpoint::Remote(tx) => {
+                let _ = tx.send(pb::SessionInput { gpid: gpid.raw(), input: Some(input) });
+            }
+        }
+    }
+
+    /// The stub is gone without collecting the status.
+    pub fn orphan(self) {
+        if let Endpoint::Local(vp) = self {
+            vp.detach_subscriber();
+            vp.send(In::Orphan(true));
+        } // a remote endpoint is orphaned by closing its session connection (drop)
+    }
+}
+
+fn to_shepherd(input: Input) -> In {
+    match input {
+        Input::Stdin(d) => In::Stdin(d),
+        Input::StdinEof(_) => In::StdinEof(true),
+        Input::Signal(s) => In::Signal(s),
+        Input::Resize(w) => In::Resize(w),
+        Input::Release(_) => In::Release(true),
+    }
+}
+
+/// What one process of a run needs to start.
+pub struct Start {
+    pub target: NodeId,
+    pub spec: pb::ProcSpec,
+    pub creds: pb::Creds,
+    pub job: u64,
+    pub rank: u32,
+    pub size: u32,
+}
+
+impl Node {
+    /// Starts one attached process on `s.target`; its output goes to `out`.
+    pub async fn start_attached(self: &Arc<Self>, s: Start, out: mpsc::Sender<pb::SessionOutput>) -> Result<(Gpid, Endpoint)> {
+        if s.target == self.id {
+            let vp = self
+                .spawn_local(SpawnLocal { spec: s.spec, creds: s.creds, job: s.job, rank: s.rank, size: s.size, parent_node: self.id })
+                .await?;
+            vp.attach(out);
+            return Ok((vp.gpid, Endpoint::Local(vp)));
+        }
+        let peer = self.peer(s.target)?.clone();
+        let stream = tokio::time::timeout(Duration::from_millis(self.cfg.dead_after_ms), TcpStream::connect(peer.addr))
+            .await
+            .map_err(|_| Error::NodeDown(format!("node {} does not answer", s.target)))?
+            .map_err(|e| Error::NodeDown(format!("node {}: {e}", s.target)))?;
+        let _ = stream.set_nodelay(true);
+        let (r, w) = stream.into_split();
+        let (_, mut rd, mut wr) = auth::connect(r, w, &self.cfg.key, &self.identity(pb::ConnKind::Session))
+            .await
+            .map_err(|e| Error::NodeDown(format!("node {}: {e}", s.target)))?;
+        let req = pb::PeerRequest {
+            id: 1,
+            creds: Some(s.creds.clone()),
+            op: Some(pb::peer_request::Op::Spawn(pb::SpawnRequest {
+                spec: Some(s.spec),
+                creds: Some(s.creds),
+                job: s.job,
+                rank: s.rank,
+                size: s.size,
+                parent_node: self.id.get(),
+            })),
+        };
+        let lost = |e: &dyn std::fmt::Display| Error::NodeDown(format!("node {}: {e}", s.target));
+        wr.write(&pb::PeerFrame { frame: Some(Frame::Request(req)) }).await.map_err(|e| lost(&e))?;
+        let gpid = match rd.read().await.map_err(|e| lost(&e))? {
+            Some(pb::PeerFrame { frame: Some(Frame::Reply(pb::PeerReply { reply: Some(r), .. })) }) => match r {
+                pb::peer_reply::Reply::Started(st) => {
+                    st.gpids.first().copied().and_then(Gpid::from_raw).ok_or_else(|| Error::Internal("no gpid in reply".into()))?
+                }
+                pb::peer_reply::Reply::Error(e) => return Err(e.into()),
+                other => return Err(Error::Internal(format!("unexpected reply {other:?}"))),
+            },
+            _ => return Err(lost(&"connection closed")),
+        };
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(relay_to_remote(wr, rx));
+        let deaths = peer.deaths.subscribe();
+        tokio::spawn(relay_from_remote(rd, out, gpid, s.target, deaths));
+        Ok((gpid, Endpoint::Remote(tx)))
+    }
+}
+
+async fn relay_to_remote(mut wr: PeerWriter<OwnedWriteHalf>, mut rx: mpsc::UnboundedReceiver<pb::SessionInput>) {
+    while let Some(i) = rx.recv().await {
+        if wr.write(&pb::PeerFrame { frame: Some(Frame::Input(i)) }).await.is_err() {
+            break;
+        }
+    }
+    // Dropping the writer closes our half: the remote side sees the session end.
+}
+
+async fn relay_from_remote(
+    mut rd: PeerReader<OwnedReadHalf>,
+    out: mpsc::Sender<pb::SessionOutput>,
+    gpid: Gpid,
+    node: NodeId,
+    mut deaths: tokio::sync::watch::Receiver<u64>,
+) {
+    let mut done = false;
+    loop {
+        tokio::select! {
+            f = rd.read() => match f {
+                Ok(Some(pb::PeerFrame { frame: Some(Frame::Output(o)) })) => {
+                    done |= matches!(o.output, Some(pb::session_output::Output::Exited(_)));
+                    if out.send(o).await.is_err() {
+                        return;
+                    }
+                }
+                Ok(Some(_)) => {}
+                _ => break,
+            },
+            _ = deaths.changed() => break,
+        }
+    }
+    if !done {
+        let e = pb::Error::new(pb::ErrorCode::NodeDown, format!("node {node} died; process {gpid} is lost"));
+        let _ = out.send(pb::SessionOutput { gpid: gpid.raw(), output: Some(pb::session_output::Output::Lost(e)) }).await;
+    }
+}
+
+/// The process's side of a session connection: start it and relay until released.
+pub async fn serve_remote(node: Arc<Node>, from: NodeId, mut rd: PeerReader<OwnedReadHalf>, mut wr: PeerWriter<OwnedWriteHalf>) {
+    let req = match rd.read().await {
+        Ok(Some(pb::PeerFrame { frame: Some(Frame::Request(r)) })) => r,
+        _ => return,
+    };
+    let id = req.id;
+    let reply = |r: pb::peer_reply::Reply| pb::PeerFrame { frame: Some(Frame::Reply(pb::PeerReply { id, reply: Some(r) })) };
+    let Some(pb::peer_request::Op::Spawn(s)) = req.op else {
+        let _ = wr.write(&reply(pb::peer_reply::Reply::Error(Error::Invalid("a session starts with a spawn".into()).into()))).await;
+        return;
+    };
+    let spawned = node
+        .spawn_local(SpawnLocal {
+            spec: s.spec.unwrap_or_default(),
+            creds: s.creds.or(req.creds).unwrap_or_default(),
+            job: s.job,
+            rank: s.rank,
+            size: s.size,
+            parent_node: from,
+        })
+        .await;
+    let vp = match spawned {
+        Ok(vp) => vp,
+        Err(e) => {
+            let _ = wr.write(&reply(pb::peer_reply::Reply::Error(e.into()))).await;
+            return;
+        }
+    };
+    let started = pb::Started { gpids: vec![vp.gpid.raw()], job: s.job, nodes: vec![node.id.get()] };
+    if wr.write(&reply(pb::peer_reply::Reply::Started(started))).await.is_err() {
+        vp.send(In::Orphan(true));
+        return;
+    }
+    let (tx, mut rx) = mpsc::channel(64);
+    vp.attach(tx);
+    let mut released = false;
+    loop {
+        tokio::select! {
+            f = rd.read() => match f {
+                Ok(Some(pb::PeerFrame { frame: Some(Frame::Input(i)) })) => {
+                    if let Some(input) = i.input {
+                        released |= matches!(input, Input::Release(_));
+                        vp.send(to_shepherd(input));
+                    }
+                }
+                Ok(Some(_)) => {}
+                _ => break,
+            },
+            o = rx.recv() => match o {
+                Some(o) => {
+                    if wr.write(&pb::PeerFrame { frame: Some(Frame::Output(o)) }).await.is_err() {
+                        break;
+                    }
+                }
+                None => break,
+            },
+        }
+    }
+    vp.detach_subscriber();
+    if !released {
+        debug!(gpid = %vp.gpid, "session ended without release: orphaning");
+        vp.send(In::Orphan(true));
+    }
+}
+
+/// The stub's side of a run with every process attached: relay until all are released.
+pub async fn relay_stub(
+    endpoints: HashMap<Gpid, Endpoint>,
+    mut out_rx: mpsc::Receiver<pb::SessionOutput>,
+    mut from_stub: mpsc::Receiver<pb::SessionInput>,
+    to_stub: mpsc::Sender<pb::SessionOutput>,
+) {
+    let mut endpoints = endpoints;
+    let mut stub_gone = false;
+    while !endpoints.is_empty() {
+        tokio::select! {
+            i = from_stub.recv(), if !stub_gone => match i {
+                Some(i) => {
+                    let Some(g) = Gpid::from_raw(i.gpid) else { continue };
+                    let Some(input) = i.input else { continue };
+                    let release = matches!(input, Input::Release(_));
+                    if let Some(ep) = endpoints.get(&g) {
+                        ep.input(g, input);
+                    }
+                    if release {
+                        endpoints.remove(&g);
+                    }
+                }
+                None => stub_gone = true,
+            },
+            o = out_rx.recv() => match o {
+                Some(o) => {
+                    let g = Gpid::from_raw(o.gpid);
+                    let lost = matches!(o.output, Some(pb::session_output::Output::Lost(_)));
+                    if to_stub.send(o).await.is_err() {
+                        stub_gone = true;
+                    }
+                    if lost {
+                        if let Some(g) = g { endpoints.remove(&g); }
+                    }
+                }
+                None => break,
+            },
+        }
+        if stub_gone {
+            break;
+        }
+    }
+    for (_, ep) in endpoints.drain() {
+        ep.orphan();
+    }
+}

@@ -1,0 +1,621 @@
+//! `clan-shepherd run`: start one process and look after it until its parent has its status.
+
+use crate::exec::{self, ChildPlan};
+use clan_core::sys::{self, ChildEvent};
+use clan_core::{Gpid, NodeId, WaitStatus};
+use clan_proto::frame::{encode, split_frames};
+use clan_proto::pb::{self, shepherd_in::Msg as In, shepherd_out::Msg as Out};
+use clan_proto::read_frame_sync;
+use nix::fcntl::{fcntl, FcntlArg, OFlag};
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::pty::{openpty, Winsize};
+use nix::sched::{setns, CloneFlags};
+use nix::sys::signal::{signal, SigHandler, Signal};
+use nix::unistd::{fork, pipe2, setsid, ForkResult};
+use prost::Message;
+use std::ffi::CString;
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+fn cstr(b: &[u8]) -> Option<CString> {
+    CString::new(b).ok()
+}
+
+fn error_reply(code: pb::ErrorCode, message: String) -> pb::ShepherdReady {
+    pb::ShepherdReady { error: Some(pb::Error::new(code, message)), ..Default::default() }
+}
+
+fn report(out: &mut File, ready: &pb::ShepherdReady) {
+    let _ = out.write_all(&encode(ready));
+    let _ = out.flush();
+}
+
+fn set_nonblocking(fd: &impl AsFd) {
+    if let Ok(fl) = fcntl(fd.as_fd().as_raw_fd(), FcntlArg::F_GETFL) {
+        let _ = fcntl(fd.as_fd().as_raw_fd(), FcntlArg::F_SETFL(OFlag::from_bits_truncate(fl) | OFlag::O_NONBLOCK));
+    }
+}
+
+/// Where the process's stdio goes, seen from the shepherd.
+enum Stdio {
+    /// Attached without a terminal: pipes.
+    Pipes { stdin: Option<OwnedFd>, stdout: Option<OwnedFd>, stderr: Option<OwnedFd> },
+    /// Attached with a terminal: the pty's master.
+    Pty { master: Option<OwnedFd> },
+    /// Detached: the process writes its log file itself.
+    Log,
+}
+
+pub fn run() -> ExitCode {
+    // SAFETY: fd 1 is the report pipe cland gave us; we take ownership of it once.
+    let mut out = unsafe { File::from_raw_fd(1) };
+    let spec: pb::ShepherdSpec = match read_frame_sync(&mut std::io::stdin().lock()) {
+        Ok(Some(s)) => s,
+        Ok(None) | Err(_) => {
+            report(&mut out, &error_reply(pb::ErrorCode::Invalid, "shepherd: no spec on stdin".into()));
+            return ExitCode::from(2);
+        }
+    };
+    // The first fork lets the caller reap us at once; the shepherd proper is adopted by init
+    // (or the nearest subreaper) and so outlives cland.
+    // SAFETY: single-threaded so far.
+    match unsafe { fork() } {
+        Ok(ForkResult::Parent { .. }) => {
+            std::mem::forget(out);
+            return ExitCode::SUCCESS;
+        }
+        Ok(ForkResult::Child) => {}
+        Err(e) => {
+            report(&mut out, &error_reply(pb::ErrorCode::Internal, format!("shepherd: fork: {e}")));
+            return ExitCode::FAILURE;
+        }
+    }
+    match start(&spec, &mut out) {
+        Ok(mut sh) => {
+            drop(out);
+            // Our stdout/stdin go nowhere from here on.
+            if let Ok(null) = File::options().read(true).write(true).open("/dev/null") {
+                let _ = nix::unistd::dup2(null.as_raw_fd(), 0);
+                let _ = nix::unistd::dup2(null.as_raw_fd(), 1);
+            }
+            sh.serve()
+        }
+        Err(ready) => {
+            report(&mut out, &ready);
+            ExitCode::FAILURE
+        }
+    }
+}
+
+struct Shepherd {
+    spec: pb::ShepherdSpec,
+    pid: i32,
+    ns_pid: u32,
+    gpid: Gpid,
+    pidfd: OwnedFd,
+    stdio: Stdio,
+    listener: UnixListener,
+    socket_path: PathBuf,
+    conn: Option<UnixStream>,
+    conn_buf: Vec<u8>,
+    attached: bool,
+    orphaned: bool,
+    exited: Option<WaitStatus>,
+    pending_stdin: Vec<u8>,
+    stdin_eof: bool,
+    start_ticks: u64,
+}
+
+fn start(spec: &pb::ShepherdSpec, out: &mut File) -> Result<Shepherd, pb::ShepherdReady> {
+    let internal = |what: &str, e: &dyn std::fmt::Display| error_reply(pb::ErrorCode::Internal, format!("shepherd: {what}: {e}"));
+    let _ = setsid();
+    // SAFETY: prctl(PR_SET_CHILD_SUBREAPER, 1) only changes a flag of this process.
+    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+    if !spec.shepherd_cgroup.is_empty() {
+        std::fs::write(format!("{}/cgroup.procs", spec.shepherd_cgroup), "0").map_err(|e| internal("join cgroup", &e))?;
+    }
+    for sig in [Signal::SIGPIPE, Signal::SIGHUP, Signal::SIGINT, Signal::SIGQUIT, Signal::SIGTSTP, Signal::SIGTTIN, Signal::SIGTTOU] {
+        // SAFETY: ignoring a signal installs no handler code. The child restores defaults.
+        let _ = unsafe { signal(sig, SigHandler::SigIgn) };
+    }
+    let node = NodeId::new(spec.node).ok_or_else(|| error_reply(pb::ErrorCode::Invalid, format!("bad node {}", spec.node)))?;
+    let ps = spec.spec.clone().unwrap_or_default();
+    let creds = spec.creds.clone().unwrap_or_default();
+    if ps.argv.is_empty() {
+        return Err(error_reply(pb::ErrorCode::Invalid, "empty command".into()));
+    }
+    let argv: Vec<CString> = ps.argv.iter().filter_map(|a| cstr(a)).collect();
+    if argv.len() != ps.argv.len() {
+        return Err(error_reply(pb::ErrorCode::Invalid, "command has a NUL byte".into()));
+    }
+    let path = ps.env.iter().find_map(|e| e.strip_prefix(b"PATH=")).map(|p| p.to_vec());
+    let candidates = exec::candidates(&ps.argv[0], path.as_deref());
+    let state = PathBuf::from(&spec.state_dir);
+
+    // Stdio for the child, and the shepherd's ends.
+    let (child_fds, stdio, keep): ([i32; 3], Stdio, Vec<OwnedFd>) = if ps.detached {
+        let logs = state.join("logs");
+        let _ = std::fs::create_dir_all(&logs);
+        let tmp = logs.join(format!(".new-{}", std::process::id()));
+        let log = File::options().create(true).truncate(true).write(true).open(&tmp).map_err(|e| internal("open log", &e))?;
+        let _ = std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o640));
+        let _ = nix::unistd::fchown(log.as_raw_fd(), Some(creds.uid.into()), Some(creds.gid.into()));
+        let null = File::open("/dev/null").map_err(|e| internal("open /dev/null", &e))?;
+        let (l, n) = (OwnedFd::from(log), OwnedFd::from(null));
+        ([n.as_raw_fd(), l.as_raw_fd(), l.as_raw_fd()], Stdio::Log, vec![n, l])
+    } else if ps.tty {
+        let ws = Winsize { ws_row: ps.rows.max(1) as u16, ws_col: ps.cols.max(1) as u16, ws_xpixel: 0, ws_ypixel: 0 };
+        let pty = openpty(Some(&ws), None).map_err(|e| internal("openpty", &e))?;
+        let s = pty.slave;
+        ([s.as_raw_fd(), s.as_raw_fd(), s.as_raw_fd()], Stdio::Pty { master: Some(pty.master) }, vec![s])
+    } else {
+        let (in_r, in_w) = pipe2(OFlag::O_CLOEXEC).map_err(|e| internal("pipe", &e))?;
+        let (out_r, out_w) = pipe2(OFlag::O_CLOEXEC).map_err(|e| internal("pipe", &e))?;
+        let (err_r, err_w) = pipe2(OFlag::O_CLOEXEC).map_err(|e| internal("pipe", &e))?;
+        (
+            [in_r.as_raw_fd(), out_w.as_raw_fd(), err_w.as_raw_fd()],
+            Stdio::Pipes { stdin: Some(in_w), stdout: Some(out_r), stderr: Some(err_r) },
+            vec![in_r, out_w, err_w],
+        )
+    };
+
+    let ns = |kind: &str| -> Result<Option<OwnedFd>, pb::ShepherdReady> {
+        if spec.ns_init_pid == 0 {
+            return Ok(None);
+        }
+        File::open(format!("/proc/{}/ns/{kind}", spec.ns_init_pid))
+            .map(|f| Some(OwnedFd::from(f)))
+            .map_err(|e| error_reply(pb::ErrorCode::NodeDown, format!("node namespace is gone ({kind}: {e})")))
+    };
+    let (pid_ns, mnt_ns, uts_ns) = (ns("pid")?, ns("mnt")?, ns("uts")?);
+    if let Some(p) = &pid_ns {
+        setns(p, CloneFlags::CLONE_NEWPID).map_err(|e| internal("enter the node's pid namespace", &e))?;
+    }
+
+    let mut env: Vec<CString> = ps
+        .env
+        .iter()
+        .filter(|e| !e.starts_with(b"CLAN_"))
+        .filter_map(|e| cstr(e))
+        .collect();
+    let (err_r, err_w) = pipe2(OFlag::O_CLOEXEC).map_err(|e| internal("pipe", &e))?;
+    let plan_env = |gpid_local: u32| {
+        let mut env = env.clone();
+        let gpid = Gpid::new(node, gpid_local).map(|g| g.raw()).unwrap_or(0);
+        let mut add = |k: &str, v: String| env.extend(cstr(format!("{k}={v}").as_bytes()));
+        add("CLAN_NODE", spec.node.to_string());
+        add("CLAN_GPID", gpid.to_string());
+        add("CLAN_JOB", spec.job.to_string());
+        if spec.size > 0 {
+            add("CLAN_RANK", spec.rank.to_string());
+            add("CLAN_SIZE", spec.size.to_string());
+        }
+        if !spec.cluster_dir.is_empty() {
+            add("CLAN_DIR", spec.cluster_dir.clone());
+        }
+        env
+    };
+    // SAFETY: the shepherd is single-threaded; the child only prepares and execs.
+    let child = match unsafe { fork() } {
+        Err(e) => return Err(internal("fork", &e)),
+        Ok(ForkResult::Child) => {
+            drop(err_r);
+            // getpid() is the pid inside the node's namespace: the gpid's local part.
+            let env = plan_env(std::process::id());
+            let plan = ChildPlan {
+                candidates,
+                argv,
+                env,
+                cwd: cstr(&ps.cwd).filter(|c| !c.is_empty()).unwrap_or_else(|| CString::new("/").expect("no NUL")),
+                uid: creds.uid,
+                gid: creds.gid,
+                groups: creds.groups.clone(),
+                cgroup_procs: (!spec.cgroup.is_empty()).then(|| format!("{}/cgroup.procs", spec.cgroup)),
+                mnt_ns,
+                uts_ns,
+                stdio: child_fds,
+                tty: ps.tty && !ps.detached,
+            };
+            exec::child(plan, err_w.as_raw_fd())
+        }
+        Ok(ForkResult::Parent { child }) => child.as_raw(),
+    };
+    env.clear();
+    drop(err_w);
+    drop(keep);
+    let pidfd = sys::pidfd_open(child).map_err(|e| internal("pidfd_open", &e))?;
+    let mut msg = String::new();
+    let _ = File::from(err_r).read_to_string(&mut msg);
+    if !msg.is_empty() {
+        let _ = sys::wait_pidfd(&pidfd, false, false);
+        let (errno, what) = msg.split_once(':').unwrap_or(("0", msg.as_str()));
+        let errno: i32 = errno.parse().unwrap_or(0);
+        let (code, text) = match errno {
+            libc::ENOENT if what == String::from_utf8_lossy(&ps.argv[0]) => {
+                (pb::ErrorCode::CommandNotFound, format!("{what}: command not found"))
+            }
+            libc::EACCES | libc::ENOEXEC if what == String::from_utf8_lossy(&ps.argv[0]) => {
+                (pb::ErrorCode::NotExecutable, format!("{what}: permission denied"))
+            }
+            _ => (pb::ErrorCode::Invalid, format!("{what}: {}", nix::errno::Errno::from_raw(errno).desc())),
+        };
+        return Err(error_reply(code, text));
+    }
+    let ns_pid = ns_pid_of(child).unwrap_or(child as u32);
+    let gpid = Gpid::new(node, ns_pid).ok_or_else(|| error_reply(pb::ErrorCode::Internal, format!("pid {ns_pid} outside the gpid range")))?;
+    if ps.detached {
+        let logs = state.join("logs");
+        let _ = std::fs::rename(logs.join(format!(".new-{}", std::process::id())), logs.join(format!("{gpid}.log")));
+    }
+    let sockdir = state.join("sh");
+    let _ = std::fs::create_dir_all(&sockdir);
+    let socket_path = sockdir.join(format!("{gpid}.sock"));
+    let _ = std::fs::remove_file(&socket_path);
+    let listener = UnixListener::bind(&socket_path).map_err(|e| internal("bind socket", &e))?;
+    let _ = std::fs::set_permissions(&socket_path, std::fs::Permissions::from_mode(0o600));
+    let start_ticks = start_ticks_of(child).unwrap_or(0);
+    report(
+        out,
+        &pb::ShepherdReady { host_pid: child as u32, ns_pid, gpid: gpid.raw(), shepherd_pid: std::process::id(), error: None },
+    );
+    let mut stdio = stdio;
+    if let Stdio::Pipes { stdout, stderr, .. } = &mut stdio {
+        stdout.iter().chain(stderr.iter()).for_each(set_nonblocking);
+    }
+    if let Stdio::Pty { master: Some(m) } = &stdio {
+        set_nonblocking(m);
+    }
+    Ok(Shepherd {
+        spec: spec.clone(),
+        pid: child,
+        ns_pid,
+        gpid,
+        pidfd,
+        stdio,
+        listener,
+        socket_path,
+        conn: None,
+        conn_buf: Vec::new(),
+        attached: false,
+        orphaned: false,
+        exited: None,
+        pending_stdin: Vec::new(),
+        stdin_eof: false,
+        start_ticks,
+    })
+}
+
+/// The pid of host process `pid` in its innermost pid namespace (last NSpid field).
+fn ns_pid_of(pid: i32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status.lines().find_map(|l| l.strip_prefix("NSpid:")).and_then(|v| v.split_whitespace().last()?.parse().ok())
+}
+
+fn start_ticks_of(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = &stat[stat.rfind(')')? + 2..];
+    after.split_whitespace().nth(19)?.parse().ok()
+}
+
+const OUT: usize = 0;
+const ERR: usize = 1;
+
+impl Shepherd {
+    fn info(&self) -> pb::ShepherdInfo {
+        pb::ShepherdInfo {
+            spec: Some(self.spec.clone()),
+            host_pid: self.pid as u32,
+            ns_pid: self.ns_pid,
+            gpid: self.gpid.raw(),
+            exited: self.exited.map(Into::into),
+            start_ticks: self.start_ticks,
+            shepherd_pid: std::process::id(),
+        }
+    }
+
+    fn send(&mut self, msg: Out) {
+        if let Some(c) = &mut self.conn {
+            let bytes = encode(&pb::ShepherdOut { msg: Some(msg) });
+            if c.write_all(&bytes).is_err() {
+                self.conn = None;
+            }
+        }
+    }
+
+    fn output_fd(&self, which: usize) -> Option<&OwnedFd> {
+        match &self.stdio {
+            Stdio::Pipes { stdout, stderr, .. } => if which == OUT { stdout.as_ref() } else { stderr.as_ref() },
+            Stdio::Pty { master } => if which == OUT { master.as_ref() } else { None },
+            Stdio::Log => None,
+        }
+    }
+
+    fn close_output(&mut self, which: usize) {
+        match &mut self.stdio {
+            Stdio::Pipes { stdout, stderr, .. } => {
+                if which == OUT {
+                    *stdout = None
+                } else {
+                    *stderr = None
+                }
+            }
+            Stdio::Pty { master } => {
+                if which == OUT {
+                    *master = None
+                }
+            }
+            Stdio::Log => {}
+        }
+    }
+
+    fn stdin_fd(&self) -> Option<&OwnedFd> {
+        match &self.stdio {
+            Stdio::Pipes { stdin, .. } => stdin.as_ref(),
+            Stdio::Pty { master } => master.as_ref(),
+            Stdio::Log => None,
+        }
+    }
+
+    /// Reads what one output has now and relays it; false once it reached its end.
+    fn pump(&mut self, which: usize) -> bool {
+        let mut buf = [0u8; 65536];
+        let Some(fd) = self.output_fd(which) else { return false };
+        // SAFETY: reading into a live stack buffer from a descriptor we own.
+        let n = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+        if n > 0 {
+            let data = buf[..n as usize].to_vec();
+            self.send(if which == OUT { Out::Stdout(data) } else { Out::Stderr(data) });
+            true
+        } else if n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::WouldBlock {
+            true
+        } else {
+            // 0 is end of file; EIO is a pty whose other side is closed.
+            self.close_output(which);
+            false
+        }
+    }
+
+    fn drain_outputs(&mut self) {
+        for which in [OUT, ERR] {
+            for _ in 0..64 {
+                let before = self.output_fd(which).is_some();
+                if !before {
+                    break;
+                }
+                // Stop when the descriptor has nothing more right now.
+                let fd = self.output_fd(which).map(|f| f.as_raw_fd()).unwrap_or(-1);
+                let mut p = [PollFd::new(
+                    // SAFETY: fd is open for the duration of this poll (we own it).
+                    unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) },
+                    PollFlags::POLLIN,
+                )];
+                if poll(&mut p, PollTimeout::ZERO).unwrap_or(0) == 0 {
+                    break;
+                }
+                if !self.pump(which) {
+                    break;
+                }
+            }
+        }
+    }
+
+    fn flush_stdin(&mut self) {
+        let Some(fd) = self.stdin_fd() else {
+            self.pending_stdin.clear();
+            return;
+        };
+        let raw = fd.as_raw_fd();
+        while !self.pending_stdin.is_empty() {
+            // SAFETY: writing from a live buffer to a descriptor we own.
+            let n = unsafe { libc::write(raw, self.pending_stdin.as_ptr().cast(), self.pending_stdin.len()) };
+            if n > 0 {
+                self.pending_stdin.drain(..n as usize);
+            } else {
+                let e = std::io::Error::last_os_error();
+                if e.kind() != std::io::ErrorKind::WouldBlock {
+                    // The reader is gone: what it did not take is lost, as with a local pipe.
+                    self.pending_stdin.clear();
+                    if let Stdio::Pipes { stdin, .. } = &mut self.stdio {
+                        *stdin = None;
+                    }
+                }
+                break;
+            }
+        }
+        if self.pending_stdin.is_empty() && self.stdin_eof {
+            match &mut self.stdio {
+                Stdio::Pipes { stdin, .. } => *stdin = None,
+                Stdio::Pty { master: Some(m) } => {
+                    // EOF on a terminal is the VEOF character at the start of a line.
+                    let _ = nix::unistd::write(m.as_fd(), &[4u8]);
+                }
+                _ => {}
+            }
+        }
+    }
+
+    fn reap_and_exit(&mut self) -> ! {
+        let _ = sys::wait_pidfd(&self.pidfd, false, false);
+        let _ = std::fs::remove_file(&self.socket_path);
+        std::process::exit(0)
+    }
+
+    fn handle(&mut self, msg: In) {
+        match msg {
+            In::Hello(_) => {
+                let info = self.info();
+                self.send(Out::Info(info));
+            }
+            In::Attach(_) => {
+                self.attached = true;
+                if let Some(st) = self.exited {
+                    self.drain_outputs();
+                    self.send(Out::Exited(st.into()));
+                }
+            }
+            In::Stdin(data) => {
+                if !self.stdin_eof {
+                    self.pending_stdin.extend_from_slice(&data);
+                    if let Some(fd) = self.stdin_fd() {
+                        set_nonblocking(fd);
+                    }
+                    self.flush_stdin();
+                }
+            }
+            In::StdinEof(_) => {
+                self.stdin_eof = true;
+                self.flush_stdin();
+            }
+            In::Signal(sig) => {
+                if self.exited.is_none() {
+                    let _ = sys::pidfd_send_signal(&self.pidfd, sig);
+                }
+            }
+            In::Resize(ws) => {
+                if let Stdio::Pty { master: Some(m) } = &self.stdio {
+                    let w = libc::winsize { ws_row: ws.rows as u16, ws_col: ws.cols as u16, ws_xpixel: 0, ws_ypixel: 0 };
+                    // SAFETY: TIOCSWINSZ reads a winsize struct we pass by pointer.
+                    unsafe { libc::ioctl(m.as_raw_fd(), libc::TIOCSWINSZ, &w) };
+                }
+            }
+            In::Release(_) => {
+                if self.exited.is_some() {
+                    self.reap_and_exit();
+                }
+            }
+            In::Orphan(_) => {
+                self.orphaned = true;
+                self.attached = false;
+                if self.exited.is_some() {
+                    self.reap_and_exit();
+                }
+                // Like a local child whose parent and readers are gone: its pipes break.
+                if !matches!(self.stdio, Stdio::Log) {
+                    self.stdio = Stdio::Log;
+                }
+            }
+        }
+    }
+
+    fn serve(&mut self) -> ! {
+        loop {
+            let relay = self.attached && self.conn.is_some();
+            let mut fds: Vec<(u8, std::os::fd::BorrowedFd<'_>, PollFlags)> = Vec::with_capacity(6);
+            fds.push((0, self.listener.as_fd(), PollFlags::POLLIN));
+            if let Some(c) = &self.conn {
+                fds.push((1, c.as_fd(), PollFlags::POLLIN));
+            }
+            if self.exited.is_none() {
+                fds.push((2, self.pidfd.as_fd(), PollFlags::POLLIN));
+            }
+            if relay {
+                if let Some(f) = self.output_fd(OUT) {
+                    fds.push((3, f.as_fd(), PollFlags::POLLIN));
+                }
+                if let Some(f) = self.output_fd(ERR) {
+                    fds.push((4, f.as_fd(), PollFlags::POLLIN));
+                }
+            }
+            if !self.pending_stdin.is_empty() {
+                if let Some(f) = self.stdin_fd() {
+                    fds.push((5, f.as_fd(), PollFlags::POLLOUT));
+                }
+            }
+            let mut pfds: Vec<PollFd<'_>> = fds.iter().map(|(_, fd, fl)| PollFd::new(*fd, *fl)).collect();
+            match poll(&mut pfds, PollTimeout::NONE) {
+                Ok(_) => {}
+                Err(nix::errno::Errno::EINTR) => continue,
+                Err(_) => continue,
+            }
+            let ready: Vec<u8> = fds
+                .iter()
+                .zip(pfds.iter())
+                .filter(|(_, p)| p.revents().is_some_and(|r| !r.is_empty()))
+                .map(|((tag, _, _), _)| *tag)
+                .collect();
+            drop(pfds);
+            drop(fds);
+            for tag in ready {
+                match tag {
+                    0 => {
+                        if let Ok((c, _)) = self.listener.accept() {
+                            // A new connection (a restarted cland) replaces the old one.
+                            self.conn = Some(c);
+                            self.conn_buf.clear();
+                            self.attached = false;
+                        }
+                    }
+                    1 => self.read_conn(),
+                    2 => self.child_changed(),
+                    3 => {
+                        self.pump(OUT);
+                    }
+                    4 => {
+                        self.pump(ERR);
+                    }
+                    5 => self.flush_stdin(),
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    fn read_conn(&mut self) {
+        let Some(c) = &mut self.conn else { return };
+        let mut buf = [0u8; 65536];
+        match c.read(&mut buf) {
+            Ok(0) | Err(_) => {
+                self.conn = None;
+                self.attached = false;
+                self.conn_buf.clear();
+            }
+            Ok(n) => {
+                self.conn_buf.extend_from_slice(&buf[..n]);
+                match split_frames(&mut self.conn_buf) {
+                    Ok(frames) => {
+                        for f in frames {
+                            match pb::ShepherdIn::decode(f.as_slice()) {
+                                Ok(pb::ShepherdIn { msg: Some(m) }) => self.handle(m),
+                                _ => {
+                                    self.conn = None;
+                                    return;
+                                }
+                            }
+                        }
+                    }
+                    Err(_) => self.conn = None,
+                }
+            }
+        }
+    }
+
+    fn child_changed(&mut self) {
+        match sys::wait_pidfd(&self.pidfd, true, true) {
+            Ok(Some(ChildEvent::Exited(st))) => {
+                self.exited = Some(st);
+                if self.orphaned {
+                    self.reap_and_exit();
+                }
+                // An attached process's status goes after its output, to whoever attached;
+                // a detached one's at once (its output is in its log).
+                let detached = self.spec.spec.as_ref().is_some_and(|s| s.detached);
+                if self.attached {
+                    self.drain_outputs();
+                    self.send(Out::Exited(st.into()));
+                } else if detached {
+                    self.send(Out::Exited(st.into()));
+                }
+            }
+            Ok(_) => {}
+            Err(_) => {
+                // The child is gone without a status we can read (should not happen).
+                self.exited = Some(WaitStatus { signal: libc::SIGKILL, ..Default::default() });
+            }
+        }
+    }
+}
