@@ -41,8 +41,11 @@ pub fn socket_path(state_dir: &Path) -> PathBuf {
     state_dir.join("cland.sock")
 }
 
-fn pid_alive(pid: i32) -> bool {
-    pid > 0 && nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok()
+/// Whether `pid` is a running process (a zombie is not: it answers kill(pid, 0)).
+pub fn pid_alive(pid: i32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+    let state = stat.rfind(')').and_then(|i| stat[i + 1..].split_whitespace().next().map(str::to_string));
+    pid > 0 && !matches!(state.as_deref(), Some("Z") | Some("X") | None)
 }
 
 /// Finds or starts the node's namespace init (local clusters as root).

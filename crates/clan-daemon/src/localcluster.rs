@@ -38,7 +38,7 @@ fn pid_of(file: &Path) -> Option<i32> {
 }
 
 fn alive(pid: i32) -> bool {
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok()
+    crate::pid_alive(pid)
 }
 
 /// A name for the cluster's cgroup, unique per directory.

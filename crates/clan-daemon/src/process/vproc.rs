@@ -129,9 +129,14 @@ impl Node {
         write_frame(&mut wr, &pb::ShepherdIn { msg: Some(In::Hello(true)) })
             .await
             .map_err(|e| Error::internal("shepherd hello", e))?;
-        let info = match read_frame::<pb::ShepherdOut, _>(&mut rd).await {
-            Ok(Some(pb::ShepherdOut { msg: Some(Out::Info(i)) })) => i,
-            other => return Err(Error::Internal(format!("shepherd {} answered {other:?}", sock.display()))),
+        // A detached process may have exited (and said so) before our hello: Info carries
+        // the status too, so anything before it is skipped.
+        let info = loop {
+            match read_frame::<pb::ShepherdOut, _>(&mut rd).await {
+                Ok(Some(pb::ShepherdOut { msg: Some(Out::Info(i)) })) => break i,
+                Ok(Some(_)) => continue,
+                other => return Err(Error::Internal(format!("shepherd {} answered {other:?}", sock.display()))),
+            }
         };
         let spec = info.spec.clone().unwrap_or_default();
         let ps = spec.spec.clone().unwrap_or_default();

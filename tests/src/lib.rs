@@ -1,0 +1,244 @@
+//! Test harness: real local clusters of real processes (STYLE.md 10, 11).
+//!
+//! [`Cluster::up`] starts `clan up` in a directory and on ports of its own and [`Drop`] runs
+//! `clan down` and checks that nothing is left: no daemon, no cgroup, no state directory,
+//! also when the test panicked. Tests that need root say so and skip.
+
+use clan_core::{Gpid, NodeId};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+/// Where cargo put the binaries (target/debug or target/release).
+pub fn bin_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable");
+    let dir = exe.parent().and_then(Path::parent).expect("target dir").to_path_buf();
+    for b in ["clan", "cland", "clan-shepherd"] {
+        assert!(dir.join(b).exists(), "{} missing: run `cargo build --workspace --bins` first", dir.join(b).display());
+    }
+    dir
+}
+
+pub fn bin(name: &str) -> PathBuf {
+    bin_dir().join(name)
+}
+
+/// True when running as root; otherwise prints why the test is skipped.
+pub fn need_root(test: &str) -> bool {
+    if nix::unistd::geteuid().is_root() {
+        return true;
+    }
+    eprintln!("skipped {test}: needs root (pid namespaces and cgroups for local clusters)");
+    false
+}
+
+static SEQ: AtomicU32 = AtomicU32::new(0);
+
+/// A free range of `n + 1` consecutive loopback ports.
+fn free_ports(n: u32) -> u16 {
+    let seq = SEQ.fetch_add(1, Ordering::SeqCst);
+    let mut base = 20000 + ((std::process::id() * 37 + seq * 211) % 30000) as u16;
+    loop {
+        let ok = (1..=n).all(|i| std::net::TcpListener::bind(("127.0.0.1", base + i as u16)).is_ok());
+        if ok {
+            return base;
+        }
+        base = 20000 + (base - 20000 + 97) % 40000;
+    }
+}
+
+/// A running local cluster.
+pub struct Cluster {
+    pub dir: PathBuf,
+    pub nodes: u32,
+    pub base_port: u16,
+    cgroup: Option<PathBuf>,
+}
+
+impl Cluster {
+    /// `clan up --nodes n` with a short failure detector (1 s dead timeout), for tests.
+    pub fn up(n: u32) -> Cluster {
+        Cluster::up_with(n, &["--heartbeat-ms", "200", "--dead-after-ms", "1000"])
+    }
+
+    pub fn up_with(n: u32, extra: &[&str]) -> Cluster {
+        let seq = SEQ.fetch_add(1, Ordering::SeqCst);
+        let dir = std::env::temp_dir().join(format!("clan-test-{}-{seq}", std::process::id()));
+        let base = free_ports(n);
+        let mut c = Cluster { dir: dir.clone(), nodes: n, base_port: base, cgroup: None };
+        let out = c.clan(&["up", "--nodes", &n.to_string(), "--base-port", &base.to_string()].iter().chain(extra).copied().collect::<Vec<_>>());
+        assert!(out.status.success(), "clan up failed: {}", String::from_utf8_lossy(&out.stderr));
+        let name = std::fs::read_to_string(dir.join("cluster.toml"))
+            .ok()
+            .and_then(|t| t.lines().find_map(|l| l.strip_prefix("name = \"").map(|v| v.trim_end_matches('"').to_string())));
+        c.cgroup = name.zip(cgroup2()).map(|(name, m)| m.join(format!("clan.{name}")));
+        c
+    }
+
+    /// A `clan` command with this cluster's directory.
+    pub fn cmd(&self) -> Command {
+        let mut c = Command::new(bin("clan"));
+        c.env("CLAN_DIR", &self.dir).env_remove("CLAN_NODE").env("PATH", path_with_bins());
+        c
+    }
+
+    /// Runs `clan ARGS` to completion with stdin closed.
+    pub fn clan(&self, args: &[&str]) -> Output {
+        self.cmd().args(args).stdin(Stdio::null()).output().expect("run clan")
+    }
+
+    /// Runs `clan ARGS`, asserts success and returns stdout.
+    pub fn clan_ok(&self, args: &[&str]) -> String {
+        let out = self.clan(args);
+        assert!(
+            out.status.success(),
+            "clan {args:?} failed ({:?}): {}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Starts a detached command on `node` and returns its gpid.
+    pub fn spawn(&self, node: u32, argv: &[&str]) -> Gpid {
+        let mut args = vec!["run", "-d", "--node"];
+        let n = node.to_string();
+        args.push(&n);
+        args.push("--");
+        args.extend_from_slice(argv);
+        self.clan_ok(&args).trim().parse().expect("gpid")
+    }
+
+    /// A client for `node`'s cland.
+    pub fn client(&self, node: u32) -> clan_client::Client {
+        let n = NodeId::new(node).expect("node");
+        clan_client::Client::at(clan_client::socket_path(&self.dir, n), n)
+    }
+
+    pub fn node_dir(&self, node: u32) -> PathBuf {
+        self.dir.join(format!("node{node}"))
+    }
+
+    pub fn cland_pid(&self, node: u32) -> i32 {
+        std::fs::read_to_string(self.node_dir(node).join("cland.pid")).expect("pid file").trim().parse().expect("pid")
+    }
+
+    /// `clan ps -o json` as parsed values.
+    pub fn ps(&self, extra: &[&str]) -> Vec<serde_json::Value> {
+        let mut args = vec!["ps", "-o", "json"];
+        args.extend_from_slice(extra);
+        let out = self.clan(&args);
+        serde_json::from_slice::<serde_json::Value>(&out.stdout)
+            .unwrap_or_else(|e| panic!("ps output: {e}: {}", String::from_utf8_lossy(&out.stdout)))
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// The process `gpid` as `clan ps` shows it, if listed.
+    pub fn ps_one(&self, gpid: Gpid) -> Option<serde_json::Value> {
+        self.ps(&["--node", &gpid.node().to_string()]).into_iter().find(|p| p["gpid"].as_u64() == Some(gpid.raw()))
+    }
+
+    /// The cluster's cgroup directory, when there is one.
+    pub fn cgroup(&self) -> Option<&Path> {
+        self.cgroup.as_deref()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let out = self.clan(&["down"]);
+        let down_ok = out.status.success();
+        // Whatever happened, leave nothing behind.
+        if let Some(cg) = &self.cgroup {
+            if cg.exists() {
+                let _ = std::fs::write(cg.join("cgroup.kill"), "1");
+                let deadline = Instant::now() + Duration::from_secs(5);
+                while cg.exists() && Instant::now() < deadline {
+                    let _ = remove_cgroup(cg);
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+        if !down_ok && !std::thread::panicking() {
+            panic!("clan down failed: {}", String::from_utf8_lossy(&out.stderr));
+        }
+    }
+}
+
+fn remove_cgroup(dir: &Path) -> std::io::Result<()> {
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.flatten() {
+            if e.file_type()?.is_dir() {
+                remove_cgroup(&e.path())?;
+            }
+        }
+    }
+    std::fs::remove_dir(dir)
+}
+
+/// The cgroup v2 mount point.
+pub fn cgroup2() -> Option<PathBuf> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    info.lines().find_map(|l| {
+        let (pre, post) = l.split_once(" - ")?;
+        if post.split_whitespace().next()? != "cgroup2" {
+            return None;
+        }
+        Some(PathBuf::from(pre.split_whitespace().nth(4)?))
+    })
+}
+
+/// PATH with the built binaries first, so `clan` inside cluster processes is ours.
+pub fn path_with_bins() -> String {
+    format!("{}:{}", bin_dir().display(), std::env::var("PATH").unwrap_or_default())
+}
+
+/// Polls `f` until it returns `Some`, for conditions that have no event to wait on from
+/// outside (a node's state as another node sees it). Panics after `limit`.
+pub fn eventually<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Host processes whose command line mentions `needle` (to prove nothing is left).
+pub fn host_processes_mentioning(needle: &str) -> Vec<String> {
+    let mut v = Vec::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        if e.file_name().to_string_lossy().parse::<u32>().is_err() {
+            continue;
+        }
+        if let Ok(c) = std::fs::read(e.path().join("cmdline")) {
+            let c = String::from_utf8_lossy(&c).replace('\0', " ");
+            if c.contains(needle) {
+                v.push(format!("{}: {c}", e.file_name().to_string_lossy()));
+            }
+        }
+    }
+    v
+}
+
+/// Exit code or terminating signal of an Output.
+pub fn ended(o: &Output) -> (Option<i32>, Option<i32>) {
+    use std::os::unix::process::ExitStatusExt;
+    (o.status.code(), o.status.signal())
+}
+
+/// A local user for permission tests, created if missing.
+pub fn test_user(name: &str) -> u32 {
+    if nix::unistd::User::from_name(name).ok().flatten().is_none() {
+        let st = Command::new("useradd").args(["--no-create-home", "--shell", "/bin/sh", name]).status().expect("useradd");
+        assert!(st.success() || nix::unistd::User::from_name(name).ok().flatten().is_some(), "useradd {name}");
+    }
+    nix::unistd::User::from_name(name).unwrap().unwrap().uid.as_raw()
+}
