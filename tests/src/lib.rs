@@ -13,9 +13,17 @@ use std::time::{Duration, Instant};
 /// Where cargo put the binaries (target/debug or target/release).
 pub fn bin_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("test executable");
-    let dir = exe.parent().and_then(Path::parent).expect("target dir").to_path_buf();
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target dir")
+        .to_path_buf();
     for b in ["clan", "cland", "clan-shepherd"] {
-        assert!(dir.join(b).exists(), "{} missing: run `cargo build --workspace --bins` first", dir.join(b).display());
+        assert!(
+            dir.join(b).exists(),
+            "{} missing: run `cargo build --workspace --bins` first",
+            dir.join(b).display()
+        );
     }
     dir
 }
@@ -40,7 +48,8 @@ fn free_ports(n: u32) -> u16 {
     let seq = SEQ.fetch_add(1, Ordering::SeqCst);
     let mut base = 20000 + ((std::process::id() * 37 + seq * 211) % 30000) as u16;
     loop {
-        let ok = (1..=n).all(|i| std::net::TcpListener::bind(("127.0.0.1", base + i as u16)).is_ok());
+        let ok =
+            (1..=n).all(|i| std::net::TcpListener::bind(("127.0.0.1", base + i as u16)).is_ok());
         if ok {
             return base;
         }
@@ -66,26 +75,60 @@ impl Cluster {
         let seq = SEQ.fetch_add(1, Ordering::SeqCst);
         let dir = std::env::temp_dir().join(format!("clan-test-{}-{seq}", std::process::id()));
         let base = free_ports(n);
-        let mut c = Cluster { dir: dir.clone(), nodes: n, base_port: base, cgroup: None };
-        let out = c.clan(&["up", "--nodes", &n.to_string(), "--base-port", &base.to_string()].iter().chain(extra).copied().collect::<Vec<_>>());
-        assert!(out.status.success(), "clan up failed: {}", String::from_utf8_lossy(&out.stderr));
+        let mut c = Cluster {
+            dir: dir.clone(),
+            nodes: n,
+            base_port: base,
+            cgroup: None,
+        };
+        let out = c.clan(
+            &[
+                "up",
+                "--nodes",
+                &n.to_string(),
+                "--base-port",
+                &base.to_string(),
+            ]
+            .iter()
+            .chain(extra)
+            .copied()
+            .collect::<Vec<_>>(),
+        );
+        assert!(
+            out.status.success(),
+            "clan up failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let name = std::fs::read_to_string(dir.join("cluster.toml"))
             .ok()
-            .and_then(|t| t.lines().find_map(|l| l.strip_prefix("name = \"").map(|v| v.trim_end_matches('"').to_string())));
-        c.cgroup = name.zip(cgroup2()).map(|(name, m)| m.join(format!("clan.{name}")));
+            .and_then(|t| {
+                t.lines().find_map(|l| {
+                    l.strip_prefix("name = \"")
+                        .map(|v| v.trim_end_matches('"').to_string())
+                })
+            });
+        c.cgroup = name
+            .zip(cgroup2())
+            .map(|(name, m)| m.join(format!("clan.{name}")));
         c
     }
 
     /// A `clan` command with this cluster's directory.
     pub fn cmd(&self) -> Command {
         let mut c = Command::new(bin("clan"));
-        c.env("CLAN_DIR", &self.dir).env_remove("CLAN_NODE").env("PATH", path_with_bins());
+        c.env("CLAN_DIR", &self.dir)
+            .env_remove("CLAN_NODE")
+            .env("PATH", path_with_bins());
         c
     }
 
     /// Runs `clan ARGS` to completion with stdin closed.
     pub fn clan(&self, args: &[&str]) -> Output {
-        self.cmd().args(args).stdin(Stdio::null()).output().expect("run clan")
+        self.cmd()
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run clan")
     }
 
     /// Runs `clan ARGS`, asserts success and returns stdout.
@@ -122,7 +165,11 @@ impl Cluster {
     }
 
     pub fn cland_pid(&self, node: u32) -> i32 {
-        std::fs::read_to_string(self.node_dir(node).join("cland.pid")).expect("pid file").trim().parse().expect("pid")
+        std::fs::read_to_string(self.node_dir(node).join("cland.pid"))
+            .expect("pid file")
+            .trim()
+            .parse()
+            .expect("pid")
     }
 
     /// `clan ps -o json` as parsed values.
@@ -139,7 +186,9 @@ impl Cluster {
 
     /// The process `gpid` as `clan ps` shows it, if listed.
     pub fn ps_one(&self, gpid: Gpid) -> Option<serde_json::Value> {
-        self.ps(&["--node", &gpid.node().to_string()]).into_iter().find(|p| p["gpid"].as_u64() == Some(gpid.raw()))
+        self.ps(&["--node", &gpid.node().to_string()])
+            .into_iter()
+            .find(|p| p["gpid"].as_u64() == Some(gpid.raw()))
     }
 
     /// The cluster's cgroup directory, when there is one.
@@ -195,7 +244,11 @@ pub fn cgroup2() -> Option<PathBuf> {
 
 /// PATH with the built binaries first, so `clan` inside cluster processes is ours.
 pub fn path_with_bins() -> String {
-    format!("{}:{}", bin_dir().display(), std::env::var("PATH").unwrap_or_default())
+    format!(
+        "{}:{}",
+        bin_dir().display(),
+        std::env::var("PATH").unwrap_or_default()
+    )
 }
 
 /// Polls `f` until it returns `Some`, for conditions that have no event to wait on from
@@ -237,8 +290,18 @@ pub fn ended(o: &Output) -> (Option<i32>, Option<i32>) {
 /// A local user for permission tests, created if missing.
 pub fn test_user(name: &str) -> u32 {
     if nix::unistd::User::from_name(name).ok().flatten().is_none() {
-        let st = Command::new("useradd").args(["--no-create-home", "--shell", "/bin/sh", name]).status().expect("useradd");
-        assert!(st.success() || nix::unistd::User::from_name(name).ok().flatten().is_some(), "useradd {name}");
+        let st = Command::new("useradd")
+            .args(["--no-create-home", "--shell", "/bin/sh", name])
+            .status()
+            .expect("useradd");
+        assert!(
+            st.success() || nix::unistd::User::from_name(name).ok().flatten().is_some(),
+            "useradd {name}"
+        );
     }
-    nix::unistd::User::from_name(name).unwrap().unwrap().uid.as_raw()
+    nix::unistd::User::from_name(name)
+        .unwrap()
+        .unwrap()
+        .uid
+        .as_raw()
 }

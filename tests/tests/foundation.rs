@@ -20,7 +20,11 @@ fn up_nodes_down_leaves_nothing() {
     root_or_skip!("up_nodes_down_leaves_nothing");
     let c = Cluster::up(3);
     let nodes = c.clan_ok(&["nodes"]);
-    assert_eq!(nodes.lines().filter(|l| l.contains(" up ")).count(), 3, "{nodes}");
+    assert_eq!(
+        nodes.lines().filter(|l| l.contains(" up ")).count(),
+        3,
+        "{nodes}"
+    );
     let g = c.spawn(2, &["sleep", "1000"]);
     let cg = c.cgroup().expect("cgroup").to_path_buf();
     assert!(cg.join("node2").exists());
@@ -31,7 +35,9 @@ fn up_nodes_down_leaves_nothing() {
     let left = host_processes_mentioning(&dir.display().to_string());
     assert!(left.is_empty(), "processes left behind: {left:?}");
     // The detached sleep went with its node.
-    assert!(!host_processes_mentioning("sleep 1000").iter().any(|p| p.contains(&g.to_string())));
+    assert!(!host_processes_mentioning("sleep 1000")
+        .iter()
+        .any(|p| p.contains(&g.to_string())));
 }
 
 #[test]
@@ -46,7 +52,15 @@ fn exit_codes_and_signals_cross_nodes() {
     let o = c.clan(&["run", "--node", "3", "--", "sh", "-c", "kill -SEGV $$"]);
     assert_eq!(ended(&o), (None, Some(libc::SIGSEGV)));
     // Output of both streams, in order, with the node's own hostname and environment.
-    let o = c.clan(&["run", "--node", "2", "--", "sh", "-c", "echo out $(hostname) $CLAN_NODE $CLAN_GPID; echo err >&2"]);
+    let o = c.clan(&[
+        "run",
+        "--node",
+        "2",
+        "--",
+        "sh",
+        "-c",
+        "echo out $(hostname) $CLAN_NODE $CLAN_GPID; echo err >&2",
+    ]);
     assert!(o.status.success());
     let out = String::from_utf8_lossy(&o.stdout);
     let f: Vec<&str> = out.split_whitespace().collect();
@@ -62,7 +76,15 @@ fn stdin_streams_to_the_remote_process() {
     let c = Cluster::up(2);
     let mut child = c
         .cmd()
-        .args(["run", "--node", "2", "--", "sh", "-c", "while read l; do echo got:$l; done; echo eof"])
+        .args([
+            "run",
+            "--node",
+            "2",
+            "--",
+            "sh",
+            "-c",
+            "while read l; do echo got:$l; done; echo eof",
+        ])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
@@ -115,7 +137,14 @@ fn the_stub_forwards_signals() {
 fn detached_runs_wait_and_logs() {
     root_or_skip!("detached_runs_wait_and_logs");
     let c = Cluster::up(3);
-    let g = c.spawn(3, &["sh", "-c", "echo one; echo two >&2; read x < /dev/null; exit 4"]);
+    let g = c.spawn(
+        3,
+        &[
+            "sh",
+            "-c",
+            "echo one; echo two >&2; read x < /dev/null; exit 4",
+        ],
+    );
     assert_eq!(g.node().get(), 3);
     let o = c.clan(&["wait", &g.to_string()]);
     assert_eq!(o.status.code(), Some(4));
@@ -129,9 +158,17 @@ fn detached_runs_wait_and_logs() {
     let np = format!("{}:{}", g.node(), g.local());
     c.clan_ok(&["kill", "-s", "KILL", &np]);
     let o = c.clan(&["wait", &np]);
-    assert_eq!(o.status.code(), Some(128 + 9), "{}", String::from_utf8_lossy(&o.stdout));
+    assert_eq!(
+        o.status.code(),
+        Some(128 + 9),
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
+    );
     // logs -f follows until the process exits.
-    let g = c.spawn(2, &["sh", "-c", "for i in 1 2 3; do echo $i; sleep 0.1; done"]);
+    let g = c.spawn(
+        2,
+        &["sh", "-c", "for i in 1 2 3; do echo $i; sleep 0.1; done"],
+    );
     assert_eq!(c.clan_ok(&["logs", "-f", &g.to_string()]), "1\n2\n3\n");
 }
 
@@ -141,11 +178,15 @@ fn zombies_hold_their_gpid_until_waited_for() {
     let c = Cluster::up(2);
     let g = c.spawn(2, &["true"]);
     // Exited but not waited for: a zombie with its gpid, as the kernel shows it.
-    let z = eventually("zombie", Duration::from_secs(10), || c.ps_one(g).filter(|p| p["state"] == "Z"));
+    let z = eventually("zombie", Duration::from_secs(10), || {
+        c.ps_one(g).filter(|p| p["state"] == "Z")
+    });
     assert_eq!(z["node"], 2);
     let o = c.clan(&["wait", &g.to_string()]);
     assert_eq!(o.status.code(), Some(0));
-    eventually("reaped", Duration::from_secs(10), || c.ps_one(g).is_none().then_some(()));
+    eventually("reaped", Duration::from_secs(10), || {
+        c.ps_one(g).is_none().then_some(())
+    });
 }
 
 #[test]
@@ -155,7 +196,10 @@ fn ps_lists_every_node_and_filters() {
     let gs: Vec<Gpid> = (1..=3).map(|n| c.spawn(n, &["sleep", "300"])).collect();
     let all = c.ps(&[]);
     for g in &gs {
-        let p = all.iter().find(|p| p["gpid"].as_u64() == Some(g.raw())).unwrap_or_else(|| panic!("{g} not listed"));
+        let p = all
+            .iter()
+            .find(|p| p["gpid"].as_u64() == Some(g.raw()))
+            .unwrap_or_else(|| panic!("{g} not listed"));
         assert_eq!(p["cmd"], "sleep 300");
         assert_eq!(p["user"], "root");
         assert_eq!(p["state"], "S");
@@ -181,33 +225,69 @@ fn placement_spreads_and_obeys_policies() {
     root_or_skip!("placement_spreads_and_obeys_policies");
     let c = Cluster::up(3);
     // Round-robin: six processes, two per node.
-    let gs: Vec<Gpid> = (0..6).map(|_| c.clan_ok(&["run", "-d", "--", "sleep", "60"]).trim().parse().unwrap()).collect();
+    let gs: Vec<Gpid> = (0..6)
+        .map(|_| {
+            c.clan_ok(&["run", "-d", "--", "sleep", "60"])
+                .trim()
+                .parse()
+                .unwrap()
+        })
+        .collect();
     let mut per = [0; 4];
     for g in &gs {
         per[g.node().get() as usize] += 1;
     }
     assert_eq!(&per[1..], [2, 2, 2], "{gs:?}");
     // -N: one copy on each of K distinct nodes, ranks 0..K, one job.
-    let o = c.clan_ok(&["run", "-N", "3", "--", "sh", "-c", "echo $CLAN_RANK/$CLAN_SIZE@$CLAN_NODE job=$CLAN_JOB"]);
+    let o = c.clan_ok(&[
+        "run",
+        "-N",
+        "3",
+        "--",
+        "sh",
+        "-c",
+        "echo $CLAN_RANK/$CLAN_SIZE@$CLAN_NODE job=$CLAN_JOB",
+    ]);
     let mut lines: Vec<&str> = o.lines().collect();
     lines.sort();
     assert_eq!(lines.len(), 3, "{o}");
-    let nodes: std::collections::BTreeSet<&str> = lines.iter().map(|l| l.split('@').nth(1).unwrap().split(' ').next().unwrap()).collect();
+    let nodes: std::collections::BTreeSet<&str> = lines
+        .iter()
+        .map(|l| l.split('@').nth(1).unwrap().split(' ').next().unwrap())
+        .collect();
     assert_eq!(nodes.len(), 3);
     assert!(lines[0].starts_with("0/3@") && lines[2].starts_with("2/3@"));
-    let jobs: std::collections::BTreeSet<&str> = lines.iter().map(|l| l.split("job=").nth(1).unwrap()).collect();
+    let jobs: std::collections::BTreeSet<&str> = lines
+        .iter()
+        .map(|l| l.split("job=").nth(1).unwrap())
+        .collect();
     assert_eq!(jobs.len(), 1);
     // Too many copies for the live nodes.
-    assert_eq!(c.clan(&["run", "-N", "4", "--", "true"]).status.code(), Some(125));
+    assert_eq!(
+        c.clan(&["run", "-N", "4", "--", "true"]).status.code(),
+        Some(125)
+    );
     // Least-loaded: a node busy with CPU hogs is avoided once its load is known.
-    let hogs: Vec<Gpid> = (0..3).map(|_| c.spawn(1, &["sh", "-c", "while :; do :; done"])).collect();
+    let hogs: Vec<Gpid> = (0..3)
+        .map(|_| c.spawn(1, &["sh", "-c", "while :; do :; done"]))
+        .collect();
     eventually("node 1 loaded", Duration::from_secs(20), || {
         let o = c.clan_ok(&["nodes"]);
-        let load: f64 = o.lines().find(|l| l.starts_with("1 "))?.split_whitespace().nth(3)?.parse().ok()?;
+        let load: f64 = o
+            .lines()
+            .find(|l| l.starts_with("1 "))?
+            .split_whitespace()
+            .nth(3)?
+            .parse()
+            .ok()?;
         (load > 1.0).then_some(())
     });
     for _ in 0..4 {
-        let g: Gpid = c.clan_ok(&["run", "-d", "--policy", "least-loaded", "--", "true"]).trim().parse().unwrap();
+        let g: Gpid = c
+            .clan_ok(&["run", "-d", "--policy", "least-loaded", "--", "true"])
+            .trim()
+            .parse()
+            .unwrap();
         assert_ne!(g.node().get(), 1, "least-loaded chose the busy node");
     }
     for g in hogs.iter().chain(&gs) {
@@ -221,7 +301,11 @@ fn a_registered_load_manager_is_obeyed() {
     let c = Cluster::up(3);
     // A program load manager: always node 3, and it sees the candidates as JSON.
     let script = c.dir.join("lm.sh");
-    std::fs::write(&script, "#!/bin/sh\nread q\necho \"$q\" > \"$(dirname \"$0\")/lm.query\"\necho 3\n").unwrap();
+    std::fs::write(
+        &script,
+        "#!/bin/sh\nread q\necho \"$q\" > \"$(dirname \"$0\")/lm.query\"\necho 3\n",
+    )
+    .unwrap();
     std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     c.clan_ok(&["loadmgr", "register", "--", script.to_str().unwrap()]);
     assert!(c.clan_ok(&["loadmgr", "show"]).contains("lm.sh"));
@@ -229,7 +313,8 @@ fn a_registered_load_manager_is_obeyed() {
         let o = c.clan_ok(&["run", "--", "sh", "-c", "echo $CLAN_NODE"]);
         assert_eq!(o.trim(), "3");
     }
-    let q: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(c.dir.join("lm.query")).unwrap()).unwrap();
+    let q: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(c.dir.join("lm.query")).unwrap()).unwrap();
     assert_eq!(q["argv"][0], "sh");
     assert_eq!(q["nodes"].as_array().unwrap().len(), 3);
     // A service on a Unix socket: always node 2.
@@ -245,11 +330,19 @@ fn a_registered_load_manager_is_obeyed() {
     });
     c.clan_ok(&["loadmgr", "register", "--socket", sock.to_str().unwrap()]);
     for _ in 0..2 {
-        assert_eq!(c.clan_ok(&["run", "--", "sh", "-c", "echo $CLAN_NODE"]).trim(), "2");
+        assert_eq!(
+            c.clan_ok(&["run", "--", "sh", "-c", "echo $CLAN_NODE"])
+                .trim(),
+            "2"
+        );
     }
     server.join().unwrap();
     // An explicit node still wins, and unregistering returns to round-robin.
-    assert_eq!(c.clan_ok(&["run", "--node", "1", "--", "sh", "-c", "echo $CLAN_NODE"]).trim(), "1");
+    assert_eq!(
+        c.clan_ok(&["run", "--node", "1", "--", "sh", "-c", "echo $CLAN_NODE"])
+            .trim(),
+        "1"
+    );
     c.clan_ok(&["loadmgr", "unregister"]);
     assert!(c.clan_ok(&["loadmgr", "show"]).contains("no load manager"));
 }
@@ -261,12 +354,16 @@ fn permissions_follow_posix_between_users() {
     let (a, b) = (test_user("clantesta"), test_user("clantestb"));
     let as_user = |uid: u32, args: &[&str]| {
         let mut cmd = std::process::Command::new("setpriv");
-        cmd.args([&format!("--reuid={uid}"), &format!("--regid={uid}"), "--clear-groups"])
-            .arg(bin("clan"))
-            .args(args)
-            .env("CLAN_DIR", &c.dir)
-            .current_dir("/tmp")
-            .stdin(Stdio::null());
+        cmd.args([
+            &format!("--reuid={uid}"),
+            &format!("--regid={uid}"),
+            "--clear-groups",
+        ])
+        .arg(bin("clan"))
+        .args(args)
+        .env("CLAN_DIR", &c.dir)
+        .current_dir("/tmp")
+        .stdin(Stdio::null());
         cmd.output().unwrap()
     };
     // Runs as the caller, never more.
@@ -277,7 +374,12 @@ fn permissions_follow_posix_between_users() {
     assert_eq!(c.ps_one(g).unwrap()["uid"], a);
     // Another user may neither signal nor wait for it.
     let o = as_user(b, &["kill", &g.to_string()]);
-    assert_eq!(o.status.code(), Some(4), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(
+        o.status.code(),
+        Some(4),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     assert!(String::from_utf8_lossy(&o.stderr).contains("permission denied"));
     assert!(c.ps_one(g).is_some());
     // Nor signal root's processes.
@@ -290,7 +392,12 @@ fn permissions_follow_posix_between_users() {
     assert_eq!(o.status.code(), Some(128 + 15));
     c.clan_ok(&["kill", "-9", &r.to_string()]);
     // Only root registers load managers or stops daemons.
-    assert_eq!(as_user(a, &["loadmgr", "register", "--", "/bin/true"]).status.code(), Some(4));
+    assert_eq!(
+        as_user(a, &["loadmgr", "register", "--", "/bin/true"])
+            .status
+            .code(),
+        Some(4)
+    );
 }
 
 #[test]
@@ -299,19 +406,47 @@ fn a_killed_cland_loses_no_process_and_no_status() {
     let c = Cluster::up_with(3, &["--heartbeat-ms", "200", "--dead-after-ms", "5000"]);
     let short = c.spawn(2, &["sh", "-c", "read x < /dev/null; exit 5"]);
     let long = c.spawn(2, &["sleep", "300"]);
-    eventually("short exited", Duration::from_secs(10), || c.ps_one(short).filter(|p| p["state"] == "Z").map(|_| ()));
+    eventually("short exited", Duration::from_secs(10), || {
+        c.ps_one(short).filter(|p| p["state"] == "Z").map(|_| ())
+    });
     let pid = c.cland_pid(2);
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL).unwrap();
-    eventually("cland 2 gone", Duration::from_secs(5), || (!std::path::Path::new(&format!("/proc/{pid}/status")).exists() || std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|s| s.contains("zombie"))).then_some(()));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    eventually("cland 2 gone", Duration::from_secs(5), || {
+        (!std::path::Path::new(&format!("/proc/{pid}/status")).exists()
+            || std::fs::read_to_string(format!("/proc/{pid}/status"))
+                .is_ok_and(|s| s.contains("zombie")))
+        .then_some(())
+    });
     // The process keeps running without its daemon.
     let o = c.clan(&["ps", "--node", "2"]);
-    assert_eq!(o.status.code(), Some(5), "a listing with node 2's daemon down must say so");
+    assert_eq!(
+        o.status.code(),
+        Some(5),
+        "a listing with node 2's daemon down must say so"
+    );
     // Restart cland on node 2: it finds its processes again through their shepherds.
-    let log = std::fs::OpenOptions::new().append(true).open(c.node_dir(2).join("cland.log")).unwrap();
+    let log = std::fs::OpenOptions::new()
+        .append(true)
+        .open(c.node_dir(2).join("cland.log"))
+        .unwrap();
     let mut d = std::process::Command::new(bin("cland"));
-    d.args(["--config", c.dir.join("cluster.toml").to_str().unwrap(), "--node", "2"]).stdin(Stdio::null()).stdout(log.try_clone().unwrap()).stderr(log);
+    d.args([
+        "--config",
+        c.dir.join("cluster.toml").to_str().unwrap(),
+        "--node",
+        "2",
+    ])
+    .stdin(Stdio::null())
+    .stdout(log.try_clone().unwrap())
+    .stderr(log);
     let mut daemon = d.spawn().unwrap();
-    eventually("node 2 back", Duration::from_secs(10), || c.ps_one(long).filter(|p| p["managed"] == true).map(|_| ()));
+    eventually("node 2 back", Duration::from_secs(10), || {
+        c.ps_one(long).filter(|p| p["managed"] == true).map(|_| ())
+    });
     c.clan_ok(&["kill", &long.to_string()]);
     let o = c.clan(&["wait", &short.to_string(), &long.to_string()]);
     let out = String::from_utf8_lossy(&o.stdout);
@@ -325,13 +460,29 @@ fn a_killed_cland_loses_no_process_and_no_status() {
 fn nested_clan_talks_to_its_own_node() {
     root_or_skip!("nested_clan_talks_to_its_own_node");
     let c = Cluster::up(3);
-    let o = c.clan_ok(&["run", "--node", "3", "--", "sh", "-c", "clan run --node 1 -- sh -c 'echo nested $CLAN_NODE'; echo outer $CLAN_NODE"]);
+    let o = c.clan_ok(&[
+        "run",
+        "--node",
+        "3",
+        "--",
+        "sh",
+        "-c",
+        "clan run --node 1 -- sh -c 'echo nested $CLAN_NODE'; echo outer $CLAN_NODE",
+    ]);
     assert_eq!(o, "nested 1\nouter 3\n");
     // The working directory comes along.
     let tmp = c.dir.join("wd");
     std::fs::create_dir_all(&tmp).unwrap();
-    let o = c.cmd().args(["run", "--node", "2", "--", "pwd"]).current_dir(&tmp).output().unwrap();
-    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), tmp.display().to_string());
+    let o = c
+        .cmd()
+        .args(["run", "--node", "2", "--", "pwd"])
+        .current_dir(&tmp)
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout).trim(),
+        tmp.display().to_string()
+    );
 }
 
 #[test]
@@ -350,20 +501,38 @@ fn bad_input_gets_one_clear_line_and_a_documented_code() {
     check(&["kill", "3:abc"], 3, "invalid gpid");
     check(&["kill", "-s", "NOPE", "20000001"], 2, "invalid signal");
     check(&["kill", "30000001"], 3, "node 3 is not in the cluster");
-    check(&["run", "--node", "2", "--", "no-such-command-xyz"], 127, "no-such-command-xyz: command not found");
-    check(&["run", "--node", "2", "--", "/etc/hostname"], 126, "permission denied");
-    check(&["run", "--node", "7", "--", "true"], 125, "node 7 is not in the cluster");
+    check(
+        &["run", "--node", "2", "--", "no-such-command-xyz"],
+        127,
+        "no-such-command-xyz: command not found",
+    );
+    check(
+        &["run", "--node", "2", "--", "/etc/hostname"],
+        126,
+        "permission denied",
+    );
+    check(
+        &["run", "--node", "7", "--", "true"],
+        125,
+        "node 7 is not in the cluster",
+    );
     check(&["ps", "--node", "5"], 3, "node 5 is not in the cluster");
     check(&["logs", "20000001"], 3, "no log");
     check(&["wait", "20004711"], 127, "no such process 20004711");
     // No daemon: say how to start one.
-    let o = c.cmd().env("CLAN_DIR", "/nonexistent-clan").args(["nodes"]).output().unwrap();
+    let o = c
+        .cmd()
+        .env("CLAN_DIR", "/nonexistent-clan")
+        .args(["nodes"])
+        .output()
+        .unwrap();
     assert_eq!(o.status.code(), Some(6));
     assert!(String::from_utf8_lossy(&o.stderr).contains("clan up"));
     // Malformed bytes on the local socket: an error, and the daemon carries on.
     let sock = clan_client::socket_path(&c.dir, clan_core::NodeId::new(1).unwrap());
     let mut s = std::os::unix::net::UnixStream::connect(&sock).unwrap();
-    s.write_all(&[0, 0, 0, 5, 0xff, 0xff, 0xff, 0xff, 0xff]).unwrap();
+    s.write_all(&[0, 0, 0, 5, 0xff, 0xff, 0xff, 0xff, 0xff])
+        .unwrap();
     let reply: Option<clan_proto::pb::LocalReply> = clan_proto::read_frame_sync(&mut s).unwrap();
     let e = match reply.and_then(|r| r.reply) {
         Some(clan_proto::pb::local_reply::Reply::Error(e)) => e,
@@ -380,20 +549,37 @@ fn unauthenticated_peers_are_refused() {
     root_or_skip!("unauthenticated_peers_are_refused");
     let c = Cluster::up(2);
     let addr = format!("127.0.0.1:{}", c.base_port + 1);
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     rt.block_on(async {
         let s = tokio::net::TcpStream::connect(&addr).await.unwrap();
         let (r, w) = s.into_split();
         let name = std::fs::read_to_string(c.dir.join("cluster.toml")).unwrap();
-        let cluster = name.lines().find_map(|l| l.strip_prefix("name = \"")).unwrap().trim_end_matches('"').to_string();
-        let me = clan_proto::auth::Identity { node: 2, incarnation: 1, cluster, kind: clan_proto::pb::ConnKind::Control };
+        let cluster = name
+            .lines()
+            .find_map(|l| l.strip_prefix("name = \""))
+            .unwrap()
+            .trim_end_matches('"')
+            .to_string();
+        let me = clan_proto::auth::Identity {
+            node: 2,
+            incarnation: 1,
+            cluster,
+            kind: clan_proto::pb::ConnKind::Control,
+        };
         let res = clan_proto::auth::connect(r, w, b"not-the-cluster-key-at-all", &me).await;
         assert!(res.is_err(), "a peer without the key was accepted");
     });
-    eventually("the refusal in node 1's log", Duration::from_secs(5), || {
-        let log = std::fs::read_to_string(c.node_dir(1).join("cland.log")).unwrap();
-        (log.contains("refused") && log.contains("failed authentication")).then_some(())
-    });
+    eventually(
+        "the refusal in node 1's log",
+        Duration::from_secs(5),
+        || {
+            let log = std::fs::read_to_string(c.node_dir(1).join("cland.log")).unwrap();
+            (log.contains("refused") && log.contains("failed authentication")).then_some(())
+        },
+    );
     c.clan_ok(&["nodes"]);
 }
 
@@ -403,24 +589,47 @@ fn a_dead_node_is_named_not_waited_for() {
     let c = Cluster::up(3);
     c.spawn(3, &["sleep", "300"]);
     // Power cut on node 3: its daemon and its namespace (every process of the node).
-    let init: i32 = std::fs::read_to_string(c.node_dir(3).join("init.pid")).unwrap().trim().parse().unwrap();
+    let init: i32 = std::fs::read_to_string(c.node_dir(3).join("init.pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
     for pid in [c.cland_pid(3), init] {
-        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL).unwrap();
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
     }
     let t = std::time::Instant::now();
     let o = c.clan(&["ps"]);
     assert_eq!(o.status.code(), Some(5));
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.starts_with("clan: node 3:"), "{err}");
-    assert!(t.elapsed() < Duration::from_secs(5), "ps hung on the dead node");
-    assert!(c.ps(&["--node", "1", "--node", "2"]).iter().any(|p| p["node"] == 1));
-    eventually("node 3 dead", Duration::from_secs(5), || c.clan_ok(&["nodes"]).lines().any(|l| l.starts_with("3 ") && l.contains("dead")).then_some(()));
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "ps hung on the dead node"
+    );
+    assert!(c
+        .ps(&["--node", "1", "--node", "2"])
+        .iter()
+        .any(|p| p["node"] == 1));
+    eventually("node 3 dead", Duration::from_secs(5), || {
+        c.clan_ok(&["nodes"])
+            .lines()
+            .any(|l| l.starts_with("3 ") && l.contains("dead"))
+            .then_some(())
+    });
     let o = c.clan(&["run", "--node", "3", "--", "true"]);
     assert_eq!(o.status.code(), Some(125));
     assert!(String::from_utf8_lossy(&o.stderr).contains("node 3 is dead"));
     // Placement skips it.
     for _ in 0..4 {
-        let g: Gpid = c.clan_ok(&["run", "-d", "--", "true"]).trim().parse().unwrap();
+        let g: Gpid = c
+            .clan_ok(&["run", "-d", "--", "true"])
+            .trim()
+            .parse()
+            .unwrap();
         assert_ne!(g.node().get(), 3);
     }
 }
@@ -432,7 +641,54 @@ fn lock_statistics_are_per_node() {
     c.clan_ok(&["ps"]);
     let o = c.clan_ok(&["stats", "locks"]);
     for name in ["vprocs", "children", "peer.state", "placement"] {
-        assert!(o.lines().any(|l| l.split_whitespace().nth(1) == Some(name)), "{name} missing:\n{o}");
+        assert!(
+            o.lines().any(|l| l.split_whitespace().nth(1) == Some(name)),
+            "{name} missing:\n{o}"
+        );
     }
     assert!(o.lines().any(|l| l.starts_with("2 ")), "{o}");
+}
+
+#[test]
+fn a_stub_whose_node_dies_dies_of_sigkill() {
+    root_or_skip!("a_stub_whose_node_dies_dies_of_sigkill");
+    let c = Cluster::up(3);
+    let mut stub = c
+        .cmd()
+        .args([
+            "run",
+            "--node",
+            "3",
+            "--",
+            "sh",
+            "-c",
+            "echo ready; exec sleep 300",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut l = String::new();
+    BufReader::new(stub.stdout.take().unwrap())
+        .read_line(&mut l)
+        .unwrap();
+    assert_eq!(l, "ready\n");
+    let init: i32 = std::fs::read_to_string(c.node_dir(3).join("init.pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    for pid in [c.cland_pid(3), init] {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
+    }
+    let o = stub.wait_with_output().unwrap();
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(o.status.signal(), Some(libc::SIGKILL));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("node 3") && err.lines().count() == 1, "{err}");
 }

@@ -10,7 +10,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(name = "clan", version, about = "A single-system image for Linux clusters")]
+#[command(
+    name = "clan",
+    version,
+    about = "A single-system image for Linux clusters"
+)]
 struct Cli {
     /// Cluster directory holding the nodes' sockets [default: $CLAN_DIR or /run/clan].
     #[arg(long, global = true, env = "CLAN_DIR")]
@@ -73,7 +77,10 @@ pub fn client_error(e: &ClientError) -> ExitCode {
 
 fn main() -> ExitCode {
     let cli = Cli::parse_from(normalize(std::env::args().collect()));
-    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             fail(&e);

@@ -94,7 +94,14 @@ impl RunSpec {
         S: AsRef<std::ffi::OsStr>,
     {
         use std::os::unix::ffi::OsStrExt;
-        RunSpec { argv: argv.into_iter().map(|a| a.as_ref().as_bytes().to_vec()).collect(), detached: true, ..Default::default() }
+        RunSpec {
+            argv: argv
+                .into_iter()
+                .map(|a| a.as_ref().as_bytes().to_vec())
+                .collect(),
+            detached: true,
+            ..Default::default()
+        }
     }
 
     pub fn node(mut self, n: u32) -> RunSpec {
@@ -134,7 +141,11 @@ impl RunSpec {
                 })
                 .collect()
         });
-        let cwd = self.cwd.clone().or_else(|| std::env::current_dir().ok()).unwrap_or_else(|| PathBuf::from("/"));
+        let cwd = self
+            .cwd
+            .clone()
+            .or_else(|| std::env::current_dir().ok())
+            .unwrap_or_else(|| PathBuf::from("/"));
         pb::RunRequest {
             spec: Some(pb::ProcSpec {
                 argv: self.argv.clone(),
@@ -182,7 +193,13 @@ impl Client {
                 let mut found: Vec<NodeId> = std::fs::read_dir(&dir)
                     .map(|rd| {
                         rd.flatten()
-                            .filter_map(|e| e.file_name().to_str()?.strip_prefix("node")?.parse::<NodeId>().ok())
+                            .filter_map(|e| {
+                                e.file_name()
+                                    .to_str()?
+                                    .strip_prefix("node")?
+                                    .parse::<NodeId>()
+                                    .ok()
+                            })
                             .filter(|n| socket_path(&dir, *n).exists())
                             .collect()
                     })
@@ -190,7 +207,11 @@ impl Client {
                 found.sort();
                 match found.first() {
                     Some(n) => *n,
-                    None => return Err(ClientError::NoDaemon { path: socket_path(&dir, NodeId::new(1).expect("1 is a node")) }),
+                    None => {
+                        return Err(ClientError::NoDaemon {
+                            path: socket_path(&dir, NodeId::new(1).expect("1 is a node")),
+                        })
+                    }
                 }
             }
         };
@@ -199,7 +220,12 @@ impl Client {
 
     /// A client for the socket at `path` (node `node`).
     pub fn at(path: PathBuf, node: NodeId) -> Client {
-        Client { path, node, conn: Mutex::new(None), next: AtomicU64::new(1) }
+        Client {
+            path,
+            node,
+            conn: Mutex::new(None),
+            next: AtomicU64::new(1),
+        }
     }
 
     /// The node this client talks to.
@@ -210,19 +236,36 @@ impl Client {
     async fn open(&self) -> Result<(OwnedReadHalf, OwnedWriteHalf)> {
         match UnixStream::connect(&self.path).await {
             Ok(s) => Ok(s.into_split()),
-            Err(e) if matches!(e.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused) => {
-                Err(ClientError::NoDaemon { path: self.path.clone() })
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
+                ) =>
+            {
+                Err(ClientError::NoDaemon {
+                    path: self.path.clone(),
+                })
             }
             Err(e) => Err(e.into()),
         }
     }
 
-    async fn request_on(rd: &mut OwnedReadHalf, wr: &mut OwnedWriteHalf, id: u64, op: Op) -> Result<Reply> {
+    async fn request_on(
+        rd: &mut OwnedReadHalf,
+        wr: &mut OwnedWriteHalf,
+        id: u64,
+        op: Op,
+    ) -> Result<Reply> {
         write_frame(wr, &pb::LocalRequest { id, op: Some(op) }).await?;
         let reply: pb::LocalReply = read_frame(rd)
             .await
             .map_err(|e| ClientError::Protocol(e.to_string()))?
-            .ok_or_else(|| ClientError::Io(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "cland closed the connection")))?;
+            .ok_or_else(|| {
+                ClientError::Io(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "cland closed the connection",
+                ))
+            })?;
         match reply.reply {
             Some(Reply::Error(e)) => Err(ClientError::Remote(e)),
             Some(r) => Ok(r),
@@ -273,8 +316,15 @@ impl Client {
     }
 
     /// Signals processes on any node; one result per gpid.
-    pub async fn kill(&self, gpids: &[Gpid], signal: i32) -> Result<Vec<(Gpid, std::result::Result<(), pb::Error>)>> {
-        let op = Op::Kill(pb::KillRequest { gpids: gpids.iter().map(|g| g.raw()).collect(), signal });
+    pub async fn kill(
+        &self,
+        gpids: &[Gpid],
+        signal: i32,
+    ) -> Result<Vec<(Gpid, std::result::Result<(), pb::Error>)>> {
+        let op = Op::Kill(pb::KillRequest {
+            gpids: gpids.iter().map(|g| g.raw()).collect(),
+            signal,
+        });
         match self.request(op).await? {
             Reply::Kill(k) => Ok(k
                 .results
@@ -289,12 +339,20 @@ impl Client {
     /// Signals one process.
     pub async fn kill_one(&self, gpid: Gpid, signal: i32) -> Result<()> {
         let r = self.kill(&[gpid], signal).await?;
-        r.into_iter().next().map(|(_, r)| r.map_err(ClientError::Remote)).unwrap_or(Ok(()))
+        r.into_iter()
+            .next()
+            .map(|(_, r)| r.map_err(ClientError::Remote))
+            .unwrap_or(Ok(()))
     }
 
     /// Waits for processes the caller started; one status per gpid.
-    pub async fn wait(&self, gpids: &[Gpid]) -> Result<Vec<(Gpid, std::result::Result<WaitStatus, pb::Error>)>> {
-        let op = Op::Wait(pb::WaitRequest { gpids: gpids.iter().map(|g| g.raw()).collect() });
+    pub async fn wait(
+        &self,
+        gpids: &[Gpid],
+    ) -> Result<Vec<(Gpid, std::result::Result<WaitStatus, pb::Error>)>> {
+        let op = Op::Wait(pb::WaitRequest {
+            gpids: gpids.iter().map(|g| g.raw()).collect(),
+        });
         match self.request_alone(op).await? {
             Reply::Wait(w) => Ok(w
                 .results
@@ -313,12 +371,18 @@ impl Client {
     /// Waits for one process.
     pub async fn wait_one(&self, gpid: Gpid) -> Result<WaitStatus> {
         let r = self.wait(&[gpid]).await?;
-        r.into_iter().next().map(|(_, r)| r.map_err(ClientError::Remote)).unwrap_or_else(|| Err(ClientError::Protocol("no result".into())))
+        r.into_iter()
+            .next()
+            .map(|(_, r)| r.map_err(ClientError::Remote))
+            .unwrap_or_else(|| Err(ClientError::Protocol("no result".into())))
     }
 
     /// Processes of the cluster (or of `nodes`), per node, queried in parallel.
     pub async fn ps(&self, filter: pb::PsFilter, nodes: &[NodeId]) -> Result<Vec<pb::NodePs>> {
-        let op = Op::Ps(pb::PsRequest { filter: Some(filter), nodes: nodes.iter().map(|n| n.get()).collect() });
+        let op = Op::Ps(pb::PsRequest {
+            filter: Some(filter),
+            nodes: nodes.iter().map(|n| n.get()).collect(),
+        });
         match self.request(op).await? {
             Reply::Ps(p) => Ok(p.nodes),
             other => Err(unexpected(other)),
@@ -335,7 +399,14 @@ impl Client {
 
     /// Output of a detached process from `offset`.
     pub async fn logs(&self, gpid: Gpid, offset: u64, follow: bool) -> Result<pb::LogChunk> {
-        match self.request(Op::Logs(pb::LogsRequest { gpid: gpid.raw(), follow, offset })).await? {
+        match self
+            .request(Op::Logs(pb::LogsRequest {
+                gpid: gpid.raw(),
+                follow,
+                offset,
+            }))
+            .await?
+        {
             Reply::Log(c) => Ok(c),
             other => Err(unexpected(other)),
         }
@@ -343,7 +414,12 @@ impl Client {
 
     /// Lock statistics of every node (or of `nodes`).
     pub async fn lock_stats(&self, nodes: &[NodeId]) -> Result<Vec<pb::NodeLockStats>> {
-        match self.request(Op::Stats(pb::StatsRequest { nodes: nodes.iter().map(|n| n.get()).collect() })).await? {
+        match self
+            .request(Op::Stats(pb::StatsRequest {
+                nodes: nodes.iter().map(|n| n.get()).collect(),
+            }))
+            .await?
+        {
             Reply::Stats(s) => Ok(s.nodes),
             other => Err(unexpected(other)),
         }
@@ -351,7 +427,12 @@ impl Client {
 
     /// Registers, removes or shows this node's load manager.
     pub async fn loadmgr(&self, action: pb::load_mgr_request::Action) -> Result<String> {
-        match self.request(Op::Loadmgr(pb::LoadMgrRequest { action: Some(action) })).await? {
+        match self
+            .request(Op::Loadmgr(pb::LoadMgrRequest {
+                action: Some(action),
+            }))
+            .await?
+        {
             Reply::Loadmgr(l) => Ok(l.description),
             other => Err(unexpected(other)),
         }
@@ -359,7 +440,11 @@ impl Client {
 
     /// Stops this node's cland (and, with `kill`, every process of the node).
     pub async fn shutdown(&self, kill: bool) -> Result<()> {
-        self.request(Op::Shutdown(pb::ShutdownRequest { kill_processes: kill })).await.map(|_| ())
+        self.request(Op::Shutdown(pb::ShutdownRequest {
+            kill_processes: kill,
+        }))
+        .await
+        .map(|_| ())
     }
 }
 
@@ -386,14 +471,28 @@ pub struct SessionReader {
 
 impl Session {
     pub fn split(self) -> (pb::Started, SessionReader, SessionWriter) {
-        (self.started, SessionReader { rd: self.rd }, SessionWriter { wr: self.wr })
+        (
+            self.started,
+            SessionReader { rd: self.rd },
+            SessionWriter { wr: self.wr },
+        )
     }
 }
 
 impl SessionWriter {
     pub async fn send(&mut self, gpid: Gpid, input: pb::session_input::Input) -> Result<()> {
-        let op = Op::Input(pb::SessionInput { gpid: gpid.raw(), input: Some(input) });
-        write_frame(&mut self.wr, &pb::LocalRequest { id: 0, op: Some(op) }).await?;
+        let op = Op::Input(pb::SessionInput {
+            gpid: gpid.raw(),
+            input: Some(input),
+        });
+        write_frame(
+            &mut self.wr,
+            &pb::LocalRequest {
+                id: 0,
+                op: Some(op),
+            },
+        )
+        .await?;
         Ok(())
     }
 }
@@ -402,10 +501,19 @@ impl SessionReader {
     /// The next output, exit or loss of a process; `None` when cland closed the session.
     pub async fn next(&mut self) -> Result<Option<pb::SessionOutput>> {
         loop {
-            match read_frame::<pb::LocalReply, _>(&mut self.rd).await.map_err(|e| ClientError::Protocol(e.to_string()))? {
+            match read_frame::<pb::LocalReply, _>(&mut self.rd)
+                .await
+                .map_err(|e| ClientError::Protocol(e.to_string()))?
+            {
                 None => return Ok(None),
-                Some(pb::LocalReply { reply: Some(Reply::Output(o)), .. }) => return Ok(Some(o)),
-                Some(pb::LocalReply { reply: Some(Reply::Error(e)), .. }) => return Err(ClientError::Remote(e)),
+                Some(pb::LocalReply {
+                    reply: Some(Reply::Output(o)),
+                    ..
+                }) => return Ok(Some(o)),
+                Some(pb::LocalReply {
+                    reply: Some(Reply::Error(e)),
+                    ..
+                }) => return Err(ClientError::Remote(e)),
                 Some(_) => continue,
             }
         }

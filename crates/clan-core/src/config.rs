@@ -21,11 +21,17 @@ use std::path::{Path, PathBuf};
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("cannot read {path}: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("{path}: {message}")]
     Parse { path: PathBuf, message: String },
     #[error("cannot read cluster key {path}: {source}")]
-    Key { path: PathBuf, source: std::io::Error },
+    Key {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("cluster key {0} is shorter than 16 bytes")]
     ShortKey(PathBuf),
     #[error("node {0} is not in the cluster file")]
@@ -84,11 +90,18 @@ pub struct ClusterConfig {
 impl ClusterConfig {
     /// Reads and checks a cluster file and the key it names.
     pub fn load(path: &Path) -> Result<ClusterConfig, ConfigError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|source| ConfigError::Read { path: path.into(), source })?;
-        let raw: RawConfig = toml::from_str(&text)
-            .map_err(|e| ConfigError::Parse { path: path.into(), message: e.to_string() })?;
-        let perr = |message: String| ConfigError::Parse { path: path.into(), message };
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.into(),
+            source,
+        })?;
+        let raw: RawConfig = toml::from_str(&text).map_err(|e| ConfigError::Parse {
+            path: path.into(),
+            message: e.to_string(),
+        })?;
+        let perr = |message: String| ConfigError::Parse {
+            path: path.into(),
+            message,
+        };
         if raw.node.is_empty() {
             return Err(perr("no [[node]] entries".into()));
         }
@@ -105,9 +118,15 @@ impl ClusterConfig {
             return Err(perr("heartbeat_ms must be positive".into()));
         }
         let base = path.parent().unwrap_or(Path::new("/"));
-        let key_path = if raw.key_file.is_absolute() { raw.key_file.clone() } else { base.join(&raw.key_file) };
-        let key = std::fs::read(&key_path)
-            .map_err(|source| ConfigError::Key { path: key_path.clone(), source })?;
+        let key_path = if raw.key_file.is_absolute() {
+            raw.key_file.clone()
+        } else {
+            base.join(&raw.key_file)
+        };
+        let key = std::fs::read(&key_path).map_err(|source| ConfigError::Key {
+            path: key_path.clone(),
+            source,
+        })?;
         let key: Vec<u8> = String::from_utf8(key.clone())
             .map(|s| s.trim().as_bytes().to_vec())
             .unwrap_or(key);
@@ -124,7 +143,9 @@ impl ClusterConfig {
             suspect_after_ms: raw.suspect_after_ms.unwrap_or(raw.heartbeat_ms * 3),
             dead_after_ms: raw.dead_after_ms.unwrap_or(raw.heartbeat_ms * 6),
             local: raw.local,
-            state_dir: raw.state_dir.unwrap_or_else(|| dir.join("node{node}").display().to_string()),
+            state_dir: raw
+                .state_dir
+                .unwrap_or_else(|| dir.join("node{node}").display().to_string()),
             dir,
             nodes,
             path: path.into(),
@@ -132,7 +153,10 @@ impl ClusterConfig {
     }
 
     pub fn node(&self, id: NodeId) -> Result<&NodeEntry, ConfigError> {
-        self.nodes.iter().find(|n| n.id == id.get()).ok_or(ConfigError::NoSuchNode(id.get()))
+        self.nodes
+            .iter()
+            .find(|n| n.id == id.get())
+            .ok_or(ConfigError::NoSuchNode(id.get()))
     }
 
     pub fn node_ids(&self) -> impl Iterator<Item = NodeId> + '_ {
@@ -173,8 +197,14 @@ mod tests {
         let p = d.path().join("c.toml");
         for (text, want) in [
             ("name = \"t\"\nkey_file = \"k\"\nnode = []\n", "no [[node]]"),
-            ("name = \"t\"\nkey_file = \"k\"\n[[node]]\nid = 0\naddr = \"127.0.0.1:1\"\n", "outside"),
-            ("name = \"t\"\nkey_file = \"k\"\n[[node]]\nid = 1\naddr = \"127.0.0.1:1\"\n", "shorter"),
+            (
+                "name = \"t\"\nkey_file = \"k\"\n[[node]]\nid = 0\naddr = \"127.0.0.1:1\"\n",
+                "outside",
+            ),
+            (
+                "name = \"t\"\nkey_file = \"k\"\n[[node]]\nid = 1\naddr = \"127.0.0.1:1\"\n",
+                "shorter",
+            ),
             ("name = 3\n", "invalid type"),
         ] {
             std::fs::write(&p, text).unwrap();

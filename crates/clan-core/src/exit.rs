@@ -28,7 +28,11 @@ impl WaitStatus {
             format!(
                 "killed by SIG{}{}",
                 crate::signal_name(self.signal),
-                if self.core_dumped { " (core dumped)" } else { "" }
+                if self.core_dumped {
+                    " (core dumped)"
+                } else {
+                    ""
+                }
             )
         } else {
             format!("exited {}", self.code)
@@ -68,10 +72,16 @@ mod tests {
 
     #[test]
     fn shell_codes() {
-        let s = WaitStatus { signal: 15, ..Default::default() };
+        let s = WaitStatus {
+            signal: 15,
+            ..Default::default()
+        };
         assert_eq!(s.shell_code(), 143);
         assert_eq!(s.describe(), "killed by SIGTERM");
-        let e = WaitStatus { code: 7, ..Default::default() };
+        let e = WaitStatus {
+            code: 7,
+            ..Default::default()
+        };
         assert_eq!(e.shell_code(), 7);
         assert_eq!(e.describe(), "exited 7");
     }

@@ -102,7 +102,10 @@ impl FromStr for Gpid {
             let pid: u32 = pid.parse().map_err(|_| bad())?;
             Gpid::new(node, pid).ok_or_else(bad)
         } else {
-            t.parse::<u64>().ok().and_then(Gpid::from_raw).ok_or_else(bad)
+            t.parse::<u64>()
+                .ok()
+                .and_then(Gpid::from_raw)
+                .ok_or_else(bad)
         }
     }
 }
@@ -170,7 +173,19 @@ mod tests {
 
     #[test]
     fn malformed_ids_are_rejected() {
-        for bad in ["", "x", "0", "4711", "0:5", "3:", ":5", "214:1", "3:0", "3:99999999", "-1"] {
+        for bad in [
+            "",
+            "x",
+            "0",
+            "4711",
+            "0:5",
+            "3:",
+            ":5",
+            "214:1",
+            "3:0",
+            "3:99999999",
+            "-1",
+        ] {
             assert!(bad.parse::<Gpid>().is_err(), "{bad:?} accepted");
         }
         assert!("0".parse::<NodeId>().is_err());

@@ -60,7 +60,10 @@ pub fn stats_for(name: &'static str) -> Arc<LockStats> {
     if let Some(s) = reg.iter().find(|s| s.name == name) {
         return s.clone();
     }
-    let s = Arc::new(LockStats { name, ..Default::default() });
+    let s = Arc::new(LockStats {
+        name,
+        ..Default::default()
+    });
     reg.push(s.clone());
     s
 }
@@ -135,7 +138,10 @@ pub struct NamedMutexGuard<'a, T> {
 
 impl<T> NamedMutex<T> {
     pub fn new(name: &'static str, value: T) -> Self {
-        NamedMutex { stats: stats_for(name), inner: Mutex::new(value) }
+        NamedMutex {
+            stats: stats_for(name),
+            inner: Mutex::new(value),
+        }
     }
 
     pub fn lock(&self) -> NamedMutexGuard<'_, T> {
@@ -152,7 +158,10 @@ impl<T> NamedMutex<T> {
                 g
             }
         };
-        NamedMutexGuard { _giant: giant, inner }
+        NamedMutexGuard {
+            _giant: giant,
+            inner,
+        }
     }
 }
 
@@ -189,7 +198,10 @@ pub struct NamedWriteGuard<'a, T> {
 
 impl<T> NamedRwLock<T> {
     pub fn new(name: &'static str, value: T) -> Self {
-        NamedRwLock { stats: stats_for(name), inner: RwLock::new(value) }
+        NamedRwLock {
+            stats: stats_for(name),
+            inner: RwLock::new(value),
+        }
     }
 
     pub fn read(&self) -> NamedReadGuard<'_, T> {
@@ -206,7 +218,10 @@ impl<T> NamedRwLock<T> {
                 g
             }
         };
-        NamedReadGuard { _giant: giant, inner }
+        NamedReadGuard {
+            _giant: giant,
+            inner,
+        }
     }
 
     pub fn write(&self) -> NamedWriteGuard<'_, T> {
@@ -223,7 +238,10 @@ impl<T> NamedRwLock<T> {
                 g
             }
         };
-        NamedWriteGuard { _giant: giant, inner }
+        NamedWriteGuard {
+            _giant: giant,
+            inner,
+        }
     }
 }
 
@@ -269,13 +287,19 @@ mod tests {
             .collect();
         threads.into_iter().for_each(|t| t.join().unwrap());
         assert_eq!(*m.lock(), 4010);
-        let s = snapshot().into_iter().find(|s| s.name == "test.counted").unwrap();
+        let s = snapshot()
+            .into_iter()
+            .find(|s| s.name == "test.counted")
+            .unwrap();
         assert_eq!(s.acquisitions, 4011);
         assert!(s.contended <= 4000);
         // A contended acquisition adds its wait.
         let st = stats_for("test.direct");
         st.contended_for(Instant::now() - std::time::Duration::from_micros(50));
-        let d = snapshot().into_iter().find(|s| s.name == "test.direct").unwrap();
+        let d = snapshot()
+            .into_iter()
+            .find(|s| s.name == "test.direct")
+            .unwrap();
         assert_eq!((d.acquisitions, d.contended), (1, 1));
         assert!(d.wait_ns >= 50_000 && d.max_wait_ns == d.wait_ns);
     }
@@ -289,7 +313,10 @@ mod tests {
         drop((a, b));
         *l.write() = 6;
         assert_eq!(*l.read(), 6);
-        let s = snapshot().into_iter().find(|s| s.name == "test.rw").unwrap();
+        let s = snapshot()
+            .into_iter()
+            .find(|s| s.name == "test.rw")
+            .unwrap();
         assert_eq!(s.acquisitions, 4);
         assert_eq!(s.contended, 0);
     }

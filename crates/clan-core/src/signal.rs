@@ -46,7 +46,11 @@ pub fn parse_signal(s: &str) -> Option<i32> {
         return Some(*n);
     }
     if let Some(rest) = name.strip_prefix("RTMIN") {
-        let off = if rest.is_empty() { 0 } else { rest.strip_prefix('+')?.parse::<i32>().ok()? };
+        let off = if rest.is_empty() {
+            0
+        } else {
+            rest.strip_prefix('+')?.parse::<i32>().ok()?
+        };
         let n = libc::SIGRTMIN() + off;
         return (n <= libc::SIGRTMAX()).then_some(n);
     }

@@ -20,7 +20,13 @@ pub fn pidfd_open(pid: i32) -> io::Result<OwnedFd> {
 pub fn pidfd_send_signal(fd: &impl AsRawFd, sig: i32) -> io::Result<()> {
     // SAFETY: a null siginfo and zero flags are valid; fd is an open descriptor we borrow.
     let r = unsafe {
-        libc::syscall(libc::SYS_pidfd_send_signal, fd.as_raw_fd(), sig, std::ptr::null::<libc::siginfo_t>(), 0)
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            fd.as_raw_fd(),
+            sig,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        )
     };
     if r < 0 {
         Err(io::Error::last_os_error())
@@ -82,7 +88,11 @@ pub fn wait_pidfd(fd: &impl AsRawFd, keep: bool, nohang: bool) -> io::Result<Opt
         return Ok(None);
     }
     let us = |t: libc::timeval| (t.tv_sec as u64) * 1_000_000 + t.tv_usec as u64;
-    let mut ws = WaitStatus { utime_us: us(ru.ru_utime), stime_us: us(ru.ru_stime), ..Default::default() };
+    let mut ws = WaitStatus {
+        utime_us: us(ru.ru_utime),
+        stime_us: us(ru.ru_stime),
+        ..Default::default()
+    };
     match info.si_code {
         libc::CLD_EXITED => ws.code = status,
         libc::CLD_KILLED => ws.signal = status,
@@ -103,11 +113,21 @@ mod tests {
 
     #[test]
     fn pidfd_wait_keeps_the_zombie_until_reaped() {
-        let child = std::process::Command::new("sh").args(["-c", "exit 7"]).spawn().unwrap();
+        let child = std::process::Command::new("sh")
+            .args(["-c", "exit 7"])
+            .spawn()
+            .unwrap();
         let pid = child.id() as i32;
         let fd = pidfd_open(pid).unwrap();
         let ev = wait_pidfd(&fd, true, false).unwrap().unwrap();
-        assert!(matches!(ev, ChildEvent::Exited(WaitStatus { code: 7, signal: 0, .. })));
+        assert!(matches!(
+            ev,
+            ChildEvent::Exited(WaitStatus {
+                code: 7,
+                signal: 0,
+                ..
+            })
+        ));
         // Still a zombie: /proc/PID exists with state Z.
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
         assert!(stat.contains(") Z "), "{stat}");
@@ -119,11 +139,17 @@ mod tests {
 
     #[test]
     fn signal_through_pidfd() {
-        let child = std::process::Command::new("sleep").arg("100").spawn().unwrap();
+        let child = std::process::Command::new("sleep")
+            .arg("100")
+            .spawn()
+            .unwrap();
         let fd = pidfd_open(child.id() as i32).unwrap();
         pidfd_send_signal(&fd, libc::SIGTERM).unwrap();
         let ev = wait_pidfd(&fd, false, false).unwrap().unwrap();
-        assert!(matches!(ev, ChildEvent::Exited(WaitStatus { signal: 15, .. })));
+        assert!(matches!(
+            ev,
+            ChildEvent::Exited(WaitStatus { signal: 15, .. })
+        ));
         std::mem::forget(child);
     }
 }

@@ -28,7 +28,8 @@ pub fn cgroup2_mount() -> Option<PathBuf> {
 /// Our own cgroup v2 path relative to the mount ("/system.slice/cland.service").
 pub fn own_cgroup() -> Option<String> {
     let text = std::fs::read_to_string("/proc/self/cgroup").ok()?;
-    text.lines().find_map(|l| l.strip_prefix("0::").map(str::to_string))
+    text.lines()
+        .find_map(|l| l.strip_prefix("0::").map(str::to_string))
 }
 
 #[derive(Debug, Clone)]
@@ -62,7 +63,9 @@ impl NodeCgroup {
 
     /// Removes job directories that hold no process any more.
     pub fn prune_jobs(&self) {
-        let Ok(rd) = std::fs::read_dir(&self.root) else { return };
+        let Ok(rd) = std::fs::read_dir(&self.root) else {
+            return;
+        };
         for e in rd.flatten() {
             if e.file_name().to_string_lossy().starts_with("job") && !populated(&e.path()) {
                 let _ = std::fs::remove_dir(e.path());
@@ -87,7 +90,10 @@ pub fn kill_and_remove(dir: &Path, timeout: std::time::Duration) -> io::Result<(
     let deadline = std::time::Instant::now() + timeout;
     while populated(dir) {
         if std::time::Instant::now() > deadline {
-            return Err(io::Error::new(io::ErrorKind::TimedOut, format!("{} still populated", dir.display())));
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("{} still populated", dir.display()),
+            ));
         }
         std::thread::sleep(std::time::Duration::from_millis(5));
     }

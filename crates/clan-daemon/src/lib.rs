@@ -43,15 +43,27 @@ pub fn socket_path(state_dir: &Path) -> PathBuf {
 
 /// Whether `pid` is a running process (a zombie is not: it answers kill(pid, 0)).
 pub fn pid_alive(pid: i32) -> bool {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
-    let state = stat.rfind(')').and_then(|i| stat[i + 1..].split_whitespace().next().map(str::to_string));
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    let state = stat
+        .rfind(')')
+        .and_then(|i| stat[i + 1..].split_whitespace().next().map(str::to_string));
     pid > 0 && !matches!(state.as_deref(), Some("Z") | Some("X") | None)
 }
 
 /// Finds or starts the node's namespace init (local clusters as root).
-fn ensure_init(state: &Path, node: NodeId, cg: Option<&cgroup::NodeCgroup>, bin: &Path) -> anyhow::Result<u32> {
+fn ensure_init(
+    state: &Path,
+    node: NodeId,
+    cg: Option<&cgroup::NodeCgroup>,
+    bin: &Path,
+) -> anyhow::Result<u32> {
     let pidfile = state.join("init.pid");
-    if let Some(pid) = std::fs::read_to_string(&pidfile).ok().and_then(|s| s.trim().parse::<i32>().ok()) {
+    if let Some(pid) = std::fs::read_to_string(&pidfile)
+        .ok()
+        .and_then(|s| s.trim().parse::<i32>().ok())
+    {
         let ours = std::fs::read_link("/proc/self/ns/pid").ok();
         let theirs = std::fs::read_link(format!("/proc/{pid}/ns/pid")).ok();
         if pid_alive(pid) && theirs.is_some() && theirs != ours {
@@ -64,11 +76,17 @@ fn ensure_init(state: &Path, node: NodeId, cg: Option<&cgroup::NodeCgroup>, bin:
     if let Some(cg) = cg {
         cmd.arg("--cgroup").arg(cg.sub("init"));
     }
-    let out = cmd.stderr(std::process::Stdio::inherit()).output().context("start the node's namespace init")?;
+    let out = cmd
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .context("start the node's namespace init")?;
     if !out.status.success() {
         anyhow::bail!("the node's namespace init failed to start");
     }
-    let pid: u32 = String::from_utf8_lossy(&out.stdout).trim().parse().context("namespace init pid")?;
+    let pid: u32 = String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .context("namespace init pid")?;
     std::fs::write(&pidfile, pid.to_string())?;
     Ok(pid)
 }
@@ -78,18 +96,29 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
     let cfg = ClusterConfig::load(&opts.config)?;
     cfg.node(opts.node)?;
     let state = cfg.state_dir(opts.node);
-    std::fs::create_dir_all(state.join("sh")).with_context(|| format!("create {}", state.display()))?;
+    std::fs::create_dir_all(state.join("sh"))
+        .with_context(|| format!("create {}", state.display()))?;
     std::fs::create_dir_all(state.join("logs"))?;
     let pidfile = state.join("cland.pid");
-    if let Some(pid) = std::fs::read_to_string(&pidfile).ok().and_then(|s| s.trim().parse::<i32>().ok()) {
-        if pid != std::process::id() as i32 && pid_alive(pid) && std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "cland") {
+    if let Some(pid) = std::fs::read_to_string(&pidfile)
+        .ok()
+        .and_then(|s| s.trim().parse::<i32>().ok())
+    {
+        if pid != std::process::id() as i32
+            && pid_alive(pid)
+            && std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .is_ok_and(|c| c.trim() == "cland")
+        {
             anyhow::bail!("node {} already has a cland (pid {pid})", opts.node);
         }
     }
     std::fs::write(&pidfile, std::process::id().to_string())?;
     let bin_dir = match opts.bin_dir.clone() {
         Some(d) => d,
-        None => std::env::current_exe()?.parent().map(Path::to_path_buf).unwrap_or_default(),
+        None => std::env::current_exe()?
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_default(),
     };
     let root = nix::unistd::geteuid().is_root();
     let cg = if root {
@@ -98,7 +127,11 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
                 let base = if cfg.local {
                     localcluster::node_cgroup(&mount, &cfg.name, opts.node)
                 } else {
-                    mount.join(cgroup::own_cgroup().unwrap_or_default().trim_start_matches('/'))
+                    mount.join(
+                        cgroup::own_cgroup()
+                            .unwrap_or_default()
+                            .trim_start_matches('/'),
+                    )
                 };
                 match cgroup::NodeCgroup::create(base.clone()) {
                     Ok(cg) => {
@@ -108,7 +141,10 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
                         Some(cg)
                     }
                     Err(e) => {
-                        warn!("no cgroup subtree at {}: {e}; tasks are not confined", base.display());
+                        warn!(
+                            "no cgroup subtree at {}: {e}; tasks are not confined",
+                            base.display()
+                        );
                         None
                     }
                 }
@@ -127,15 +163,25 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
     } else {
         (PathBuf::from("/proc"), 0)
     };
-    let view = ProcView::open(opts.node, view_path.clone(), ns_init).with_context(|| format!("open {}", view_path.display()))?;
+    let view = ProcView::open(opts.node, view_path.clone(), ns_init)
+        .with_context(|| format!("open {}", view_path.display()))?;
     let placement = placement::Placement::load(state.join("loadmgr.json"));
-    let node = Arc::new(Node::new(opts.node, cfg.clone(), state.clone(), view, cg, bin_dir.join("clan-shepherd"), placement));
+    let node = Arc::new(Node::new(
+        opts.node,
+        cfg.clone(),
+        state.clone(),
+        view,
+        cg,
+        bin_dir.join("clan-shepherd"),
+        placement,
+    ));
     node.recover().await;
     node.start_peers().await?;
     {
         let node = node.clone();
         tokio::spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_millis(node.cfg.heartbeat_ms.max(250)));
+            let mut tick =
+                tokio::time::interval(Duration::from_millis(node.cfg.heartbeat_ms.max(250)));
             loop {
                 tick.tick().await;
                 let n = node.clone();
@@ -177,7 +223,11 @@ fn stop_processes(node: &Node) {
     if let Some(cg) = &node.cgroup {
         let mut dirs = vec![cg.sub("init"), cg.sub("shepherds")];
         if let Ok(rd) = std::fs::read_dir(&cg.root) {
-            dirs.extend(rd.flatten().filter(|e| e.file_name().to_string_lossy().starts_with("job")).map(|e| e.path()));
+            dirs.extend(
+                rd.flatten()
+                    .filter(|e| e.file_name().to_string_lossy().starts_with("job"))
+                    .map(|e| e.path()),
+            );
         }
         for d in dirs {
             if let Err(e) = cgroup::kill_and_remove(&d, Duration::from_secs(10)) {
@@ -186,10 +236,16 @@ fn stop_processes(node: &Node) {
         }
     } else {
         for vp in node.vprocs.read().values() {
-            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(vp.host_pid as i32), nix::sys::signal::Signal::SIGKILL);
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(vp.host_pid as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
         }
         if node.view.ns_init != 0 {
-            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(node.view.ns_init as i32), nix::sys::signal::Signal::SIGKILL);
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(node.view.ns_init as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
         }
     }
     let _ = std::fs::remove_dir_all(node.state_dir.join("sh"));

@@ -23,7 +23,13 @@ use tracing::{debug, warn};
 fn groups_of(pid: i32) -> Vec<u32> {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
-        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("Groups:")).map(|g| g.split_whitespace().filter_map(|x| x.parse().ok()).collect()))
+        .and_then(|s| {
+            s.lines().find_map(|l| l.strip_prefix("Groups:")).map(|g| {
+                g.split_whitespace()
+                    .filter_map(|x| x.parse().ok())
+                    .collect()
+            })
+        })
         .unwrap_or_default()
 }
 
@@ -31,7 +37,8 @@ impl Node {
     /// Serves the local API on `path` until the daemon stops.
     pub async fn serve_local(self: &Arc<Self>, path: &Path) -> anyhow::Result<()> {
         let _ = std::fs::remove_file(path);
-        let listener = UnixListener::bind(path).map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", path.display()))?;
+        let listener = UnixListener::bind(path)
+            .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", path.display()))?;
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))?;
         let node = self.clone();
         tokio::spawn(async move {
@@ -54,7 +61,13 @@ impl Node {
     async fn serve_client(self: Arc<Self>, s: UnixStream) {
         let Ok(cred) = s.peer_cred() else { return };
         let pid = cred.pid().unwrap_or(0);
-        let creds = pb::Creds { uid: cred.uid(), gid: cred.gid(), groups: groups_of(pid), pid: pid as u32, node: self.id.get() };
+        let creds = pb::Creds {
+            uid: cred.uid(),
+            gid: cred.gid(),
+            groups: groups_of(pid),
+            pid: pid as u32,
+            node: self.id.get(),
+        };
         let (mut rd, mut wr) = s.into_split();
         loop {
             let req: pb::LocalRequest = match read_frame(&mut rd).await {
@@ -62,7 +75,14 @@ impl Node {
                 Ok(None) => return,
                 Err(e) => {
                     let err = Error::Invalid(format!("malformed request: {e}"));
-                    let _ = write_frame(&mut wr, &pb::LocalReply { id: 0, reply: Some(Reply::Error(err.into())) }).await;
+                    let _ = write_frame(
+                        &mut wr,
+                        &pb::LocalReply {
+                            id: 0,
+                            reply: Some(Reply::Error(err.into())),
+                        },
+                    )
+                    .await;
                     return;
                 }
             };
@@ -77,20 +97,38 @@ impl Node {
                         Ok(r) => r,
                         Err(e) => Reply::Error(e.into()),
                     };
-                    if write_frame(&mut wr, &pb::LocalReply { id, reply: Some(reply) }).await.is_err() {
+                    if write_frame(
+                        &mut wr,
+                        &pb::LocalReply {
+                            id,
+                            reply: Some(reply),
+                        },
+                    )
+                    .await
+                    .is_err()
+                    {
                         return;
                     }
                 }
                 None => {
                     let err = Error::Invalid("empty request".into());
-                    let _ = write_frame(&mut wr, &pb::LocalReply { id, reply: Some(Reply::Error(err.into())) }).await;
+                    let _ = write_frame(
+                        &mut wr,
+                        &pb::LocalReply {
+                            id,
+                            reply: Some(Reply::Error(err.into())),
+                        },
+                    )
+                    .await;
                 }
             }
         }
     }
 
     fn check_spec(spec: &Option<pb::ProcSpec>) -> Result<pb::ProcSpec> {
-        let spec = spec.clone().ok_or_else(|| Error::Invalid("run without a command".into()))?;
+        let spec = spec
+            .clone()
+            .ok_or_else(|| Error::Invalid("run without a command".into()))?;
         if spec.argv.is_empty() || spec.argv[0].is_empty() {
             return Err(Error::Invalid("run without a command".into()));
         }
@@ -99,20 +137,31 @@ impl Node {
 
     async fn job_for(&self, job: u64) -> Result<u64> {
         if job != 0 {
-            clan_core::JobId::from_raw(job).ok_or_else(|| Error::NotFound(format!("invalid job id {job}")))?;
+            clan_core::JobId::from_raw(job)
+                .ok_or_else(|| Error::NotFound(format!("invalid job id {job}")))?;
             Ok(job)
         } else {
             Ok(self.new_job()?.raw())
         }
     }
 
-    async fn run_detached(self: &Arc<Self>, r: pb::RunRequest, creds: &pb::Creds) -> Result<pb::Started> {
+    async fn run_detached(
+        self: &Arc<Self>,
+        r: pb::RunRequest,
+        creds: &pb::Creds,
+    ) -> Result<pb::Started> {
         let spec = Self::check_spec(&r.spec)?;
         let job = self.job_for(r.job).await?;
         let policy = pb::Policy::try_from(r.policy).unwrap_or_default();
-        let targets = self.place(r.node, policy, r.count, &spec, creds.uid).await?;
+        let targets = self
+            .place(r.node, policy, r.count, &spec, creds.uid)
+            .await?;
         let size = if r.count > 1 { targets.len() as u32 } else { 0 };
-        let mut started = pb::Started { gpids: vec![], job, nodes: vec![] };
+        let mut started = pb::Started {
+            gpids: vec![],
+            job,
+            nodes: vec![],
+        };
         for (rank, &t) in targets.iter().enumerate() {
             let res = if t == self.id {
                 self.spawn_local(crate::process::vproc::SpawnLocal {
@@ -135,9 +184,12 @@ impl Node {
                     parent_node: self.id.get(),
                 });
                 match self.call(t, creds.clone(), op).await {
-                    Ok(pb::peer_reply::Reply::Started(s)) => {
-                        s.gpids.first().copied().and_then(Gpid::from_raw).ok_or_else(|| Error::Internal("no gpid".into()))
-                    }
+                    Ok(pb::peer_reply::Reply::Started(s)) => s
+                        .gpids
+                        .first()
+                        .copied()
+                        .and_then(Gpid::from_raw)
+                        .ok_or_else(|| Error::Internal("no gpid".into())),
                     Ok(other) => Err(Error::Internal(format!("unexpected reply {other:?}"))),
                     Err(e) => Err(e),
                 }
@@ -163,13 +215,25 @@ impl Node {
         Ok(started)
     }
 
-    async fn run_attached(self: Arc<Self>, id: u64, r: pb::RunRequest, creds: pb::Creds, mut rd: OwnedReadHalf, mut wr: OwnedWriteHalf) {
-        let fail = |e: Error| pb::LocalReply { id, reply: Some(Reply::Error(e.into())) };
+    async fn run_attached(
+        self: Arc<Self>,
+        id: u64,
+        r: pb::RunRequest,
+        creds: pb::Creds,
+        mut rd: OwnedReadHalf,
+        mut wr: OwnedWriteHalf,
+    ) {
+        let fail = |e: Error| pb::LocalReply {
+            id,
+            reply: Some(Reply::Error(e.into())),
+        };
         let prep = async {
             let spec = Self::check_spec(&r.spec)?;
             let job = self.job_for(r.job).await?;
             let policy = pb::Policy::try_from(r.policy).unwrap_or_default();
-            let targets = self.place(r.node, policy, r.count, &spec, creds.uid).await?;
+            let targets = self
+                .place(r.node, policy, r.count, &spec, creds.uid)
+                .await?;
             Ok::<_, Error>((spec, job, targets))
         };
         let (spec, job, targets) = match prep.await {
@@ -182,9 +246,20 @@ impl Node {
         let size = if r.count > 1 { targets.len() as u32 } else { 0 };
         let (out_tx, out_rx) = mpsc::channel(64);
         let mut endpoints = HashMap::new();
-        let mut started = pb::Started { gpids: vec![], job, nodes: vec![] };
+        let mut started = pb::Started {
+            gpids: vec![],
+            job,
+            nodes: vec![],
+        };
         for (rank, &t) in targets.iter().enumerate() {
-            let s = Start { target: t, spec: spec.clone(), creds: creds.clone(), job, rank: rank as u32, size };
+            let s = Start {
+                target: t,
+                spec: spec.clone(),
+                creds: creds.clone(),
+                job,
+                rank: rank as u32,
+                size,
+            };
             match self.start_attached(s, out_tx.clone()).await {
                 Ok((g, ep)) => {
                     started.gpids.push(g.raw());
@@ -202,7 +277,16 @@ impl Node {
             }
         }
         drop(out_tx);
-        if write_frame(&mut wr, &pb::LocalReply { id, reply: Some(Reply::Started(started)) }).await.is_err() {
+        if write_frame(
+            &mut wr,
+            &pb::LocalReply {
+                id,
+                reply: Some(Reply::Started(started)),
+            },
+        )
+        .await
+        .is_err()
+        {
             for (_, ep) in endpoints.drain() {
                 ep.orphan();
             }
@@ -221,7 +305,16 @@ impl Node {
         });
         let writer = tokio::spawn(async move {
             while let Some(o) = to_stub_rx.recv().await {
-                if write_frame(&mut wr, &pb::LocalReply { id, reply: Some(Reply::Output(o)) }).await.is_err() {
+                if write_frame(
+                    &mut wr,
+                    &pb::LocalReply {
+                        id,
+                        reply: Some(Reply::Output(o)),
+                    },
+                )
+                .await
+                .is_err()
+                {
                     break;
                 }
             }
@@ -233,7 +326,9 @@ impl Node {
     }
 
     async fn handle_local(self: &Arc<Self>, op: Op, creds: &pb::Creds) -> Result<Reply> {
-        let gpid = |raw: u64| Gpid::from_raw(raw).ok_or_else(|| Error::NotFound(format!("no such process {raw}")));
+        let gpid = |raw: u64| {
+            Gpid::from_raw(raw).ok_or_else(|| Error::NotFound(format!("no such process {raw}")))
+        };
         match op {
             Op::Run(r) => Ok(Reply::Started(self.run_detached(r, creds).await?)),
             Op::Kill(k) => {
@@ -243,7 +338,10 @@ impl Node {
                         Ok(g) => self.signal(g, k.signal, creds).await,
                         Err(e) => Err(e),
                     };
-                    results.push(pb::KillResult { gpid: raw, error: res.err().map(Into::into) });
+                    results.push(pb::KillResult {
+                        gpid: raw,
+                        error: res.err().map(Into::into),
+                    });
                 }
                 Ok(Reply::Kill(pb::KillReply { results }))
             }
@@ -256,21 +354,37 @@ impl Node {
                             Ok(g) => node.wait(g, &creds).await,
                             Err(e) => Err(e),
                         };
-                        (i, pb::WaitResult { gpid: raw, status: res.as_ref().ok().map(|s| (*s).into()), error: res.err().map(Into::into) })
+                        (
+                            i,
+                            pb::WaitResult {
+                                gpid: raw,
+                                status: res.as_ref().ok().map(|s| (*s).into()),
+                                error: res.err().map(Into::into),
+                            },
+                        )
                     });
                 }
                 let mut results: Vec<_> = set.join_all().await;
                 results.sort_by_key(|(i, _)| *i);
-                Ok(Reply::Wait(pb::WaitReply { results: results.into_iter().map(|(_, r)| r).collect() }))
+                Ok(Reply::Wait(pb::WaitReply {
+                    results: results.into_iter().map(|(_, r)| r).collect(),
+                }))
             }
             Op::Ps(p) => Ok(Reply::Ps(self.ps_cluster(p).await?)),
-            Op::Nodes(_) => Ok(Reply::Nodes(pb::NodesReply { nodes: self.nodes() })),
+            Op::Nodes(_) => Ok(Reply::Nodes(pb::NodesReply {
+                nodes: self.nodes(),
+            })),
             Op::Logs(l) => {
                 let g = gpid(l.gpid)?;
                 if g.node() == self.id {
-                    Ok(Reply::Log(self.logs_local(g, l.offset, l.follow, creds).await?))
+                    Ok(Reply::Log(
+                        self.logs_local(g, l.offset, l.follow, creds).await?,
+                    ))
                 } else {
-                    match self.call(g.node(), creds.clone(), pb::peer_request::Op::Logs(l)).await? {
+                    match self
+                        .call(g.node(), creds.clone(), pb::peer_request::Op::Logs(l))
+                        .await?
+                    {
                         pb::peer_reply::Reply::Log(c) => Ok(Reply::Log(c)),
                         other => Err(Error::Internal(format!("unexpected reply {other:?}"))),
                     }
@@ -285,7 +399,9 @@ impl Node {
                 self.shutdown.send_replace(Some(s.kill_processes));
                 Ok(Reply::Ok(pb::Ok {}))
             }
-            Op::Input(_) | Op::Reattach(_) => Err(Error::Invalid("no session on this connection".into())),
+            Op::Input(_) | Op::Reattach(_) => {
+                Err(Error::Invalid("no session on this connection".into()))
+            }
         }
     }
 
@@ -296,18 +412,34 @@ impl Node {
             Some(Action::Show(_)) | None => {}
             Some(action) => {
                 if creds.uid != 0 {
-                    return Err(Error::Permission("only root may register a load manager".into()));
+                    return Err(Error::Permission(
+                        "only root may register a load manager".into(),
+                    ));
                 }
                 match action {
-                    Action::Register(r) if !r.command.is_empty() => pl.set_manager(Some(LoadManager::Command(r.command)))?,
-                    Action::Register(r) if !r.socket.is_empty() => pl.set_manager(Some(LoadManager::Socket(r.socket.into())))?,
-                    Action::Register(_) => return Err(Error::Invalid("a load manager needs a command or a socket".into())),
+                    Action::Register(r) if !r.command.is_empty() => {
+                        pl.set_manager(Some(LoadManager::Command(r.command)))?
+                    }
+                    Action::Register(r) if !r.socket.is_empty() => {
+                        pl.set_manager(Some(LoadManager::Socket(r.socket.into())))?
+                    }
+                    Action::Register(_) => {
+                        return Err(Error::Invalid(
+                            "a load manager needs a command or a socket".into(),
+                        ))
+                    }
                     Action::Unregister(_) => pl.set_manager(None)?,
                     Action::Show(_) => {}
                 }
             }
         }
-        Ok(Reply::Loadmgr(pb::LoadMgrReply { description: pl.manager.as_ref().map(|m| m.describe()).unwrap_or_default() }))
+        Ok(Reply::Loadmgr(pb::LoadMgrReply {
+            description: pl
+                .manager
+                .as_ref()
+                .map(|m| m.describe())
+                .unwrap_or_default(),
+        }))
     }
 
     fn target_nodes(&self, asked: &[u32]) -> Result<Vec<NodeId>> {
@@ -317,8 +449,11 @@ impl Node {
         asked
             .iter()
             .map(|&n| {
-                let id = NodeId::new(n).ok_or_else(|| Error::NotFound(format!("node {n} is not in the cluster")))?;
-                self.cfg.node(id).map_err(|_| Error::NotFound(format!("node {n} is not in the cluster")))?;
+                let id = NodeId::new(n)
+                    .ok_or_else(|| Error::NotFound(format!("node {n} is not in the cluster")))?;
+                self.cfg
+                    .node(id)
+                    .map_err(|_| Error::NotFound(format!("node {n} is not in the cluster")))?;
                 Ok(id)
             })
             .collect()
@@ -332,15 +467,34 @@ impl Node {
             let (node, filter) = (self.clone(), filter.clone());
             set.spawn(async move {
                 if n == node.id {
-                    return pb::NodePs { node: n.get(), procs: node.ps_local(filter).await, error: String::new() };
+                    return pb::NodePs {
+                        node: n.get(),
+                        procs: node.ps_local(filter).await,
+                        error: String::new(),
+                    };
                 }
-                let op = pb::peer_request::Op::Ps(pb::PsRequest { filter: Some(filter), nodes: vec![] });
+                let op = pb::peer_request::Op::Ps(pb::PsRequest {
+                    filter: Some(filter),
+                    nodes: vec![],
+                });
                 let limit = Duration::from_millis(node.cfg.dead_after_ms);
                 match tokio::time::timeout(limit, node.call(n, node.own_creds(), op)).await {
                     Ok(Ok(pb::peer_reply::Reply::Ps(ps))) => ps,
-                    Ok(Ok(_)) => pb::NodePs { node: n.get(), procs: vec![], error: "unexpected reply".into() },
-                    Ok(Err(e)) => pb::NodePs { node: n.get(), procs: vec![], error: e.to_string() },
-                    Err(_) => pb::NodePs { node: n.get(), procs: vec![], error: format!("node {n} did not answer") },
+                    Ok(Ok(_)) => pb::NodePs {
+                        node: n.get(),
+                        procs: vec![],
+                        error: "unexpected reply".into(),
+                    },
+                    Ok(Err(e)) => pb::NodePs {
+                        node: n.get(),
+                        procs: vec![],
+                        error: e.to_string(),
+                    },
+                    Err(_) => pb::NodePs {
+                        node: n.get(),
+                        procs: vec![],
+                        error: format!("node {n} did not answer"),
+                    },
                 }
             });
         }
@@ -361,8 +515,16 @@ impl Node {
                 let op = pb::peer_request::Op::Stats(pb::StatsRequest { nodes: vec![] });
                 match node.call(n, node.own_creds(), op).await {
                     Ok(pb::peer_reply::Reply::Stats(s)) => s,
-                    Ok(_) => pb::NodeLockStats { node: n.get(), locks: vec![], error: "unexpected reply".into() },
-                    Err(e) => pb::NodeLockStats { node: n.get(), locks: vec![], error: e.to_string() },
+                    Ok(_) => pb::NodeLockStats {
+                        node: n.get(),
+                        locks: vec![],
+                        error: "unexpected reply".into(),
+                    },
+                    Err(e) => pb::NodeLockStats {
+                        node: n.get(),
+                        locks: vec![],
+                        error: e.to_string(),
+                    },
                 }
             });
         }
@@ -373,20 +535,37 @@ impl Node {
 
     /// Output of a detached process from its log file, from `offset`. With `follow`, waits
     /// a little for more when there is none yet and the process still runs.
-    pub async fn logs_local(&self, gpid: Gpid, offset: u64, follow: bool, creds: &pb::Creds) -> Result<pb::LogChunk> {
+    pub async fn logs_local(
+        &self,
+        gpid: Gpid,
+        offset: u64,
+        follow: bool,
+        creds: &pb::Creds,
+    ) -> Result<pb::LogChunk> {
         use std::os::unix::fs::MetadataExt;
         let path = self.state_dir.join("logs").join(format!("{gpid}.log"));
-        let meta = std::fs::metadata(&path).map_err(|_| Error::NotFound(format!("no log for process {gpid} (only processes started with -d have one)")))?;
+        let meta = std::fs::metadata(&path).map_err(|_| {
+            Error::NotFound(format!(
+                "no log for process {gpid} (only processes started with -d have one)"
+            ))
+        })?;
         if creds.uid != 0 && creds.uid != meta.uid() {
-            return Err(Error::Permission(format!("permission denied to read the log of {gpid}")));
+            return Err(Error::Permission(format!(
+                "permission denied to read the log of {gpid}"
+            )));
         }
         const LIMIT: u64 = 1 << 20;
         let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
         loop {
-            let running = self.vprocs.read().get(&gpid).is_some_and(|vp| vp.exited().is_none());
+            let running = self
+                .vprocs
+                .read()
+                .get(&gpid)
+                .is_some_and(|vp| vp.exited().is_none());
             let len = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
             if len > offset || !running || !follow || tokio::time::Instant::now() > deadline {
-                let data = read_range(&path, offset, LIMIT).map_err(|e| Error::internal("read log", e))?;
+                let data =
+                    read_range(&path, offset, LIMIT).map_err(|e| Error::internal("read log", e))?;
                 let end = !running && offset + data.len() as u64 >= len;
                 return Ok(pb::LogChunk { data, end });
             }

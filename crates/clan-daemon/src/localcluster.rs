@@ -50,15 +50,25 @@ fn cluster_name(dir: &Path) -> String {
     }
     let base: String = dir
         .file_name()
-        .map(|f| f.to_string_lossy().chars().filter(|c| c.is_ascii_alphanumeric()).take(16).collect())
+        .map(|f| {
+            f.to_string_lossy()
+                .chars()
+                .filter(|c| c.is_ascii_alphanumeric())
+                .take(16)
+                .collect()
+        })
         .unwrap_or_default();
     format!("{base}-{h:08x}")
 }
 
 /// Whether a cluster is running in `dir`.
 pub fn running(dir: &Path) -> bool {
-    let Ok(cfg) = ClusterConfig::load(&dir.join("cluster.toml")) else { return false };
-    let any = cfg.node_ids().any(|n| pid_of(&cfg.state_dir(n).join("cland.pid")).is_some_and(alive));
+    let Ok(cfg) = ClusterConfig::load(&dir.join("cluster.toml")) else {
+        return false;
+    };
+    let any = cfg
+        .node_ids()
+        .any(|n| pid_of(&cfg.state_dir(n).join("cland.pid")).is_some_and(alive));
     any
 }
 
@@ -68,14 +78,18 @@ pub fn up(o: &UpOptions) -> anyhow::Result<ClusterConfig> {
         bail!("a local cluster has 1..={} nodes", clan_core::MAX_NODE);
     }
     if running(&o.dir) {
-        bail!("a cluster is already running in {} (stop it with `clan down`)", o.dir.display());
+        bail!(
+            "a cluster is already running in {} (stop it with `clan down`)",
+            o.dir.display()
+        );
     }
     if u32::from(o.base_port) + o.nodes > 65535 {
         bail!("ports {}+{} do not fit", o.base_port, o.nodes);
     }
     for i in 1..=o.nodes {
         let port = o.base_port + i as u16;
-        std::net::TcpListener::bind(("127.0.0.1", port)).with_context(|| format!("port {port} is in use (choose another --base-port)"))?;
+        std::net::TcpListener::bind(("127.0.0.1", port))
+            .with_context(|| format!("port {port} is in use (choose another --base-port)"))?;
     }
     let cland = o.bin_dir.join("cland");
     if !cland.exists() {
@@ -96,7 +110,10 @@ pub fn up(o: &UpOptions) -> anyhow::Result<ClusterConfig> {
         o.dead_after_ms
     );
     for i in 1..=o.nodes {
-        toml.push_str(&format!("\n[[node]]\nid = {i}\naddr = \"127.0.0.1:{}\"\n", o.base_port + i as u16));
+        toml.push_str(&format!(
+            "\n[[node]]\nid = {i}\naddr = \"127.0.0.1:{}\"\n",
+            o.base_port + i as u16
+        ));
     }
     let cfg_path = o.dir.join("cluster.toml");
     std::fs::write(&cfg_path, toml)?;
@@ -104,10 +121,18 @@ pub fn up(o: &UpOptions) -> anyhow::Result<ClusterConfig> {
     for n in cfg.node_ids() {
         let state = cfg.state_dir(n);
         std::fs::create_dir_all(&state)?;
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(state.join("cland.log"))?;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(state.join("cland.log"))?;
         let mut cmd = std::process::Command::new(&cland);
-        cmd.arg("--config").arg(&cfg_path).arg("--node").arg(n.to_string());
-        cmd.stdin(std::process::Stdio::null()).stdout(log.try_clone()?).stderr(log);
+        cmd.arg("--config")
+            .arg(&cfg_path)
+            .arg("--node")
+            .arg(n.to_string());
+        cmd.stdin(std::process::Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log);
         // SAFETY: setsid in the child before exec only detaches it from our terminal.
         unsafe {
             cmd.pre_exec(|| {
@@ -115,16 +140,27 @@ pub fn up(o: &UpOptions) -> anyhow::Result<ClusterConfig> {
                 Ok(())
             });
         }
-        cmd.spawn().with_context(|| format!("start cland for node {n}"))?;
+        cmd.spawn()
+            .with_context(|| format!("start cland for node {n}"))?;
     }
     Ok(cfg)
 }
 
 /// Sends a request to a node's local socket and reads the reply (blocking).
-pub fn request(sock: &Path, op: pb::local_request::Op, timeout: Duration) -> anyhow::Result<pb::LocalReply> {
+pub fn request(
+    sock: &Path,
+    op: pb::local_request::Op,
+    timeout: Duration,
+) -> anyhow::Result<pb::LocalReply> {
     let mut s = std::os::unix::net::UnixStream::connect(sock)?;
     s.set_read_timeout(Some(timeout))?;
-    clan_proto::write_frame_sync(&mut s, &pb::LocalRequest { id: 1, op: Some(op) })?;
+    clan_proto::write_frame_sync(
+        &mut s,
+        &pb::LocalRequest {
+            id: 1,
+            op: Some(op),
+        },
+    )?;
     clan_proto::read_frame_sync::<pb::LocalReply, _>(&mut s)?.context("no reply")
 }
 
@@ -138,7 +174,8 @@ pub struct DownReport {
 /// Stops every node of the cluster in `dir` and removes all it left.
 pub fn down(dir: &Path) -> anyhow::Result<DownReport> {
     let cfg_path = dir.join("cluster.toml");
-    let cfg = ClusterConfig::load(&cfg_path).with_context(|| format!("no local cluster in {}", dir.display()))?;
+    let cfg = ClusterConfig::load(&cfg_path)
+        .with_context(|| format!("no local cluster in {}", dir.display()))?;
     if !cfg.local {
         bail!("{} is not a local cluster", cfg_path.display());
     }
@@ -149,7 +186,9 @@ pub fn down(dir: &Path) -> anyhow::Result<DownReport> {
         if let Some(pid) = pid {
             let asked = request(
                 &crate::socket_path(&state),
-                pb::local_request::Op::Shutdown(pb::ShutdownRequest { kill_processes: true }),
+                pb::local_request::Op::Shutdown(pb::ShutdownRequest {
+                    kill_processes: true,
+                }),
                 Duration::from_secs(5),
             )
             .is_ok();
@@ -158,7 +197,10 @@ pub fn down(dir: &Path) -> anyhow::Result<DownReport> {
                 std::thread::sleep(Duration::from_millis(10));
             }
             if alive(pid) {
-                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
                 report.killed.push(n.get());
             } else {
                 report.stopped.push(n.get());
@@ -166,12 +208,16 @@ pub fn down(dir: &Path) -> anyhow::Result<DownReport> {
         }
         // A node whose cland died leaves its namespace init: kill it (and with it the node).
         if let Some(init) = pid_of(&state.join("init.pid")).filter(|&p| alive(p)) {
-            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(init), nix::sys::signal::Signal::SIGKILL);
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(init),
+                nix::sys::signal::Signal::SIGKILL,
+            );
         }
     }
     if let Some(mount) = cgroup::cgroup2_mount() {
         let cg = cluster_cgroup(&mount, &cfg.name);
-        cgroup::kill_and_remove(&cg, Duration::from_secs(15)).with_context(|| format!("remove {}", cg.display()))?;
+        cgroup::kill_and_remove(&cg, Duration::from_secs(15))
+            .with_context(|| format!("remove {}", cg.display()))?;
     }
     std::fs::remove_dir_all(dir).with_context(|| format!("remove {}", dir.display()))?;
     Ok(report)

@@ -64,9 +64,17 @@ impl Node {
             .nodes
             .iter()
             .filter(|n| n.id != id.get())
-            .filter_map(|n| Some((NodeId::new(n.id)?, Arc::new(Peer::new(NodeId::new(n.id)?, n.addr)))))
+            .filter_map(|n| {
+                Some((
+                    NodeId::new(n.id)?,
+                    Arc::new(Peer::new(NodeId::new(n.id)?, n.addr)),
+                ))
+            })
             .collect();
-        let job_seq = std::fs::read_to_string(state_dir.join("job.seq")).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0);
+        let job_seq = std::fs::read_to_string(state_dir.join("job.seq"))
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0);
         Node {
             id,
             cfg,
@@ -99,11 +107,19 @@ impl Node {
 
     /// Credentials for requests the daemon makes on its own behalf.
     pub fn own_creds(&self) -> pb::Creds {
-        pb::Creds { uid: 0, gid: 0, groups: vec![], pid: std::process::id(), node: self.id.get() }
+        pb::Creds {
+            uid: 0,
+            gid: 0,
+            groups: vec![],
+            pid: std::process::id(),
+            node: self.id.get(),
+        }
     }
 
     pub fn peer(&self, id: NodeId) -> Result<&Arc<Peer>> {
-        self.peers.get(&id).ok_or_else(|| Error::NotFound(format!("node {id} is not in the cluster")))
+        self.peers
+            .get(&id)
+            .ok_or_else(|| Error::NotFound(format!("node {id} is not in the cluster")))
     }
 
     /// Whether `id` names this node or a live peer.
@@ -117,7 +133,11 @@ impl Node {
     /// This node's entry for `clan nodes` and heartbeats.
     pub fn self_info(&self) -> pb::NodeInfo {
         let l = self.load.lock().clone();
-        let addr = self.cfg.node(self.id).map(|n| n.addr.to_string()).unwrap_or_default();
+        let addr = self
+            .cfg
+            .node(self.id)
+            .map(|n| n.addr.to_string())
+            .unwrap_or_default();
         pb::NodeInfo {
             id: self.id.get(),
             state: "up".into(),
@@ -167,7 +187,11 @@ impl Node {
             self.view.sample()
         } else {
             let la = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-            let run = la.split_whitespace().nth(3).and_then(|f| f.split('/').next()?.parse().ok()).unwrap_or(0);
+            let run = la
+                .split_whitespace()
+                .nth(3)
+                .and_then(|f| f.split('/').next()?.parse().ok())
+                .unwrap_or(0);
             (run, self.view.pids().len() as u32, 0)
         };
         let (total_kb, avail_kb) = meminfo();
@@ -177,7 +201,11 @@ impl Node {
         l.load = l.load * (1.0 - alpha) + now * alpha;
         l.procs = total;
         l.mem_total_kb = total_kb;
-        l.mem_used_kb = if self.view.ns_init != 0 { rss } else { total_kb.saturating_sub(avail_kb) };
+        l.mem_used_kb = if self.view.ns_init != 0 {
+            rss
+        } else {
+            total_kb.saturating_sub(avail_kb)
+        };
     }
 }
 

@@ -102,7 +102,12 @@ fn state_of(st: &PeerState, cfg: &ClusterConfig, started: Instant) -> &'static s
 
 impl Node {
     pub fn identity(&self, kind: pb::ConnKind) -> Identity {
-        Identity { node: self.id.get(), incarnation: self.incarnation, cluster: self.cfg.name.clone(), kind }
+        Identity {
+            node: self.id.get(),
+            incarnation: self.incarnation,
+            cluster: self.cfg.name.clone(),
+            kind,
+        }
     }
 
     /// Sends a request to a peer and waits for its reply.
@@ -114,7 +119,13 @@ impl Node {
         let id = p.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         p.pending.lock().insert(id, tx);
-        let frame = pb::PeerFrame { frame: Some(Frame::Request(pb::PeerRequest { id, creds: Some(creds), op: Some(op) })) };
+        let frame = pb::PeerFrame {
+            frame: Some(Frame::Request(pb::PeerRequest {
+                id,
+                creds: Some(creds),
+                op: Some(op),
+            })),
+        };
         if !p.send(frame) {
             p.pending.lock().remove(&id);
             return Err(Error::NodeDown(format!("node {to} is unreachable")));
@@ -129,7 +140,9 @@ impl Node {
     /// Starts the links: the listener, one dialer per peer, heartbeats and the failure detector.
     pub async fn start_peers(self: &Arc<Self>) -> anyhow::Result<()> {
         let me = self.cfg.node(self.id)?.addr;
-        let listener = TcpListener::bind(me).await.map_err(|e| anyhow::anyhow!("cannot listen on {me}: {e}"))?;
+        let listener = TcpListener::bind(me)
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot listen on {me}: {e}"))?;
         let node = self.clone();
         tokio::spawn(async move {
             loop {
@@ -154,15 +167,21 @@ impl Node {
             let mut tick = tokio::time::interval(Duration::from_millis(node.cfg.heartbeat_ms));
             loop {
                 tick.tick().await;
-                let hb = pb::Heartbeat { info: Some(node.self_info()), dead: vec![] };
+                let hb = pb::Heartbeat {
+                    info: Some(node.self_info()),
+                    dead: vec![],
+                };
                 for p in node.peers.values() {
-                    p.send(pb::PeerFrame { frame: Some(Frame::Heartbeat(hb.clone())) });
+                    p.send(pb::PeerFrame {
+                        frame: Some(Frame::Heartbeat(hb.clone())),
+                    });
                 }
             }
         });
         let node = self.clone();
         tokio::spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_millis((node.cfg.heartbeat_ms / 4).max(20)));
+            let mut tick =
+                tokio::time::interval(Duration::from_millis((node.cfg.heartbeat_ms / 4).max(20)));
             loop {
                 tick.tick().await;
                 node.detect_failures();
@@ -196,7 +215,11 @@ impl Node {
             let mut st = p.state.lock();
             let was_dead = st.declared_dead || st.goodbye;
             if let Some(i) = info {
-                if st.info.as_ref().is_some_and(|old| old.incarnation != i.incarnation) {
+                if st
+                    .info
+                    .as_ref()
+                    .is_some_and(|old| old.incarnation != i.incarnation)
+                {
                     info!(node = %from, "node restarted");
                 }
                 st.info = Some(i);
@@ -226,10 +249,15 @@ impl Node {
     }
 
     async fn dial(&self, p: &Arc<Peer>) -> anyhow::Result<()> {
-        let s = tokio::time::timeout(Duration::from_millis(self.cfg.dead_after_ms), TcpStream::connect(p.addr)).await??;
+        let s = tokio::time::timeout(
+            Duration::from_millis(self.cfg.dead_after_ms),
+            TcpStream::connect(p.addr),
+        )
+        .await??;
         s.set_nodelay(true)?;
         let (r, w) = s.into_split();
-        let (hello, mut rd, mut wr) = auth::connect(r, w, &self.cfg.key, &self.identity(pb::ConnKind::Control)).await?;
+        let (hello, mut rd, mut wr) =
+            auth::connect(r, w, &self.cfg.key, &self.identity(pb::ConnKind::Control)).await?;
         if hello.node != p.id.get() {
             anyhow::bail!("{} answered as node {}", p.addr, hello.node);
         }
@@ -245,7 +273,9 @@ impl Node {
         });
         let res = loop {
             match rd.read().await {
-                Ok(Some(pb::PeerFrame { frame: Some(Frame::Reply(r)) })) => {
+                Ok(Some(pb::PeerFrame {
+                    frame: Some(Frame::Reply(r)),
+                })) => {
                     let tx = p.pending.lock().remove(&r.id);
                     if let (Some(tx), Some(reply)) = (tx, r.reply) {
                         let _ = tx.send(Ok(reply));
@@ -263,13 +293,14 @@ impl Node {
     async fn serve_inbound(self: Arc<Self>, s: TcpStream, from: SocketAddr) {
         let _ = s.set_nodelay(true);
         let (r, w) = s.into_split();
-        let (hello, mut rd, mut wr) = match auth::accept(r, w, &self.cfg.key, &self.identity(pb::ConnKind::Control)).await {
-            Ok(x) => x,
-            Err(e) => {
-                warn!(peer = %from, "refused: {e}");
-                return;
-            }
-        };
+        let (hello, mut rd, mut wr) =
+            match auth::accept(r, w, &self.cfg.key, &self.identity(pb::ConnKind::Control)).await {
+                Ok(x) => x,
+                Err(e) => {
+                    warn!(peer = %from, "refused: {e}");
+                    return;
+                }
+            };
         let Some(peer) = NodeId::new(hello.node).filter(|n| self.peers.contains_key(n)) else {
             warn!(peer = %from, node = hello.node, "refused: not a node of this cluster");
             return;
@@ -300,7 +331,12 @@ impl Node {
                                 Ok(r) => r,
                                 Err(e) => Reply::Error(e.into()),
                             };
-                            let _ = tx.send(pb::PeerFrame { frame: Some(Frame::Reply(pb::PeerReply { id, reply: Some(reply) })) });
+                            let _ = tx.send(pb::PeerFrame {
+                                frame: Some(Frame::Reply(pb::PeerReply {
+                                    id,
+                                    reply: Some(reply),
+                                })),
+                            });
                         });
                     }
                     Frame::Goodbye(_) => {
@@ -325,20 +361,29 @@ impl Node {
     /// Tells every peer this node is going away (they declare it dead at once).
     pub fn say_goodbye(&self) {
         for p in self.peers.values() {
-            p.send(pb::PeerFrame { frame: Some(Frame::Goodbye(true)) });
+            p.send(pb::PeerFrame {
+                frame: Some(Frame::Goodbye(true)),
+            });
         }
     }
 
     /// Serves one request from a peer.
     async fn handle_peer(self: &Arc<Self>, from: NodeId, req: pb::PeerRequest) -> Result<Reply> {
         let creds = req.creds.unwrap_or_default();
-        let op = req.op.ok_or_else(|| Error::Invalid("empty request".into()))?;
-        let gpid = |raw: u64| clan_core::Gpid::from_raw(raw).ok_or_else(|| Error::Invalid(format!("invalid gpid {raw}")));
+        let op = req
+            .op
+            .ok_or_else(|| Error::Invalid("empty request".into()))?;
+        let gpid = |raw: u64| {
+            clan_core::Gpid::from_raw(raw)
+                .ok_or_else(|| Error::Invalid(format!("invalid gpid {raw}")))
+        };
         match op {
             Op::Spawn(s) => {
                 let spec = s.spec.unwrap_or_default();
                 if !spec.detached {
-                    return Err(Error::Invalid("attached processes start on a session connection".into()));
+                    return Err(Error::Invalid(
+                        "attached processes start on a session connection".into(),
+                    ));
                 }
                 let vp = self
                     .spawn_local(crate::process::vproc::SpawnLocal {
@@ -350,7 +395,11 @@ impl Node {
                         parent_node: NodeId::new(s.parent_node).unwrap_or(from),
                     })
                     .await?;
-                Ok(Reply::Started(pb::Started { gpids: vec![vp.gpid.raw()], job: s.job, nodes: vec![self.id.get()] }))
+                Ok(Reply::Started(pb::Started {
+                    gpids: vec![vp.gpid.raw()],
+                    job: s.job,
+                    nodes: vec![self.id.get()],
+                }))
             }
             Op::Signal(s) => {
                 self.signal_local(gpid(s.gpid)?, s.signal, &creds)?;
@@ -358,12 +407,26 @@ impl Node {
             }
             Op::Ps(p) => {
                 let procs = self.ps_local(p.filter.unwrap_or_default()).await;
-                Ok(Reply::Ps(pb::NodePs { node: self.id.get(), procs, error: String::new() }))
+                Ok(Reply::Ps(pb::NodePs {
+                    node: self.id.get(),
+                    procs,
+                    error: String::new(),
+                }))
             }
             Op::Wait(w) => {
-                let g = gpid(*w.gpids.first().ok_or_else(|| Error::Invalid("wait for nothing".into()))?)?;
+                let g = gpid(
+                    *w.gpids
+                        .first()
+                        .ok_or_else(|| Error::Invalid("wait for nothing".into()))?,
+                )?;
                 let ws = self.wait_home(g, &creds).await?;
-                Ok(Reply::Wait(pb::WaitReply { results: vec![pb::WaitResult { gpid: g.raw(), status: Some(ws.into()), error: None }] }))
+                Ok(Reply::Wait(pb::WaitReply {
+                    results: vec![pb::WaitResult {
+                        gpid: g.raw(),
+                        status: Some(ws.into()),
+                        error: None,
+                    }],
+                }))
             }
             Op::Release(r) => {
                 self.release_local(gpid(r.gpid)?);
@@ -373,9 +436,14 @@ impl Node {
                 self.child_status(gpid(st.gpid)?, st.uid, st.status.unwrap_or_default().into());
                 Ok(Reply::Ok(pb::Ok {}))
             }
-            Op::Logs(l) => Ok(Reply::Log(self.logs_local(gpid(l.gpid)?, l.offset, l.follow, &creds).await?)),
+            Op::Logs(l) => Ok(Reply::Log(
+                self.logs_local(gpid(l.gpid)?, l.offset, l.follow, &creds)
+                    .await?,
+            )),
             Op::Stats(_) => Ok(Reply::Stats(self.lock_stats())),
-            Op::Reattach(_) => Err(Error::Invalid("reattach is not supported on a control connection".into())),
+            Op::Reattach(_) => Err(Error::Invalid(
+                "reattach is not supported on a control connection".into(),
+            )),
         }
     }
 

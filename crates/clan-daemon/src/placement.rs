@@ -58,8 +58,14 @@ struct NodeLoad {
 impl Placement {
     /// Loads a persisted load-manager registration from `file`.
     pub fn load(file: PathBuf) -> Placement {
-        let manager = std::fs::read(&file).ok().and_then(|b| serde_json::from_slice(&b).ok());
-        Placement { last: 0, manager, file }
+        let manager = std::fs::read(&file)
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok());
+        Placement {
+            last: 0,
+            manager,
+            file,
+        }
     }
 
     pub fn set_manager(&mut self, m: Option<LoadManager>) -> Result<()> {
@@ -77,21 +83,38 @@ impl Placement {
 
 impl Node {
     /// Chooses `count` distinct live nodes for a new job's processes.
-    pub async fn place(&self, explicit: u32, policy: pb::Policy, count: u32, spec: &pb::ProcSpec, uid: u32) -> Result<Vec<NodeId>> {
+    pub async fn place(
+        &self,
+        explicit: u32,
+        policy: pb::Policy,
+        count: u32,
+        spec: &pb::ProcSpec,
+        uid: u32,
+    ) -> Result<Vec<NodeId>> {
         let count = count.max(1) as usize;
         if explicit != 0 {
-            let n = NodeId::new(explicit).ok_or_else(|| Error::NotFound(format!("node {explicit} is not in the cluster")))?;
+            let n = NodeId::new(explicit)
+                .ok_or_else(|| Error::NotFound(format!("node {explicit} is not in the cluster")))?;
             if !self.node_alive(n)? {
                 return Err(Error::NodeDead(n));
             }
             if count > 1 {
-                return Err(Error::Invalid("--node places one process; use -N without --node for several".into()));
+                return Err(Error::Invalid(
+                    "--node places one process; use -N without --node for several".into(),
+                ));
             }
             return Ok(vec![n]);
         }
-        let infos: Vec<pb::NodeInfo> = self.nodes().into_iter().filter(|n| n.state != "dead").collect();
+        let infos: Vec<pb::NodeInfo> = self
+            .nodes()
+            .into_iter()
+            .filter(|n| n.state != "dead")
+            .collect();
         if count > infos.len() {
-            return Err(Error::Invalid(format!("{count} copies asked for, but only {} node(s) are up", infos.len())));
+            return Err(Error::Invalid(format!(
+                "{count} copies asked for, but only {} node(s) are up",
+                infos.len()
+            )));
         }
         let manager = self.placement.lock().manager.clone();
         let policy = match policy {
@@ -100,14 +123,20 @@ impl Node {
             p => p,
         };
         let chosen = match (policy, manager) {
-            (pb::Policy::LoadManager, None) => return Err(Error::Invalid("no load manager is registered on this node".into())),
-            (pb::Policy::LoadManager, Some(m)) => match self.ask_manager(&m, &infos, count, spec, uid).await {
-                Ok(v) => v,
-                Err(e) => {
-                    warn!("load manager failed ({e}); placing round-robin");
-                    self.round_robin(&infos, count)
+            (pb::Policy::LoadManager, None) => {
+                return Err(Error::Invalid(
+                    "no load manager is registered on this node".into(),
+                ))
+            }
+            (pb::Policy::LoadManager, Some(m)) => {
+                match self.ask_manager(&m, &infos, count, spec, uid).await {
+                    Ok(v) => v,
+                    Err(e) => {
+                        warn!("load manager failed ({e}); placing round-robin");
+                        self.round_robin(&infos, count)
+                    }
                 }
-            },
+            }
             (pb::Policy::LeastLoaded, _) => self.least_loaded(&infos, count),
             _ => self.round_robin(&infos, count),
         };
@@ -120,7 +149,9 @@ impl Node {
     fn round_robin(&self, infos: &[pb::NodeInfo], count: usize) -> Vec<NodeId> {
         let mut pl = self.placement.lock();
         let start = infos.iter().position(|n| n.id > pl.last).unwrap_or(0);
-        let v: Vec<NodeId> = (0..count).filter_map(|i| NodeId::new(infos[(start + i) % infos.len()].id)).collect();
+        let v: Vec<NodeId> = (0..count)
+            .filter_map(|i| NodeId::new(infos[(start + i) % infos.len()].id))
+            .collect();
         if let Some(l) = v.last() {
             pl.last = l.get();
         }
@@ -139,20 +170,41 @@ impl Node {
             })
             .collect();
         scored.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
-        scored.into_iter().take(count).filter_map(|(_, _, id)| NodeId::new(id)).collect()
+        scored
+            .into_iter()
+            .take(count)
+            .filter_map(|(_, _, id)| NodeId::new(id))
+            .collect()
     }
 
-    async fn ask_manager(&self, m: &LoadManager, infos: &[pb::NodeInfo], count: usize, spec: &pb::ProcSpec, uid: u32) -> Result<Vec<NodeId>> {
+    async fn ask_manager(
+        &self,
+        m: &LoadManager,
+        infos: &[pb::NodeInfo],
+        count: usize,
+        spec: &pb::ProcSpec,
+        uid: u32,
+    ) -> Result<Vec<NodeId>> {
         let mut chosen: Vec<u32> = Vec::new();
         for _ in 0..count {
             let q = Query {
-                argv: spec.argv.iter().map(|a| String::from_utf8_lossy(a).into_owned()).collect(),
+                argv: spec
+                    .argv
+                    .iter()
+                    .map(|a| String::from_utf8_lossy(a).into_owned())
+                    .collect(),
                 uid,
                 exclude: &chosen,
                 nodes: infos
                     .iter()
                     .filter(|n| !chosen.contains(&n.id))
-                    .map(|n| NodeLoad { id: n.id, load: n.load, procs: n.procs, mem_used_kb: n.mem_used_kb, mem_total_kb: n.mem_total_kb })
+                    .map(|n| NodeLoad {
+                        id: n.id,
+                        load: n.load,
+                        procs: n.procs,
+                        mem_used_kb: n.mem_used_kb,
+                        mem_total_kb: n.mem_total_kb,
+                    })
                     .collect(),
             };
             let mut line = serde_json::to_string(&q).expect("serializable");
@@ -160,12 +212,16 @@ impl Node {
             let answer = tokio::time::timeout(Duration::from_secs(2), query(m, line))
                 .await
                 .map_err(|_| Error::Internal("load manager timed out".into()))??;
-            let id: u32 = answer
-                .trim()
-                .parse()
-                .map_err(|_| Error::Internal(format!("load manager answered {:?}, not a node id", answer.trim())))?;
+            let id: u32 = answer.trim().parse().map_err(|_| {
+                Error::Internal(format!(
+                    "load manager answered {:?}, not a node id",
+                    answer.trim()
+                ))
+            })?;
             if !infos.iter().any(|n| n.id == id) || chosen.contains(&id) {
-                return Err(Error::Internal(format!("load manager chose node {id}, which is not a live candidate")));
+                return Err(Error::Internal(format!(
+                    "load manager chose node {id}, which is not a live candidate"
+                )));
             }
             chosen.push(id);
         }
@@ -188,7 +244,11 @@ async fn query(m: &LoadManager, line: String) -> Result<String> {
             stdin.write_all(line.as_bytes()).await.map_err(io)?;
             drop(stdin);
             let out = child.wait_with_output().await.map_err(io)?;
-            Ok(String::from_utf8_lossy(&out.stdout).lines().next().unwrap_or("").to_string())
+            Ok(String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .next()
+                .unwrap_or("")
+                .to_string())
         }
         LoadManager::Socket(p) => {
             let s = tokio::net::UnixStream::connect(p).await.map_err(io)?;

@@ -32,7 +32,10 @@ impl Endpoint {
         match self {
             Endpoint::Local(vp) => vp.send(to_shepherd(input)),
             Endpoint::Remote(tx) => {
-                let _ = tx.send(pb::SessionInput { gpid: gpid.raw(), input: Some(input) });
+                let _ = tx.send(pb::SessionInput {
+                    gpid: gpid.raw(),
+                    input: Some(input),
+                });
             }
         }
     }
@@ -68,24 +71,39 @@ pub struct Start {
 
 impl Node {
     /// Starts one attached process on `s.target`; its output goes to `out`.
-    pub async fn start_attached(self: &Arc<Self>, s: Start, out: mpsc::Sender<pb::SessionOutput>) -> Result<(Gpid, Endpoint)> {
+    pub async fn start_attached(
+        self: &Arc<Self>,
+        s: Start,
+        out: mpsc::Sender<pb::SessionOutput>,
+    ) -> Result<(Gpid, Endpoint)> {
         if s.target == self.id {
             let vp = self
-                .spawn_local(SpawnLocal { spec: s.spec, creds: s.creds, job: s.job, rank: s.rank, size: s.size, parent_node: self.id })
+                .spawn_local(SpawnLocal {
+                    spec: s.spec,
+                    creds: s.creds,
+                    job: s.job,
+                    rank: s.rank,
+                    size: s.size,
+                    parent_node: self.id,
+                })
                 .await?;
             vp.attach(out);
             return Ok((vp.gpid, Endpoint::Local(vp)));
         }
         let peer = self.peer(s.target)?.clone();
-        let stream = tokio::time::timeout(Duration::from_millis(self.cfg.dead_after_ms), TcpStream::connect(peer.addr))
-            .await
-            .map_err(|_| Error::NodeDown(format!("node {} does not answer", s.target)))?
-            .map_err(|e| Error::NodeDown(format!("node {}: {e}", s.target)))?;
+        let stream = tokio::time::timeout(
+            Duration::from_millis(self.cfg.dead_after_ms),
+            TcpStream::connect(peer.addr),
+        )
+        .await
+        .map_err(|_| Error::NodeDown(format!("node {} does not answer", s.target)))?
+        .map_err(|e| Error::NodeDown(format!("node {}: {e}", s.target)))?;
         let _ = stream.set_nodelay(true);
         let (r, w) = stream.into_split();
-        let (_, mut rd, mut wr) = auth::connect(r, w, &self.cfg.key, &self.identity(pb::ConnKind::Session))
-            .await
-            .map_err(|e| Error::NodeDown(format!("node {}: {e}", s.target)))?;
+        let (_, mut rd, mut wr) =
+            auth::connect(r, w, &self.cfg.key, &self.identity(pb::ConnKind::Session))
+                .await
+                .map_err(|e| Error::NodeDown(format!("node {}: {e}", s.target)))?;
         let req = pb::PeerRequest {
             id: 1,
             creds: Some(s.creds.clone()),
@@ -99,12 +117,21 @@ impl Node {
             })),
         };
         let lost = |e: &dyn std::fmt::Display| Error::NodeDown(format!("node {}: {e}", s.target));
-        wr.write(&pb::PeerFrame { frame: Some(Frame::Request(req)) }).await.map_err(|e| lost(&e))?;
+        wr.write(&pb::PeerFrame {
+            frame: Some(Frame::Request(req)),
+        })
+        .await
+        .map_err(|e| lost(&e))?;
         let gpid = match rd.read().await.map_err(|e| lost(&e))? {
-            Some(pb::PeerFrame { frame: Some(Frame::Reply(pb::PeerReply { reply: Some(r), .. })) }) => match r {
-                pb::peer_reply::Reply::Started(st) => {
-                    st.gpids.first().copied().and_then(Gpid::from_raw).ok_or_else(|| Error::Internal("no gpid in reply".into()))?
-                }
+            Some(pb::PeerFrame {
+                frame: Some(Frame::Reply(pb::PeerReply { reply: Some(r), .. })),
+            }) => match r {
+                pb::peer_reply::Reply::Started(st) => st
+                    .gpids
+                    .first()
+                    .copied()
+                    .and_then(Gpid::from_raw)
+                    .ok_or_else(|| Error::Internal("no gpid in reply".into()))?,
                 pb::peer_reply::Reply::Error(e) => return Err(e.into()),
                 other => return Err(Error::Internal(format!("unexpected reply {other:?}"))),
             },
@@ -118,9 +145,18 @@ impl Node {
     }
 }
 
-async fn relay_to_remote(mut wr: PeerWriter<OwnedWriteHalf>, mut rx: mpsc::UnboundedReceiver<pb::SessionInput>) {
+async fn relay_to_remote(
+    mut wr: PeerWriter<OwnedWriteHalf>,
+    mut rx: mpsc::UnboundedReceiver<pb::SessionInput>,
+) {
     while let Some(i) = rx.recv().await {
-        if wr.write(&pb::PeerFrame { frame: Some(Frame::Input(i)) }).await.is_err() {
+        if wr
+            .write(&pb::PeerFrame {
+                frame: Some(Frame::Input(i)),
+            })
+            .await
+            .is_err()
+        {
             break;
         }
     }
@@ -151,21 +187,42 @@ async fn relay_from_remote(
         }
     }
     if !done {
-        let e = pb::Error::new(pb::ErrorCode::NodeDown, format!("node {node} died; process {gpid} is lost"));
-        let _ = out.send(pb::SessionOutput { gpid: gpid.raw(), output: Some(pb::session_output::Output::Lost(e)) }).await;
+        let e = pb::Error::new(
+            pb::ErrorCode::NodeDown,
+            format!("node {node} died; process {gpid} is lost"),
+        );
+        let _ = out
+            .send(pb::SessionOutput {
+                gpid: gpid.raw(),
+                output: Some(pb::session_output::Output::Lost(e)),
+            })
+            .await;
     }
 }
 
 /// The process's side of a session connection: start it and relay until released.
-pub async fn serve_remote(node: Arc<Node>, from: NodeId, mut rd: PeerReader<OwnedReadHalf>, mut wr: PeerWriter<OwnedWriteHalf>) {
+pub async fn serve_remote(
+    node: Arc<Node>,
+    from: NodeId,
+    mut rd: PeerReader<OwnedReadHalf>,
+    mut wr: PeerWriter<OwnedWriteHalf>,
+) {
     let req = match rd.read().await {
-        Ok(Some(pb::PeerFrame { frame: Some(Frame::Request(r)) })) => r,
+        Ok(Some(pb::PeerFrame {
+            frame: Some(Frame::Request(r)),
+        })) => r,
         _ => return,
     };
     let id = req.id;
-    let reply = |r: pb::peer_reply::Reply| pb::PeerFrame { frame: Some(Frame::Reply(pb::PeerReply { id, reply: Some(r) })) };
+    let reply = |r: pb::peer_reply::Reply| pb::PeerFrame {
+        frame: Some(Frame::Reply(pb::PeerReply { id, reply: Some(r) })),
+    };
     let Some(pb::peer_request::Op::Spawn(s)) = req.op else {
-        let _ = wr.write(&reply(pb::peer_reply::Reply::Error(Error::Invalid("a session starts with a spawn".into()).into()))).await;
+        let _ = wr
+            .write(&reply(pb::peer_reply::Reply::Error(
+                Error::Invalid("a session starts with a spawn".into()).into(),
+            )))
+            .await;
         return;
     };
     let spawned = node
@@ -181,12 +238,22 @@ pub async fn serve_remote(node: Arc<Node>, from: NodeId, mut rd: PeerReader<Owne
     let vp = match spawned {
         Ok(vp) => vp,
         Err(e) => {
-            let _ = wr.write(&reply(pb::peer_reply::Reply::Error(e.into()))).await;
+            let _ = wr
+                .write(&reply(pb::peer_reply::Reply::Error(e.into())))
+                .await;
             return;
         }
     };
-    let started = pb::Started { gpids: vec![vp.gpid.raw()], job: s.job, nodes: vec![node.id.get()] };
-    if wr.write(&reply(pb::peer_reply::Reply::Started(started))).await.is_err() {
+    let started = pb::Started {
+        gpids: vec![vp.gpid.raw()],
+        job: s.job,
+        nodes: vec![node.id.get()],
+    };
+    if wr
+        .write(&reply(pb::peer_reply::Reply::Started(started)))
+        .await
+        .is_err()
+    {
         vp.send(In::Orphan(true));
         return;
     }

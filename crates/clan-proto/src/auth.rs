@@ -89,12 +89,18 @@ impl<R: AsyncRead + Unpin> PeerReader<R> {
     ///
     /// Cancel safety: not cancel safe (a partly read frame is lost); call it from one task.
     pub async fn read(&mut self) -> Result<Option<PeerFrame>, FrameError> {
-        let Some(raw) = read_raw(&mut self.inner).await? else { return Ok(None) };
+        let Some(raw) = read_raw(&mut self.inner).await? else {
+            return Ok(None);
+        };
         if raw.len() < TAG {
             return Err(FrameError::BadMac);
         }
         let (body, tag) = raw.split_at(raw.len() - TAG);
-        if !verify(&self.key, &[&[self.dir], &self.seq.to_be_bytes(), body], tag) {
+        if !verify(
+            &self.key,
+            &[&[self.dir], &self.seq.to_be_bytes(), body],
+            tag,
+        ) {
             return Err(FrameError::BadMac);
         }
         self.seq += 1;
@@ -132,7 +138,9 @@ impl<W: AsyncWrite + Unpin> PeerWriter<W> {
 fn check_hello(f: Option<PeerFrame>, cluster: &str) -> Result<pb::Hello, AuthError> {
     let h = match f {
         None => return Err(AuthError::Closed),
-        Some(PeerFrame { frame: Some(Frame::Hello(h)) }) => h,
+        Some(PeerFrame {
+            frame: Some(Frame::Hello(h)),
+        }) => h,
         Some(_) => return Err(AuthError::NoHello),
     };
     if h.version != crate::VERSION {
@@ -162,40 +170,101 @@ fn hello(me: &Identity, nonce: Vec<u8>, proof: [u8; TAG]) -> PeerFrame {
 pub type Authenticated<R, W> = (pb::Hello, PeerReader<R>, PeerWriter<W>);
 
 /// Runs the initiator's side of the handshake.
-pub async fn connect<R, W>(mut r: R, mut w: W, key: &[u8], me: &Identity) -> Result<Authenticated<R, W>, AuthError>
+pub async fn connect<R, W>(
+    mut r: R,
+    mut w: W,
+    key: &[u8],
+    me: &Identity,
+) -> Result<Authenticated<R, W>, AuthError>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
     let ni = nonce();
-    let proof = mac(key, &[b"i", &ni, &me.node.to_be_bytes(), me.cluster.as_bytes(), &[me.kind as u8]]);
-    write_frame(&mut w, &hello(me, ni.clone(), proof)).await.map_err(FrameError::Io)?;
+    let proof = mac(
+        key,
+        &[
+            b"i",
+            &ni,
+            &me.node.to_be_bytes(),
+            me.cluster.as_bytes(),
+            &[me.kind as u8],
+        ],
+    );
+    write_frame(&mut w, &hello(me, ni.clone(), proof))
+        .await
+        .map_err(FrameError::Io)?;
     let h = check_hello(read_frame(&mut r).await?, &me.cluster)?;
     if !verify(key, &[b"r", &ni, &h.nonce, &h.node.to_be_bytes()], &h.proof) {
         return Err(AuthError::BadProof { node: h.node });
     }
     let session = mac(key, &[b"s", &ni, &h.nonce]);
-    Ok((h, PeerReader { inner: r, key: session, dir: 1, seq: 0 }, PeerWriter { inner: w, key: session, dir: 0, seq: 0 }))
+    Ok((
+        h,
+        PeerReader {
+            inner: r,
+            key: session,
+            dir: 1,
+            seq: 0,
+        },
+        PeerWriter {
+            inner: w,
+            key: session,
+            dir: 0,
+            seq: 0,
+        },
+    ))
 }
 
 /// Runs the responder's side of the handshake.
-pub async fn accept<R, W>(mut r: R, mut w: W, key: &[u8], me: &Identity) -> Result<Authenticated<R, W>, AuthError>
+pub async fn accept<R, W>(
+    mut r: R,
+    mut w: W,
+    key: &[u8],
+    me: &Identity,
+) -> Result<Authenticated<R, W>, AuthError>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
     let h = check_hello(read_frame(&mut r).await?, &me.cluster)?;
     let kind = u8::try_from(h.kind).unwrap_or(u8::MAX);
-    if !verify(key, &[b"i", &h.nonce, &h.node.to_be_bytes(), h.cluster.as_bytes(), &[kind]], &h.proof) {
+    if !verify(
+        key,
+        &[
+            b"i",
+            &h.nonce,
+            &h.node.to_be_bytes(),
+            h.cluster.as_bytes(),
+            &[kind],
+        ],
+        &h.proof,
+    ) {
         return Err(AuthError::BadProof { node: h.node });
     }
     let nr = nonce();
     let proof = mac(key, &[b"r", &h.nonce, &nr, &me.node.to_be_bytes()]);
     let mut me = me.clone();
     me.kind = pb::ConnKind::try_from(h.kind).unwrap_or(pb::ConnKind::Control);
-    write_frame(&mut w, &hello(&me, nr.clone(), proof)).await.map_err(FrameError::Io)?;
+    write_frame(&mut w, &hello(&me, nr.clone(), proof))
+        .await
+        .map_err(FrameError::Io)?;
     let session = mac(key, &[b"s", &h.nonce, &nr]);
-    Ok((h, PeerReader { inner: r, key: session, dir: 0, seq: 0 }, PeerWriter { inner: w, key: session, dir: 1, seq: 0 }))
+    Ok((
+        h,
+        PeerReader {
+            inner: r,
+            key: session,
+            dir: 0,
+            seq: 0,
+        },
+        PeerWriter {
+            inner: w,
+            key: session,
+            dir: 1,
+            seq: 0,
+        },
+    ))
 }
 
 #[cfg(test)]
@@ -203,7 +272,12 @@ mod tests {
     use super::*;
 
     fn id(node: u32) -> Identity {
-        Identity { node, incarnation: 1, cluster: "c".into(), kind: pb::ConnKind::Control }
+        Identity {
+            node,
+            incarnation: 1,
+            cluster: "c".into(),
+            kind: pb::ConnKind::Control,
+        }
     }
 
     #[tokio::test]
@@ -213,12 +287,18 @@ mod tests {
         let (br, bw) = tokio::io::split(b);
         let key = b"0123456789abcdef".to_vec();
         let k2 = key.clone();
-        let acc = tokio::spawn(async move { accept(br, bw, &k2, &id(2)).await.map(|(h, r, w)| (h.node, r, w)) });
+        let acc = tokio::spawn(async move {
+            accept(br, bw, &k2, &id(2))
+                .await
+                .map(|(h, r, w)| (h.node, r, w))
+        });
         let (h, _r, mut w) = connect(ar, aw, &key, &id(1)).await.unwrap();
         assert_eq!(h.node, 2);
         let (peer, mut r2, _w2) = acc.await.unwrap().unwrap();
         assert_eq!(peer, 1);
-        let f = PeerFrame { frame: Some(Frame::Goodbye(true)) };
+        let f = PeerFrame {
+            frame: Some(Frame::Goodbye(true)),
+        };
         w.write(&f).await.unwrap();
         w.write(&f).await.unwrap();
         assert_eq!(r2.read().await.unwrap().unwrap(), f);
@@ -230,8 +310,16 @@ mod tests {
         let (a, b) = tokio::io::duplex(1 << 16);
         let (ar, aw) = tokio::io::split(a);
         let (br, bw) = tokio::io::split(b);
-        let acc = tokio::spawn(async move { accept(br, bw, b"the-right-key-000", &id(2)).await.map(|_| ()) });
-        let _ = tokio::time::timeout(std::time::Duration::from_secs(5), connect(ar, aw, b"a-wrong-key-00000", &id(1))).await;
+        let acc = tokio::spawn(async move {
+            accept(br, bw, b"the-right-key-000", &id(2))
+                .await
+                .map(|_| ())
+        });
+        let _ = tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            connect(ar, aw, b"a-wrong-key-00000", &id(1)),
+        )
+        .await;
         let e = acc.await.unwrap().unwrap_err();
         assert!(matches!(e, AuthError::BadProof { node: 1 }), "{e}");
     }
@@ -243,10 +331,13 @@ mod tests {
         let (br, bw) = tokio::io::split(b);
         let key = b"0123456789abcdef".to_vec();
         let k2 = key.clone();
-        let acc = tokio::spawn(async move { accept(br, bw, &k2, &id(2)).await.map(|(_, r, _w)| r) });
+        let acc =
+            tokio::spawn(async move { accept(br, bw, &k2, &id(2)).await.map(|(_, r, _w)| r) });
         let (_, _r, mut w) = connect(ar, aw, &key, &id(1)).await.unwrap();
         let mut r2 = acc.await.unwrap().unwrap();
-        let f = PeerFrame { frame: Some(Frame::Goodbye(true)) };
+        let f = PeerFrame {
+            frame: Some(Frame::Goodbye(true)),
+        };
         let sealed = w.seal(&f);
         w.write_raw(&sealed).await.unwrap();
         w.write_raw(&sealed).await.unwrap(); // replay: wrong sequence number

@@ -55,7 +55,11 @@ pub async fn read_raw<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<Vec<u8>>
     while got < 4 {
         let n = r.read(&mut len[got..]).await?;
         if n == 0 {
-            return if got == 0 { Ok(None) } else { Err(FrameError::Truncated) };
+            return if got == 0 {
+                Ok(None)
+            } else {
+                Err(FrameError::Truncated)
+            };
         }
         got += n;
     }
@@ -93,7 +97,13 @@ pub fn read_frame_sync<M: Message + Default, R: Read>(r: &mut R) -> Result<Optio
     let mut got = 0;
     while got < 4 {
         match r.read(&mut len[got..]) {
-            Ok(0) => return if got == 0 { Ok(None) } else { Err(FrameError::Truncated) },
+            Ok(0) => {
+                return if got == 0 {
+                    Ok(None)
+                } else {
+                    Err(FrameError::Truncated)
+                }
+            }
             Ok(n) => got += n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e.into()),
@@ -144,21 +154,31 @@ mod tests {
     async fn round_trip_and_limits() {
         let msg = pb::LocalRequest {
             id: 7,
-            op: Some(pb::local_request::Op::Kill(pb::KillRequest { gpids: vec![30004711], signal: 15 })),
+            op: Some(pb::local_request::Op::Kill(pb::KillRequest {
+                gpids: vec![30004711],
+                signal: 15,
+            })),
         };
         let bytes = encode(&msg);
         let mut r = bytes.as_slice();
         let got: pb::LocalRequest = read_frame(&mut r).await.unwrap().unwrap();
         assert_eq!(got, msg);
-        assert!(read_frame::<pb::LocalRequest, _>(&mut r).await.unwrap().is_none());
+        assert!(read_frame::<pb::LocalRequest, _>(&mut r)
+            .await
+            .unwrap()
+            .is_none());
 
         let huge = (u32::MAX).to_be_bytes();
-        let e = read_frame::<pb::LocalRequest, _>(&mut huge.as_slice()).await.unwrap_err();
+        let e = read_frame::<pb::LocalRequest, _>(&mut huge.as_slice())
+            .await
+            .unwrap_err();
         assert!(matches!(e, FrameError::TooLarge(_)));
 
         let mut cut = bytes.clone();
         cut.truncate(bytes.len() - 1);
-        let e = read_frame::<pb::LocalRequest, _>(&mut cut.as_slice()).await.unwrap_err();
+        let e = read_frame::<pb::LocalRequest, _>(&mut cut.as_slice())
+            .await
+            .unwrap_err();
         assert!(matches!(e, FrameError::Truncated));
     }
 
@@ -188,7 +208,9 @@ mod tests {
 
     #[test]
     fn split_keeps_partial_frames() {
-        let a = encode(&pb::ShepherdIn { msg: Some(pb::shepherd_in::Msg::Signal(2)) });
+        let a = encode(&pb::ShepherdIn {
+            msg: Some(pb::shepherd_in::Msg::Signal(2)),
+        });
         let mut buf = a.clone();
         buf.extend_from_slice(&a[..3]);
         let frames = split_frames(&mut buf).unwrap();

@@ -67,7 +67,11 @@ pub fn child(plan: ChildPlan, err_fd: RawFd) -> ! {
     }
     if let Some(procs) = &plan.cgroup_procs {
         if let Err(e) = std::fs::write(procs, "0") {
-            fail(err_fd, Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)), "join the task's cgroup");
+            fail(
+                err_fd,
+                Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)),
+                "join the task's cgroup",
+            );
         }
     }
     if let Err(e) = setsid() {
@@ -88,7 +92,14 @@ pub fn child(plan: ChildPlan, err_fd: RawFd) -> ! {
     }
     // Everything above 2 goes away at exec, the error pipe last.
     // SAFETY: close_range with CLOSE_RANGE_CLOEXEC only sets flags on our own descriptors.
-    unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, libc::CLOSE_RANGE_CLOEXEC) };
+    unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            3u32,
+            u32::MAX,
+            libc::CLOSE_RANGE_CLOEXEC,
+        )
+    };
     for sig in 1..32 {
         if sig != libc::SIGKILL && sig != libc::SIGSTOP {
             // SAFETY: restoring default dispositions runs no code of ours.
@@ -98,7 +109,14 @@ pub fn child(plan: ChildPlan, err_fd: RawFd) -> ! {
     let _ = sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None);
     // SAFETY: chdir takes a NUL-terminated path we own.
     if unsafe { libc::chdir(plan.cwd.as_ptr()) } < 0 {
-        fail(err_fd, Errno::last(), &format!("cannot enter working directory {}", plan.cwd.to_string_lossy()));
+        fail(
+            err_fd,
+            Errno::last(),
+            &format!(
+                "cannot enter working directory {}",
+                plan.cwd.to_string_lossy()
+            ),
+        );
     }
     if Uid::current().is_root() {
         let groups: Vec<Gid> = plan.groups.iter().map(|&g| Gid::from_raw(g)).collect();
@@ -125,8 +143,16 @@ pub fn child(plan: ChildPlan, err_fd: RawFd) -> ! {
             }
         }
     }
-    let errno = if last == Errno::ENOENT && seen_eacces { Errno::EACCES } else { last };
-    let name = plan.argv.first().map(|a| a.to_string_lossy().into_owned()).unwrap_or_default();
+    let errno = if last == Errno::ENOENT && seen_eacces {
+        Errno::EACCES
+    } else {
+        last
+    };
+    let name = plan
+        .argv
+        .first()
+        .map(|a| a.to_string_lossy().into_owned())
+        .unwrap_or_default();
     fail(err_fd, errno, &name)
 }
 

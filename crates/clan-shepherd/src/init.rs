@@ -9,13 +9,16 @@
 use nix::mount::{mount, MsFlags};
 use nix::sched::{unshare, CloneFlags};
 use nix::sys::signal::{signal, SigHandler, Signal};
-use nix::unistd::{fork, pause, pipe, setsid, sethostname, write, ForkResult};
+use nix::unistd::{fork, pause, pipe, sethostname, setsid, write, ForkResult};
 use std::io::Read;
 use std::os::fd::AsFd;
 use std::process::ExitCode;
 
 fn arg(args: &[String], name: &str) -> Option<String> {
-    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned()
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .cloned()
 }
 
 pub fn run(args: &[String]) -> ExitCode {
@@ -26,7 +29,9 @@ pub fn run(args: &[String]) -> ExitCode {
             return ExitCode::FAILURE;
         }
     }
-    if let Err(e) = unshare(CloneFlags::CLONE_NEWPID | CloneFlags::CLONE_NEWNS | CloneFlags::CLONE_NEWUTS) {
+    if let Err(e) =
+        unshare(CloneFlags::CLONE_NEWPID | CloneFlags::CLONE_NEWNS | CloneFlags::CLONE_NEWUTS)
+    {
         eprintln!("clan-shepherd node-init: unshare: {e}");
         return ExitCode::FAILURE;
     }
@@ -48,7 +53,13 @@ pub fn run(args: &[String]) -> ExitCode {
             drop(rd);
             let setup = || -> nix::Result<()> {
                 setsid()?;
-                mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_SLAVE, None::<&str>)?;
+                mount(
+                    None::<&str>,
+                    "/",
+                    None::<&str>,
+                    MsFlags::MS_REC | MsFlags::MS_SLAVE,
+                    None::<&str>,
+                )?;
                 mount(
                     Some("proc"),
                     "/proc",

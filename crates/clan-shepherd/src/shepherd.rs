@@ -27,7 +27,10 @@ fn cstr(b: &[u8]) -> Option<CString> {
 }
 
 fn error_reply(code: pb::ErrorCode, message: String) -> pb::ShepherdReady {
-    pb::ShepherdReady { error: Some(pb::Error::new(code, message)), ..Default::default() }
+    pb::ShepherdReady {
+        error: Some(pb::Error::new(code, message)),
+        ..Default::default()
+    }
 }
 
 fn report(out: &mut File, ready: &pb::ShepherdReady) {
@@ -37,14 +40,21 @@ fn report(out: &mut File, ready: &pb::ShepherdReady) {
 
 fn set_nonblocking(fd: &impl AsFd) {
     if let Ok(fl) = fcntl(fd.as_fd().as_raw_fd(), FcntlArg::F_GETFL) {
-        let _ = fcntl(fd.as_fd().as_raw_fd(), FcntlArg::F_SETFL(OFlag::from_bits_truncate(fl) | OFlag::O_NONBLOCK));
+        let _ = fcntl(
+            fd.as_fd().as_raw_fd(),
+            FcntlArg::F_SETFL(OFlag::from_bits_truncate(fl) | OFlag::O_NONBLOCK),
+        );
     }
 }
 
 /// Where the process's stdio goes, seen from the shepherd.
 enum Stdio {
     /// Attached without a terminal: pipes.
-    Pipes { stdin: Option<OwnedFd>, stdout: Option<OwnedFd>, stderr: Option<OwnedFd> },
+    Pipes {
+        stdin: Option<OwnedFd>,
+        stdout: Option<OwnedFd>,
+        stderr: Option<OwnedFd>,
+    },
     /// Attached with a terminal: the pty's master.
     Pty { master: Option<OwnedFd> },
     /// Detached: the process writes its log file itself.
@@ -57,7 +67,10 @@ pub fn run() -> ExitCode {
     let spec: pb::ShepherdSpec = match read_frame_sync(&mut std::io::stdin().lock()) {
         Ok(Some(s)) => s,
         Ok(None) | Err(_) => {
-            report(&mut out, &error_reply(pb::ErrorCode::Invalid, "shepherd: no spec on stdin".into()));
+            report(
+                &mut out,
+                &error_reply(pb::ErrorCode::Invalid, "shepherd: no spec on stdin".into()),
+            );
             return ExitCode::from(2);
         }
     };
@@ -71,7 +84,10 @@ pub fn run() -> ExitCode {
         }
         Ok(ForkResult::Child) => {}
         Err(e) => {
-            report(&mut out, &error_reply(pb::ErrorCode::Internal, format!("shepherd: fork: {e}")));
+            report(
+                &mut out,
+                &error_reply(pb::ErrorCode::Internal, format!("shepherd: fork: {e}")),
+            );
             return ExitCode::FAILURE;
         }
     }
@@ -112,18 +128,30 @@ struct Shepherd {
 }
 
 fn start(spec: &pb::ShepherdSpec, out: &mut File) -> Result<Shepherd, pb::ShepherdReady> {
-    let internal = |what: &str, e: &dyn std::fmt::Display| error_reply(pb::ErrorCode::Internal, format!("shepherd: {what}: {e}"));
+    let internal = |what: &str, e: &dyn std::fmt::Display| {
+        error_reply(pb::ErrorCode::Internal, format!("shepherd: {what}: {e}"))
+    };
     let _ = setsid();
     // SAFETY: prctl(PR_SET_CHILD_SUBREAPER, 1) only changes a flag of this process.
     unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
     if !spec.shepherd_cgroup.is_empty() {
-        std::fs::write(format!("{}/cgroup.procs", spec.shepherd_cgroup), "0").map_err(|e| internal("join cgroup", &e))?;
+        std::fs::write(format!("{}/cgroup.procs", spec.shepherd_cgroup), "0")
+            .map_err(|e| internal("join cgroup", &e))?;
     }
-    for sig in [Signal::SIGPIPE, Signal::SIGHUP, Signal::SIGINT, Signal::SIGQUIT, Signal::SIGTSTP, Signal::SIGTTIN, Signal::SIGTTOU] {
+    for sig in [
+        Signal::SIGPIPE,
+        Signal::SIGHUP,
+        Signal::SIGINT,
+        Signal::SIGQUIT,
+        Signal::SIGTSTP,
+        Signal::SIGTTIN,
+        Signal::SIGTTOU,
+    ] {
         // SAFETY: ignoring a signal installs no handler code. The child restores defaults.
         let _ = unsafe { signal(sig, SigHandler::SigIgn) };
     }
-    let node = NodeId::new(spec.node).ok_or_else(|| error_reply(pb::ErrorCode::Invalid, format!("bad node {}", spec.node)))?;
+    let node = NodeId::new(spec.node)
+        .ok_or_else(|| error_reply(pb::ErrorCode::Invalid, format!("bad node {}", spec.node)))?;
     let ps = spec.spec.clone().unwrap_or_default();
     let creds = spec.creds.clone().unwrap_or_default();
     if ps.argv.is_empty() {
@@ -131,9 +159,16 @@ fn start(spec: &pb::ShepherdSpec, out: &mut File) -> Result<Shepherd, pb::Shephe
     }
     let argv: Vec<CString> = ps.argv.iter().filter_map(|a| cstr(a)).collect();
     if argv.len() != ps.argv.len() {
-        return Err(error_reply(pb::ErrorCode::Invalid, "command has a NUL byte".into()));
+        return Err(error_reply(
+            pb::ErrorCode::Invalid,
+            "command has a NUL byte".into(),
+        ));
     }
-    let path = ps.env.iter().find_map(|e| e.strip_prefix(b"PATH=")).map(|p| p.to_vec());
+    let path = ps
+        .env
+        .iter()
+        .find_map(|e| e.strip_prefix(b"PATH="))
+        .map(|p| p.to_vec());
     let candidates = exec::candidates(&ps.argv[0], path.as_deref());
     let state = PathBuf::from(&spec.state_dir);
 
@@ -142,24 +177,52 @@ fn start(spec: &pb::ShepherdSpec, out: &mut File) -> Result<Shepherd, pb::Shephe
         let logs = state.join("logs");
         let _ = std::fs::create_dir_all(&logs);
         let tmp = logs.join(format!(".new-{}", std::process::id()));
-        let log = File::options().create(true).truncate(true).write(true).open(&tmp).map_err(|e| internal("open log", &e))?;
+        let log = File::options()
+            .create(true)
+            .truncate(true)
+            .write(true)
+            .open(&tmp)
+            .map_err(|e| internal("open log", &e))?;
         let _ = std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o640));
-        let _ = nix::unistd::fchown(log.as_raw_fd(), Some(creds.uid.into()), Some(creds.gid.into()));
+        let _ = nix::unistd::fchown(
+            log.as_raw_fd(),
+            Some(creds.uid.into()),
+            Some(creds.gid.into()),
+        );
         let null = File::open("/dev/null").map_err(|e| internal("open /dev/null", &e))?;
         let (l, n) = (OwnedFd::from(log), OwnedFd::from(null));
-        ([n.as_raw_fd(), l.as_raw_fd(), l.as_raw_fd()], Stdio::Log, vec![n, l])
+        (
+            [n.as_raw_fd(), l.as_raw_fd(), l.as_raw_fd()],
+            Stdio::Log,
+            vec![n, l],
+        )
     } else if ps.tty {
-        let ws = Winsize { ws_row: ps.rows.max(1) as u16, ws_col: ps.cols.max(1) as u16, ws_xpixel: 0, ws_ypixel: 0 };
+        let ws = Winsize {
+            ws_row: ps.rows.max(1) as u16,
+            ws_col: ps.cols.max(1) as u16,
+            ws_xpixel: 0,
+            ws_ypixel: 0,
+        };
         let pty = openpty(Some(&ws), None).map_err(|e| internal("openpty", &e))?;
         let s = pty.slave;
-        ([s.as_raw_fd(), s.as_raw_fd(), s.as_raw_fd()], Stdio::Pty { master: Some(pty.master) }, vec![s])
+        (
+            [s.as_raw_fd(), s.as_raw_fd(), s.as_raw_fd()],
+            Stdio::Pty {
+                master: Some(pty.master),
+            },
+            vec![s],
+        )
     } else {
         let (in_r, in_w) = pipe2(OFlag::O_CLOEXEC).map_err(|e| internal("pipe", &e))?;
         let (out_r, out_w) = pipe2(OFlag::O_CLOEXEC).map_err(|e| internal("pipe", &e))?;
         let (err_r, err_w) = pipe2(OFlag::O_CLOEXEC).map_err(|e| internal("pipe", &e))?;
         (
             [in_r.as_raw_fd(), out_w.as_raw_fd(), err_w.as_raw_fd()],
-            Stdio::Pipes { stdin: Some(in_w), stdout: Some(out_r), stderr: Some(err_r) },
+            Stdio::Pipes {
+                stdin: Some(in_w),
+                stdout: Some(out_r),
+                stderr: Some(err_r),
+            },
             vec![in_r, out_w, err_w],
         )
     };
@@ -170,11 +233,17 @@ fn start(spec: &pb::ShepherdSpec, out: &mut File) -> Result<Shepherd, pb::Shephe
         }
         File::open(format!("/proc/{}/ns/{kind}", spec.ns_init_pid))
             .map(|f| Some(OwnedFd::from(f)))
-            .map_err(|e| error_reply(pb::ErrorCode::NodeDown, format!("node namespace is gone ({kind}: {e})")))
+            .map_err(|e| {
+                error_reply(
+                    pb::ErrorCode::NodeDown,
+                    format!("node namespace is gone ({kind}: {e})"),
+                )
+            })
     };
     let (pid_ns, mnt_ns, uts_ns) = (ns("pid")?, ns("mnt")?, ns("uts")?);
     if let Some(p) = &pid_ns {
-        setns(p, CloneFlags::CLONE_NEWPID).map_err(|e| internal("enter the node's pid namespace", &e))?;
+        setns(p, CloneFlags::CLONE_NEWPID)
+            .map_err(|e| internal("enter the node's pid namespace", &e))?;
     }
 
     let mut env: Vec<CString> = ps
@@ -211,11 +280,14 @@ fn start(spec: &pb::ShepherdSpec, out: &mut File) -> Result<Shepherd, pb::Shephe
                 candidates,
                 argv,
                 env,
-                cwd: cstr(&ps.cwd).filter(|c| !c.is_empty()).unwrap_or_else(|| CString::new("/").expect("no NUL")),
+                cwd: cstr(&ps.cwd)
+                    .filter(|c| !c.is_empty())
+                    .unwrap_or_else(|| CString::new("/").expect("no NUL")),
                 uid: creds.uid,
                 gid: creds.gid,
                 groups: creds.groups.clone(),
-                cgroup_procs: (!spec.cgroup.is_empty()).then(|| format!("{}/cgroup.procs", spec.cgroup)),
+                cgroup_procs: (!spec.cgroup.is_empty())
+                    .then(|| format!("{}/cgroup.procs", spec.cgroup)),
                 mnt_ns,
                 uts_ns,
                 stdio: child_fds,
@@ -236,21 +308,34 @@ fn start(spec: &pb::ShepherdSpec, out: &mut File) -> Result<Shepherd, pb::Shephe
         let (errno, what) = msg.split_once(':').unwrap_or(("0", msg.as_str()));
         let errno: i32 = errno.parse().unwrap_or(0);
         let (code, text) = match errno {
-            libc::ENOENT if what == String::from_utf8_lossy(&ps.argv[0]) => {
-                (pb::ErrorCode::CommandNotFound, format!("{what}: command not found"))
-            }
-            libc::EACCES | libc::ENOEXEC if what == String::from_utf8_lossy(&ps.argv[0]) => {
-                (pb::ErrorCode::NotExecutable, format!("{what}: permission denied"))
-            }
-            _ => (pb::ErrorCode::Invalid, format!("{what}: {}", nix::errno::Errno::from_raw(errno).desc())),
+            libc::ENOENT if what == String::from_utf8_lossy(&ps.argv[0]) => (
+                pb::ErrorCode::CommandNotFound,
+                format!("{what}: command not found"),
+            ),
+            libc::EACCES | libc::ENOEXEC if what == String::from_utf8_lossy(&ps.argv[0]) => (
+                pb::ErrorCode::NotExecutable,
+                format!("{what}: permission denied"),
+            ),
+            _ => (
+                pb::ErrorCode::Invalid,
+                format!("{what}: {}", nix::errno::Errno::from_raw(errno).desc()),
+            ),
         };
         return Err(error_reply(code, text));
     }
     let ns_pid = ns_pid_of(child).unwrap_or(child as u32);
-    let gpid = Gpid::new(node, ns_pid).ok_or_else(|| error_reply(pb::ErrorCode::Internal, format!("pid {ns_pid} outside the gpid range")))?;
+    let gpid = Gpid::new(node, ns_pid).ok_or_else(|| {
+        error_reply(
+            pb::ErrorCode::Internal,
+            format!("pid {ns_pid} outside the gpid range"),
+        )
+    })?;
     if ps.detached {
         let logs = state.join("logs");
-        let _ = std::fs::rename(logs.join(format!(".new-{}", std::process::id())), logs.join(format!("{gpid}.log")));
+        let _ = std::fs::rename(
+            logs.join(format!(".new-{}", std::process::id())),
+            logs.join(format!("{gpid}.log")),
+        );
     }
     let sockdir = state.join("sh");
     let _ = std::fs::create_dir_all(&sockdir);
@@ -261,7 +346,13 @@ fn start(spec: &pb::ShepherdSpec, out: &mut File) -> Result<Shepherd, pb::Shephe
     let start_ticks = start_ticks_of(child).unwrap_or(0);
     report(
         out,
-        &pb::ShepherdReady { host_pid: child as u32, ns_pid, gpid: gpid.raw(), shepherd_pid: std::process::id(), error: None },
+        &pb::ShepherdReady {
+            host_pid: child as u32,
+            ns_pid,
+            gpid: gpid.raw(),
+            shepherd_pid: std::process::id(),
+            error: None,
+        },
     );
     let mut stdio = stdio;
     if let Stdio::Pipes { stdout, stderr, .. } = &mut stdio {
@@ -293,7 +384,10 @@ fn start(spec: &pb::ShepherdSpec, out: &mut File) -> Result<Shepherd, pb::Shephe
 /// The pid of host process `pid` in its innermost pid namespace (last NSpid field).
 fn ns_pid_of(pid: i32) -> Option<u32> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status.lines().find_map(|l| l.strip_prefix("NSpid:")).and_then(|v| v.split_whitespace().last()?.parse().ok())
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))
+        .and_then(|v| v.split_whitespace().last()?.parse().ok())
 }
 
 fn start_ticks_of(pid: i32) -> Option<u64> {
@@ -329,8 +423,20 @@ impl Shepherd {
 
     fn output_fd(&self, which: usize) -> Option<&OwnedFd> {
         match &self.stdio {
-            Stdio::Pipes { stdout, stderr, .. } => if which == OUT { stdout.as_ref() } else { stderr.as_ref() },
-            Stdio::Pty { master } => if which == OUT { master.as_ref() } else { None },
+            Stdio::Pipes { stdout, stderr, .. } => {
+                if which == OUT {
+                    stdout.as_ref()
+                } else {
+                    stderr.as_ref()
+                }
+            }
+            Stdio::Pty { master } => {
+                if which == OUT {
+                    master.as_ref()
+                } else {
+                    None
+                }
+            }
             Stdio::Log => None,
         }
     }
@@ -364,14 +470,21 @@ impl Shepherd {
     /// Reads what one output has now and relays it; false once it reached its end.
     fn pump(&mut self, which: usize) -> bool {
         let mut buf = [0u8; 65536];
-        let Some(fd) = self.output_fd(which) else { return false };
+        let Some(fd) = self.output_fd(which) else {
+            return false;
+        };
         // SAFETY: reading into a live stack buffer from a descriptor we own.
         let n = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
         if n > 0 {
             let data = buf[..n as usize].to_vec();
-            self.send(if which == OUT { Out::Stdout(data) } else { Out::Stderr(data) });
+            self.send(if which == OUT {
+                Out::Stdout(data)
+            } else {
+                Out::Stderr(data)
+            });
             true
-        } else if n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::WouldBlock {
+        } else if n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::WouldBlock
+        {
             true
         } else {
             // 0 is end of file; EIO is a pty whose other side is closed.
@@ -412,7 +525,13 @@ impl Shepherd {
         let raw = fd.as_raw_fd();
         while !self.pending_stdin.is_empty() {
             // SAFETY: writing from a live buffer to a descriptor we own.
-            let n = unsafe { libc::write(raw, self.pending_stdin.as_ptr().cast(), self.pending_stdin.len()) };
+            let n = unsafe {
+                libc::write(
+                    raw,
+                    self.pending_stdin.as_ptr().cast(),
+                    self.pending_stdin.len(),
+                )
+            };
             if n > 0 {
                 self.pending_stdin.drain(..n as usize);
             } else {
@@ -478,7 +597,12 @@ impl Shepherd {
             }
             In::Resize(ws) => {
                 if let Stdio::Pty { master: Some(m) } = &self.stdio {
-                    let w = libc::winsize { ws_row: ws.rows as u16, ws_col: ws.cols as u16, ws_xpixel: 0, ws_ypixel: 0 };
+                    let w = libc::winsize {
+                        ws_row: ws.rows as u16,
+                        ws_col: ws.cols as u16,
+                        ws_xpixel: 0,
+                        ws_ypixel: 0,
+                    };
                     // SAFETY: TIOCSWINSZ reads a winsize struct we pass by pointer.
                     unsafe { libc::ioctl(m.as_raw_fd(), libc::TIOCSWINSZ, &w) };
                 }
@@ -526,7 +650,10 @@ impl Shepherd {
                     fds.push((5, f.as_fd(), PollFlags::POLLOUT));
                 }
             }
-            let mut pfds: Vec<PollFd<'_>> = fds.iter().map(|(_, fd, fl)| PollFd::new(*fd, *fl)).collect();
+            let mut pfds: Vec<PollFd<'_>> = fds
+                .iter()
+                .map(|(_, fd, fl)| PollFd::new(*fd, *fl))
+                .collect();
             match poll(&mut pfds, PollTimeout::NONE) {
                 Ok(_) => {}
                 Err(nix::errno::Errno::EINTR) => continue,
@@ -614,7 +741,10 @@ impl Shepherd {
             Ok(_) => {}
             Err(_) => {
                 // The child is gone without a status we can read (should not happen).
-                self.exited = Some(WaitStatus { signal: libc::SIGKILL, ..Default::default() });
+                self.exited = Some(WaitStatus {
+                    signal: libc::SIGKILL,
+                    ..Default::default()
+                });
             }
         }
     }

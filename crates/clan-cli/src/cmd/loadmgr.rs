@@ -31,7 +31,10 @@ pub async fn run(c: Client, a: Args) -> ExitCode {
                 crate::fail(&"register needs --socket PATH or -- COMMAND");
                 return ExitCode::from(clan_core::ExitCode::USAGE);
             }
-            Action::Register(LoadMgrRegister { command, socket: socket.unwrap_or_default() })
+            Action::Register(LoadMgrRegister {
+                command,
+                socket: socket.unwrap_or_default(),
+            })
         }
         What::Unregister => Action::Unregister(true),
         What::Show => Action::Show(true),

@@ -26,7 +26,11 @@ pub async fn run(c: Client, a: Args) -> ExitCode {
         match c.logs(g, offset, a.follow).await {
             Ok(chunk) => {
                 offset += chunk.data.len() as u64;
-                if out.write_all(&chunk.data).and_then(|_| out.flush()).is_err() {
+                if out
+                    .write_all(&chunk.data)
+                    .and_then(|_| out.flush())
+                    .is_err()
+                {
                     return ExitCode::SUCCESS; // a closed pipe is not an error
                 }
                 if chunk.end || (!a.follow && chunk.data.is_empty()) {

@@ -31,9 +31,17 @@ fn time(ms: u64) -> String {
 }
 
 pub async fn run(c: Client, a: Args) -> ExitCode {
-    let mut filter = pb::PsFilter { job: a.job.unwrap_or(0), ..Default::default() };
+    let mut filter = pb::PsFilter {
+        job: a.job.unwrap_or(0),
+        ..Default::default()
+    };
     if let Some(u) = &a.user {
-        let uid = u.parse::<u32>().ok().or_else(|| nix::unistd::User::from_name(u).ok().flatten().map(|u| u.uid.as_raw()));
+        let uid = u.parse::<u32>().ok().or_else(|| {
+            nix::unistd::User::from_name(u)
+                .ok()
+                .flatten()
+                .map(|u| u.uid.as_raw())
+        });
         match uid {
             Some(uid) => {
                 filter.has_uid = true;
@@ -74,10 +82,29 @@ pub async fn run(c: Client, a: Args) -> ExitCode {
             writeln!(out, "{}", serde_json::Value::Array(v))
         }
         Format::Table => (|| {
-            writeln!(out, "{:>9} {:>4} {:<8} {:<4} {:>7} {:>8} {:>8} CMD", "GPID", "NODE", "USER", "STAT", "TIME", "RSS", "JOB")?;
+            writeln!(
+                out,
+                "{:>9} {:>4} {:<8} {:<4} {:>7} {:>8} {:>8} CMD",
+                "GPID", "NODE", "USER", "STAT", "TIME", "RSS", "JOB"
+            )?;
             for p in &procs {
-                let job = if p.job == 0 { "-".to_string() } else { p.job.to_string() };
-                writeln!(out, "{:>9} {:>4} {:<8} {:<4} {:>7} {:>8} {:>8} {}", p.gpid, p.node, p.user, p.state, time(p.cpu_ms), p.rss_kb, job, p.cmd)?;
+                let job = if p.job == 0 {
+                    "-".to_string()
+                } else {
+                    p.job.to_string()
+                };
+                writeln!(
+                    out,
+                    "{:>9} {:>4} {:<8} {:<4} {:>7} {:>8} {:>8} {}",
+                    p.gpid,
+                    p.node,
+                    p.user,
+                    p.state,
+                    time(p.cpu_ms),
+                    p.rss_kb,
+                    job,
+                    p.cmd
+                )?;
             }
             Ok(())
         })(),

@@ -2,7 +2,9 @@
 //! with -t), forwards the signals it receives, and ends the way the remote process ended:
 //! the same exit code, or killed by the same signal.
 
-use clan_client::{pb, pb::session_input::Input, pb::session_output::Output, Client, ClientError, RunSpec};
+use clan_client::{
+    pb, pb::session_input::Input, pb::session_output::Output, Client, ClientError, RunSpec,
+};
 use clan_core::{ExitCode as X, Gpid, WaitStatus};
 use std::collections::HashMap;
 use std::ffi::OsString;
@@ -73,7 +75,12 @@ fn start_error(e: &ClientError) -> ExitCode {
 }
 
 fn winsize() -> (u16, u16) {
-    let mut ws = libc::winsize { ws_row: 0, ws_col: 0, ws_xpixel: 0, ws_ypixel: 0 };
+    let mut ws = libc::winsize {
+        ws_row: 0,
+        ws_col: 0,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
     // SAFETY: TIOCGWINSZ writes a winsize into the struct we pass.
     let ok = unsafe { libc::ioctl(0, libc::TIOCGWINSZ, &mut ws) } == 0;
     if ok && ws.ws_row > 0 {
@@ -92,14 +99,19 @@ impl RawMode {
         let old = nix::sys::termios::tcgetattr(stdin.as_fd()).ok()?;
         let mut raw = old.clone();
         nix::sys::termios::cfmakeraw(&mut raw);
-        nix::sys::termios::tcsetattr(stdin.as_fd(), nix::sys::termios::SetArg::TCSADRAIN, &raw).ok()?;
+        nix::sys::termios::tcsetattr(stdin.as_fd(), nix::sys::termios::SetArg::TCSADRAIN, &raw)
+            .ok()?;
         Some(RawMode(old))
     }
 }
 
 impl Drop for RawMode {
     fn drop(&mut self) {
-        let _ = nix::sys::termios::tcsetattr(std::io::stdin().as_fd(), nix::sys::termios::SetArg::TCSADRAIN, &self.0);
+        let _ = nix::sys::termios::tcsetattr(
+            std::io::stdin().as_fd(),
+            nix::sys::termios::SetArg::TCSADRAIN,
+            &self.0,
+        );
     }
 }
 
@@ -111,7 +123,10 @@ fn die_like(st: &WaitStatus) -> ! {
         // SAFETY: we reset the signal to its default action, unblock it and raise it on
         // ourselves; no core file for the stub (the remote process had its own).
         unsafe {
-            let zero = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+            let zero = libc::rlimit {
+                rlim_cur: 0,
+                rlim_max: 0,
+            };
             libc::setrlimit(libc::RLIMIT_CORE, &zero);
             libc::signal(st.signal, libc::SIG_DFL);
             let mut set: libc::sigset_t = std::mem::zeroed();
@@ -138,7 +153,11 @@ pub async fn run(c: Client, a: Args) -> ExitCode {
     }
     let spec = RunSpec {
         argv: a.command.iter().map(|s| s.as_bytes().to_vec()).collect(),
-        node: a.node.map(|n| clan_core::NodeId::new(n).ok_or(n)).transpose().unwrap_or(None),
+        node: a
+            .node
+            .map(|n| clan_core::NodeId::new(n).ok_or(n))
+            .transpose()
+            .unwrap_or(None),
         policy: match a.policy {
             None => pb::Policy::Default,
             Some(PolicyArg::Rr) => pb::Policy::RoundRobin,
@@ -175,7 +194,11 @@ pub async fn run(c: Client, a: Args) -> ExitCode {
         Err(e) => return start_error(&e),
     };
     let (started, mut rd, mut wr) = session.split();
-    let gpids: Vec<Gpid> = started.gpids.iter().filter_map(|&g| Gpid::from_raw(g)).collect();
+    let gpids: Vec<Gpid> = started
+        .gpids
+        .iter()
+        .filter_map(|&g| Gpid::from_raw(g))
+        .collect();
     let rank: HashMap<Gpid, usize> = gpids.iter().enumerate().map(|(i, g)| (*g, i)).collect();
     let raw = if tty { RawMode::enable() } else { None };
 
@@ -215,7 +238,10 @@ pub async fn run(c: Client, a: Args) -> ExitCode {
                         return;
                     }
                     Ok(n) => {
-                        if tx.send(Cmd::Input(first, Input::Stdin(buf[..n].to_vec()))).is_err() {
+                        if tx
+                            .send(Cmd::Input(first, Input::Stdin(buf[..n].to_vec())))
+                            .is_err()
+                        {
                             return;
                         }
                     }
@@ -224,7 +250,9 @@ pub async fn run(c: Client, a: Args) -> ExitCode {
         });
     }
     for &sig in FORWARD {
-        let Ok(mut s) = signal(SignalKind::from_raw(sig)) else { continue };
+        let Ok(mut s) = signal(SignalKind::from_raw(sig)) else {
+            continue;
+        };
         let tx = tx.clone();
         tokio::spawn(async move {
             while s.recv().await.is_some() {
@@ -240,7 +268,10 @@ pub async fn run(c: Client, a: Args) -> ExitCode {
             tokio::spawn(async move {
                 while s.recv().await.is_some() {
                     let (rows, cols) = winsize();
-                    let ws = pb::WinSize { rows: rows.into(), cols: cols.into() };
+                    let ws = pb::WinSize {
+                        rows: rows.into(),
+                        cols: cols.into(),
+                    };
                     if tx.send(Cmd::All(Input::Resize(ws))).is_err() {
                         return;
                     }
@@ -258,20 +289,33 @@ pub async fn run(c: Client, a: Args) -> ExitCode {
             Ok(None) | Err(_) => {
                 crate::fail(&"lost connection to cland");
                 drop(raw);
-                die_like(&WaitStatus { signal: libc::SIGKILL, ..Default::default() });
+                die_like(&WaitStatus {
+                    signal: libc::SIGKILL,
+                    ..Default::default()
+                });
             }
         };
-        let Some(g) = Gpid::from_raw(o.gpid) else { continue };
+        let Some(g) = Gpid::from_raw(o.gpid) else {
+            continue;
+        };
         match o.output {
-            Some(Output::Stdout(d)) => {
-                if stdout_open && write_out(&mut std::io::stdout(), &d, a.label.then(|| rank.get(&g).copied()).flatten(), line_start.entry((g, true)).or_insert(true)).is_err() {
+            Some(Output::Stdout(d)) if stdout_open => {
+                let label = a.label.then(|| rank.get(&g).copied()).flatten();
+                let at_start = line_start.entry((g, true)).or_insert(true);
+                if write_out(&mut std::io::stdout(), &d, label, at_start).is_err() {
                     // Like a local process writing to a closed pipe.
                     stdout_open = false;
                     let _ = tx.send(Cmd::Input(g, Input::Signal(libc::SIGPIPE)));
                 }
             }
+            Some(Output::Stdout(_)) => {}
             Some(Output::Stderr(d)) => {
-                let _ = write_out(&mut std::io::stderr(), &d, a.label.then(|| rank.get(&g).copied()).flatten(), line_start.entry((g, false)).or_insert(true));
+                let _ = write_out(
+                    &mut std::io::stderr(),
+                    &d,
+                    a.label.then(|| rank.get(&g).copied()).flatten(),
+                    line_start.entry((g, false)).or_insert(true),
+                );
             }
             Some(Output::Exited(st)) => {
                 ends.insert(g, st.into());
@@ -279,7 +323,13 @@ pub async fn run(c: Client, a: Args) -> ExitCode {
             }
             Some(Output::Lost(e)) => {
                 crate::fail(&e);
-                ends.insert(g, WaitStatus { signal: libc::SIGKILL, ..Default::default() });
+                ends.insert(
+                    g,
+                    WaitStatus {
+                        signal: libc::SIGKILL,
+                        ..Default::default()
+                    },
+                );
             }
             None => {}
         }
@@ -296,7 +346,12 @@ pub async fn run(c: Client, a: Args) -> ExitCode {
     std::process::exit(worst)
 }
 
-fn write_out(w: &mut impl Write, data: &[u8], rank: Option<usize>, at_start: &mut bool) -> std::io::Result<()> {
+fn write_out(
+    w: &mut impl Write,
+    data: &[u8],
+    rank: Option<usize>,
+    at_start: &mut bool,
+) -> std::io::Result<()> {
     let Some(rank) = rank else {
         w.write_all(data)?;
         return w.flush();

@@ -23,7 +23,10 @@ pub async fn run(c: Client, a: Args) -> ExitCode {
     match c.lock_stats(&nodes).await {
         Ok(stats) => {
             let mut code = ExitCode::SUCCESS;
-            println!("{:<5} {:<18} {:>12} {:>10} {:>12} {:>12}", "NODE", "LOCK", "ACQUIRED", "CONTENDED", "WAIT_US", "MAX_WAIT_US");
+            println!(
+                "{:<5} {:<18} {:>12} {:>10} {:>12} {:>12}",
+                "NODE", "LOCK", "ACQUIRED", "CONTENDED", "WAIT_US", "MAX_WAIT_US"
+            );
             for n in stats {
                 if !n.error.is_empty() {
                     crate::fail(&format!("node {}: {}", n.node, n.error));

@@ -30,7 +30,10 @@ pub async fn run(a: Args, dir: Option<PathBuf>) -> ExitCode {
     if !nix::unistd::geteuid().is_root() {
         eprintln!("clan: warning: not root: nodes get no pid namespace and no cgroup subtree");
     }
-    let bin_dir = std::env::current_exe().ok().and_then(|p| p.parent().map(PathBuf::from)).unwrap_or_default();
+    let bin_dir = std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(PathBuf::from))
+        .unwrap_or_default();
     let opts = UpOptions {
         dir: dir.clone(),
         nodes: a.nodes,
@@ -56,16 +59,24 @@ pub async fn run(a: Args, dir: Option<PathBuf>) -> ExitCode {
                 break;
             }
             if Instant::now() > deadline {
-                let log = std::fs::read_to_string(cfg.state_dir(n).join("cland.log")).unwrap_or_default();
+                let log =
+                    std::fs::read_to_string(cfg.state_dir(n).join("cland.log")).unwrap_or_default();
                 let tail: Vec<&str> = log.lines().rev().take(5).collect();
-                crate::fail(&format!("node {n} did not come up; its log ends:\n{}", tail.into_iter().rev().collect::<Vec<_>>().join("\n")));
+                crate::fail(&format!(
+                    "node {n} did not come up; its log ends:\n{}",
+                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                ));
                 let _ = localcluster::down(&dir);
                 return ExitCode::from(X::FAILURE);
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
-    println!("clan: {} nodes up in {} (stop with `clan down`)", a.nodes, dir.display());
+    println!(
+        "clan: {} nodes up in {} (stop with `clan down`)",
+        a.nodes,
+        dir.display()
+    );
     ExitCode::SUCCESS
 }
 

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 #[derive(Parser)]
 #[command(name = "cland", version)]
 struct Args {
-    /// Cluster file (TOML: name, key_file, [[node]] id and addr).
+    /// Cluster file (TOML: name, key_file, a `[[node]]` table per node with id and addr).
     #[arg(long, default_value = "/etc/clan/cluster.toml", env = "CLAN_CONFIG")]
     config: PathBuf,
     /// This node's id in the cluster file.
@@ -18,17 +18,28 @@ struct Args {
 fn main() -> ExitCode {
     let args = Args::parse();
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("CLAN_LOG").unwrap_or_else(|_| "info".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("CLAN_LOG")
+                .unwrap_or_else(|_| "info".into()),
+        )
         .with_writer(std::io::stderr)
         .init();
-    let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("cland: {e}");
             return ExitCode::FAILURE;
         }
     };
-    match rt.block_on(clan_daemon::run(clan_daemon::Options { config: args.config, node: args.node, bin_dir: None })) {
+    match rt.block_on(clan_daemon::run(clan_daemon::Options {
+        config: args.config,
+        node: args.node,
+        bin_dir: None,
+    })) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("cland: node {}: {e:#}", args.node);

@@ -19,12 +19,18 @@ impl Node {
             return Err(Error::Invalid(format!("invalid signal {sig}")));
         }
         if self.view.ns_init != 0 && gpid.local() == 1 {
-            return Err(Error::Permission(format!("{gpid} is the init of node {}: it can not be signalled", self.id)));
+            return Err(Error::Permission(format!(
+                "{gpid} is the init of node {}: it can not be signalled",
+                self.id
+            )));
         }
         let h = self.view.open_process(gpid)?;
         let u = h.uids()?;
         if creds.uid != 0 && creds.uid != u.real && creds.uid != u.saved {
-            return Err(Error::Permission(format!("permission denied to signal {gpid} (uid {})", u.real)));
+            return Err(Error::Permission(format!(
+                "permission denied to signal {gpid} (uid {})",
+                u.real
+            )));
         }
         if sig == 0 {
             return Ok(());
@@ -41,7 +47,10 @@ impl Node {
         if gpid.node() == self.id {
             return self.signal_local(gpid, sig, creds);
         }
-        let op = pb::peer_request::Op::Signal(pb::SignalRequest { gpid: gpid.raw(), signal: sig });
+        let op = pb::peer_request::Op::Signal(pb::SignalRequest {
+            gpid: gpid.raw(),
+            signal: sig,
+        });
         match self.call(gpid.node(), creds.clone(), op).await? {
             pb::peer_reply::Reply::Ok(_) => Ok(()),
             other => Err(Error::Internal(format!("unexpected reply {other:?}"))),

@@ -34,7 +34,10 @@ pub struct RawProc {
 
 impl ProcView {
     pub fn open(node: NodeId, path: PathBuf, ns_init: u32) -> std::io::Result<ProcView> {
-        let f = File::options().read(true).custom_flags(libc::O_DIRECTORY).open(&path)?;
+        let f = File::options()
+            .read(true)
+            .custom_flags(libc::O_DIRECTORY)
+            .open(&path)?;
         Ok(ProcView {
             node,
             path,
@@ -49,7 +52,12 @@ impl ProcView {
     }
 
     fn open_at(&self, rel: &str) -> nix::Result<File> {
-        let fd = openat(Some(self.root.as_raw_fd()), rel, OFlag::O_RDONLY | OFlag::O_CLOEXEC, Mode::empty())?;
+        let fd = openat(
+            Some(self.root.as_raw_fd()),
+            rel,
+            OFlag::O_RDONLY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )?;
         // SAFETY: openat just returned this descriptor and nothing else owns it.
         Ok(unsafe { File::from_raw_fd(fd) })
     }
@@ -63,8 +71,12 @@ impl ProcView {
 
     /// Local numbers of every process in the view.
     pub fn pids(&self) -> Vec<u32> {
-        let Ok(rd) = std::fs::read_dir(&self.path) else { return Vec::new() };
-        rd.flatten().filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok()).collect()
+        let Ok(rd) = std::fs::read_dir(&self.path) else {
+            return Vec::new();
+        };
+        rd.flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+            .collect()
     }
 
     pub fn user_name(&self, uid: u32) -> String {
@@ -85,12 +97,22 @@ impl ProcView {
     pub fn read(&self, pid: u32) -> Option<RawProc> {
         let stat_bytes = self.read_at(&format!("{pid}/stat"), 4096)?;
         let stat = Stat::from_read(stat_bytes.as_slice()).ok()?;
-        let st = fstatat(Some(self.root.as_raw_fd()), pid.to_string().as_str(), nix::fcntl::AtFlags::empty()).ok()?;
-        let cmdline = self.read_at(&format!("{pid}/cmdline"), 4096).unwrap_or_default();
+        let st = fstatat(
+            Some(self.root.as_raw_fd()),
+            pid.to_string().as_str(),
+            nix::fcntl::AtFlags::empty(),
+        )
+        .ok()?;
+        let cmdline = self
+            .read_at(&format!("{pid}/cmdline"), 4096)
+            .unwrap_or_default();
         let cmd = if cmdline.is_empty() {
             format!("[{}]", stat.comm)
         } else {
-            let mut s: Vec<u8> = cmdline.iter().map(|&b| if b == 0 { b' ' } else { b }).collect();
+            let mut s: Vec<u8> = cmdline
+                .iter()
+                .map(|&b| if b == 0 { b' ' } else { b })
+                .collect();
             while s.last() == Some(&b' ') {
                 s.pop();
             }
@@ -101,7 +123,11 @@ impl ProcView {
             .and_then(|c| job_of_cgroup(&String::from_utf8_lossy(&c)))
             .unwrap_or(0);
         let gpid = Gpid::new(self.node, pid)?;
-        let ppid = u32::try_from(stat.ppid).ok().and_then(|p| Gpid::new(self.node, p)).map(|g| g.raw()).unwrap_or(0);
+        let ppid = u32::try_from(stat.ppid)
+            .ok()
+            .and_then(|p| Gpid::new(self.node, p))
+            .map(|g| g.raw())
+            .unwrap_or(0);
         Some(RawProc {
             info: pb::ProcInfo {
                 gpid: gpid.raw(),
@@ -190,25 +216,42 @@ pub struct Uids {
 
 impl ProcHandle {
     pub fn uids(&self) -> Result<Uids> {
-        let fd = openat(Some(self.dir.as_raw_fd()), "status", OFlag::O_RDONLY | OFlag::O_CLOEXEC, Mode::empty())
-            .map_err(|_| Error::NoSuchProcess(self.gpid))?;
+        let fd = openat(
+            Some(self.dir.as_raw_fd()),
+            "status",
+            OFlag::O_RDONLY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|_| Error::NoSuchProcess(self.gpid))?;
         // SAFETY: fresh descriptor from openat, owned by this File only.
         let mut f = unsafe { File::from_raw_fd(fd) };
         let mut s = String::new();
-        f.read_to_string(&mut s).map_err(|_| Error::NoSuchProcess(self.gpid))?;
-        let line = s.lines().find_map(|l| l.strip_prefix("Uid:")).ok_or(Error::NoSuchProcess(self.gpid))?;
-        let v: Vec<u32> = line.split_whitespace().filter_map(|x| x.parse().ok()).collect();
+        f.read_to_string(&mut s)
+            .map_err(|_| Error::NoSuchProcess(self.gpid))?;
+        let line = s
+            .lines()
+            .find_map(|l| l.strip_prefix("Uid:"))
+            .ok_or(Error::NoSuchProcess(self.gpid))?;
+        let v: Vec<u32> = line
+            .split_whitespace()
+            .filter_map(|x| x.parse().ok())
+            .collect();
         if v.len() < 3 {
             return Err(Error::NoSuchProcess(self.gpid));
         }
-        Ok(Uids { real: v[0], effective: v[1], saved: v[2] })
+        Ok(Uids {
+            real: v[0],
+            effective: v[1],
+            saved: v[2],
+        })
     }
 }
 
 /// The job of a process from its cgroup v2 path (`0::/.../job1000003`).
 pub fn job_of_cgroup(text: &str) -> Option<u64> {
     let path = text.lines().find_map(|l| l.strip_prefix("0::"))?;
-    path.split('/').find_map(|c| c.strip_prefix("job")?.parse().ok())
+    path.split('/')
+        .find_map(|c| c.strip_prefix("job")?.parse().ok())
 }
 
 use std::os::unix::fs::OpenOptionsExt;
@@ -219,7 +262,10 @@ mod tests {
 
     #[test]
     fn job_from_cgroup_path() {
-        assert_eq!(job_of_cgroup("0::/clan.t/node1/job1000003\n"), Some(1000003));
+        assert_eq!(
+            job_of_cgroup("0::/clan.t/node1/job1000003\n"),
+            Some(1000003)
+        );
         assert_eq!(job_of_cgroup("0::/clan.t/node1/shepherds\n"), None);
         assert_eq!(job_of_cgroup("garbage"), None);
     }
@@ -231,7 +277,9 @@ mod tests {
         let p = v.read(me).unwrap();
         assert_eq!(p.info.gpid, 10_000_000 + u64::from(me));
         assert!(v.pids().contains(&me));
-        let h = v.open_process(Gpid::new(NodeId::new(1).unwrap(), me).unwrap()).unwrap();
+        let h = v
+            .open_process(Gpid::new(NodeId::new(1).unwrap(), me).unwrap())
+            .unwrap();
         assert_eq!(h.uids().unwrap().real, nix::unistd::getuid().as_raw());
     }
 }

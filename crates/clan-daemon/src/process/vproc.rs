@@ -53,7 +53,12 @@ impl VProc {
     async fn deliver(&self, out: pb::session_output::Output) {
         let sub = self.subscriber.lock().clone();
         if let Some(s) = sub {
-            let _ = s.send(pb::SessionOutput { gpid: self.gpid.raw(), output: Some(out) }).await;
+            let _ = s
+                .send(pb::SessionOutput {
+                    gpid: self.gpid.raw(),
+                    output: Some(out),
+                })
+                .await;
         }
     }
 }
@@ -75,7 +80,11 @@ impl Node {
             return Err(Error::Invalid("empty command".into()));
         }
         let cgroup = match &self.cgroup {
-            Some(cg) => cg.job(req.job).map_err(|e| Error::internal("create task cgroup", e))?.display().to_string(),
+            Some(cg) => cg
+                .job(req.job)
+                .map_err(|e| Error::internal("create task cgroup", e))?
+                .display()
+                .to_string(),
             None => String::new(),
         };
         let spec = pb::ShepherdSpec {
@@ -90,7 +99,11 @@ impl Node {
             cgroup,
             ns_init_pid: self.view.ns_init,
             cluster_dir: self.cfg.dir.display().to_string(),
-            shepherd_cgroup: self.cgroup.as_ref().map(|c| c.sub("shepherds").display().to_string()).unwrap_or_default(),
+            shepherd_cgroup: self
+                .cgroup
+                .as_ref()
+                .map(|c| c.sub("shepherds").display().to_string())
+                .unwrap_or_default(),
             hostname: String::new(),
         };
         let log = std::fs::OpenOptions::new()
@@ -104,43 +117,79 @@ impl Node {
             .stdout(Stdio::piped())
             .stderr(Stdio::from(log))
             .spawn()
-            .map_err(|e| Error::internal(&format!("start shepherd {}", self.shepherd_bin.display()), e))?;
+            .map_err(|e| {
+                Error::internal(
+                    &format!("start shepherd {}", self.shepherd_bin.display()),
+                    e,
+                )
+            })?;
         let mut stdin = child.stdin.take().expect("piped");
         let mut stdout = child.stdout.take().expect("piped");
-        write_frame(&mut stdin, &spec).await.map_err(|e| Error::internal("send spec to shepherd", e))?;
+        write_frame(&mut stdin, &spec)
+            .await
+            .map_err(|e| Error::internal("send spec to shepherd", e))?;
         drop(stdin);
-        let ready: Option<pb::ShepherdReady> =
-            read_frame(&mut stdout).await.map_err(|e| Error::internal("read shepherd report", e))?;
+        let ready: Option<pb::ShepherdReady> = read_frame(&mut stdout)
+            .await
+            .map_err(|e| Error::internal("read shepherd report", e))?;
         let _ = child.wait().await;
-        let ready = ready.ok_or_else(|| Error::Internal("shepherd exited without a report".into()))?;
+        let ready =
+            ready.ok_or_else(|| Error::Internal("shepherd exited without a report".into()))?;
         if let Some(e) = ready.error {
             return Err(e.into());
         }
-        let gpid = Gpid::from_raw(ready.gpid).ok_or_else(|| Error::Internal(format!("shepherd reported gpid {}", ready.gpid)))?;
-        let vp = self.link_shepherd(&self.state_dir.join("sh").join(format!("{gpid}.sock"))).await?;
+        let gpid = Gpid::from_raw(ready.gpid)
+            .ok_or_else(|| Error::Internal(format!("shepherd reported gpid {}", ready.gpid)))?;
+        let vp = self
+            .link_shepherd(&self.state_dir.join("sh").join(format!("{gpid}.sock")))
+            .await
+            .inspect_err(|_| {
+                // Nothing may run that nobody manages: stop it and its shepherd.
+                for pid in [ready.host_pid, ready.shepherd_pid] {
+                    let _ = nix::sys::signal::kill(
+                        nix::unistd::Pid::from_raw(pid as i32),
+                        nix::sys::signal::Signal::SIGKILL,
+                    );
+                }
+            })?;
         info!(gpid = %gpid, job = req.job, cmd = %vp.argv0, "started");
         Ok(vp)
     }
 
     /// Connects to a shepherd, learns what it runs, and enters it in the vproc table.
     pub async fn link_shepherd(self: &Arc<Self>, sock: &Path) -> Result<Arc<VProc>> {
-        let stream = UnixStream::connect(sock).await.map_err(|e| Error::internal(&format!("connect {}", sock.display()), e))?;
-        let (mut rd, mut wr) = stream.into_split();
-        write_frame(&mut wr, &pb::ShepherdIn { msg: Some(In::Hello(true)) })
+        let stream = UnixStream::connect(sock)
             .await
-            .map_err(|e| Error::internal("shepherd hello", e))?;
+            .map_err(|e| Error::internal(&format!("connect {}", sock.display()), e))?;
+        let (mut rd, mut wr) = stream.into_split();
+        write_frame(
+            &mut wr,
+            &pb::ShepherdIn {
+                msg: Some(In::Hello(true)),
+            },
+        )
+        .await
+        .map_err(|e| Error::internal("shepherd hello", e))?;
         // A detached process may have exited (and said so) before our hello: Info carries
         // the status too, so anything before it is skipped.
         let info = loop {
             match read_frame::<pb::ShepherdOut, _>(&mut rd).await {
-                Ok(Some(pb::ShepherdOut { msg: Some(Out::Info(i)) })) => break i,
+                Ok(Some(pb::ShepherdOut {
+                    msg: Some(Out::Info(i)),
+                })) => break i,
                 Ok(Some(_)) => continue,
-                other => return Err(Error::Internal(format!("shepherd {} answered {other:?}", sock.display()))),
+                other => {
+                    return Err(Error::Internal(format!(
+                        "shepherd {} answered {other:?}",
+                        sock.display()
+                    )))
+                }
             }
         };
         let spec = info.spec.clone().unwrap_or_default();
         let ps = spec.spec.clone().unwrap_or_default();
-        let gpid = Gpid::from_raw(info.gpid).ok_or_else(|| Error::Internal("shepherd has a bad gpid".into()))?;
+        let gpid = Gpid::from_raw(info.gpid)
+            .ok_or_else(|| Error::Internal("shepherd has a bad gpid".into()))?;
         let (tx, mut rx) = mpsc::unbounded_channel::<pb::ShepherdIn>();
         let (status, _) = watch::channel(info.exited.map(WaitStatus::from));
         let vp = Arc::new(VProc {
@@ -150,7 +199,11 @@ impl Node {
             job: spec.job,
             parent_node: NodeId::new(spec.parent_node).unwrap_or(self.id),
             detached: ps.detached,
-            argv0: ps.argv.first().map(|a| String::from_utf8_lossy(a).into_owned()).unwrap_or_default(),
+            argv0: ps
+                .argv
+                .first()
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .unwrap_or_default(),
             tx,
             status,
             subscriber: NamedMutex::new("vproc.subscriber", None),
@@ -190,9 +243,13 @@ impl Node {
             // The shepherd is gone: it reaped the process after a release, or it was killed.
             if link.exited().is_none() {
                 warn!(gpid = %link.gpid, "shepherd vanished before its process exited");
-                let ws = WaitStatus { signal: libc::SIGKILL, ..Default::default() };
+                let ws = WaitStatus {
+                    signal: libc::SIGKILL,
+                    ..Default::default()
+                };
                 link.status.send_replace(Some(ws));
-                link.deliver(pb::session_output::Output::Exited(ws.into())).await;
+                link.deliver(pb::session_output::Output::Exited(ws.into()))
+                    .await;
                 node.process_exited(&link, ws);
             }
             node.vprocs.write().remove(&link.gpid);
@@ -203,7 +260,9 @@ impl Node {
     /// Rebuilds the vproc table from the shepherds that outlived a previous cland.
     pub async fn recover(self: &Arc<Self>) {
         let dir = self.state_dir.join("sh");
-        let Ok(rd) = std::fs::read_dir(&dir) else { return };
+        let Ok(rd) = std::fs::read_dir(&dir) else {
+            return;
+        };
         let mut n = 0;
         for e in rd.flatten() {
             let p = e.path();

@@ -27,20 +27,32 @@ fn may_wait(creds: &pb::Creds, uid: u32, gpid: Gpid) -> Result<()> {
     if creds.uid == 0 || creds.uid == uid {
         Ok(())
     } else {
-        Err(Error::Permission(format!("{gpid} is not a child of uid {}", creds.uid)))
+        Err(Error::Permission(format!(
+            "{gpid} is not a child of uid {}",
+            creds.uid
+        )))
     }
 }
 
 impl Node {
     /// Parent side: a child was started on our behalf; expect its status.
     pub fn expect_child(&self, gpid: Gpid, uid: u32) {
-        self.children.lock().entry(gpid).or_insert_with(|| ChildRec { uid, status: watch::channel(None).0 });
+        self.children
+            .lock()
+            .entry(gpid)
+            .or_insert_with(|| ChildRec {
+                uid,
+                status: watch::channel(None).0,
+            });
     }
 
     /// Parent side: childstatuschange arrived.
     pub fn child_status(&self, gpid: Gpid, uid: u32, ws: WaitStatus) {
         let mut ch = self.children.lock();
-        let rec = ch.entry(gpid).or_insert_with(|| ChildRec { uid, status: watch::channel(None).0 });
+        let rec = ch.entry(gpid).or_insert_with(|| ChildRec {
+            uid,
+            status: watch::channel(None).0,
+        });
         rec.status.send_replace(Some(ws));
     }
 
@@ -49,7 +61,10 @@ impl Node {
         let ch = self.children.lock();
         for (g, rec) in ch.iter() {
             if g.node() == dead && rec.status.borrow().is_none() {
-                rec.status.send_replace(Some(WaitStatus { signal: libc::SIGKILL, ..Default::default() }));
+                rec.status.send_replace(Some(WaitStatus {
+                    signal: libc::SIGKILL,
+                    ..Default::default()
+                }));
             }
         }
     }
@@ -68,7 +83,12 @@ impl Node {
         let (gpid, uid, job, parent) = (vp.gpid, vp.uid, vp.job, vp.parent_node);
         tokio::spawn(async move {
             loop {
-                let op = pb::peer_request::Op::Status(pb::ChildStatus { gpid: gpid.raw(), status: Some(ws.into()), job, uid });
+                let op = pb::peer_request::Op::Status(pb::ChildStatus {
+                    gpid: gpid.raw(),
+                    status: Some(ws.into()),
+                    job,
+                    uid,
+                });
                 match node.call(parent, node.own_creds(), op).await {
                     Ok(_) => return,
                     Err(Error::NodeDead(_)) => {
@@ -101,10 +121,18 @@ impl Node {
 
     /// Home side: the status of a local managed process, once it has one (the pull path).
     pub async fn wait_home(&self, gpid: Gpid, creds: &pb::Creds) -> Result<WaitStatus> {
-        let vp = self.vprocs.read().get(&gpid).cloned().ok_or(Error::NoSuchProcess(gpid))?;
+        let vp = self
+            .vprocs
+            .read()
+            .get(&gpid)
+            .cloned()
+            .ok_or(Error::NoSuchProcess(gpid))?;
         may_wait(creds, vp.uid, gpid)?;
         let mut rx = vp.status.subscribe();
-        let ws = rx.wait_for(|s| s.is_some()).await.map_err(|_| Error::NoSuchProcess(gpid))?;
+        let ws = rx
+            .wait_for(|s| s.is_some())
+            .await
+            .map_err(|_| Error::NoSuchProcess(gpid))?;
         Ok(ws.expect("checked"))
     }
 
@@ -117,7 +145,10 @@ impl Node {
         let ws = match rec {
             Some((uid, mut rx)) => {
                 may_wait(creds, uid, gpid)?;
-                let ws = *rx.wait_for(|s| s.is_some()).await.map_err(|_| Error::NoSuchProcess(gpid))?;
+                let ws = *rx
+                    .wait_for(|s| s.is_some())
+                    .await
+                    .map_err(|_| Error::NoSuchProcess(gpid))?;
                 if self.children.lock().remove(&gpid).is_none() {
                     return Err(Error::NoSuchProcess(gpid)); // another waiter collected it
                 }
@@ -125,14 +156,22 @@ impl Node {
             }
             None if gpid.node() == self.id => self.wait_home(gpid, creds).await?,
             None => {
-                let op = pb::peer_request::Op::Wait(pb::WaitRequest { gpids: vec![gpid.raw()] });
+                let op = pb::peer_request::Op::Wait(pb::WaitRequest {
+                    gpids: vec![gpid.raw()],
+                });
                 match self.call(gpid.node(), creds.clone(), op).await? {
                     pb::peer_reply::Reply::Wait(w) => {
-                        let r = w.results.into_iter().next().ok_or(Error::NoSuchProcess(gpid))?;
+                        let r = w
+                            .results
+                            .into_iter()
+                            .next()
+                            .ok_or(Error::NoSuchProcess(gpid))?;
                         if let Some(e) = r.error {
                             return Err(e.into());
                         }
-                        r.status.map(WaitStatus::from).ok_or(Error::NoSuchProcess(gpid))?
+                        r.status
+                            .map(WaitStatus::from)
+                            .ok_or(Error::NoSuchProcess(gpid))?
                     }
                     other => return Err(Error::Internal(format!("unexpected reply {other:?}"))),
                 }
