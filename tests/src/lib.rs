@@ -123,12 +123,31 @@ impl Cluster {
     }
 
     /// Runs `clan ARGS` to completion with stdin closed.
+    /// Fails the test if clan takes more than two minutes, so a hang can not eat CI's time.
     pub fn clan(&self, args: &[&str]) -> Output {
-        self.cmd()
+        let child = self
+            .cmd()
             .args(args)
             .stdin(Stdio::null())
-            .output()
-            .expect("run clan")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run clan");
+        let pid = child.id() as i32;
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(child.wait_with_output());
+        });
+        match rx.recv_timeout(Duration::from_secs(120)) {
+            Ok(out) => out.expect("wait for clan"),
+            Err(_) => {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+                panic!("clan {args:?} hung for two minutes");
+            }
+        }
     }
 
     /// Runs `clan ARGS`, asserts success and returns stdout.

@@ -62,12 +62,17 @@ impl NodeCgroup {
     }
 
     /// Removes job directories that hold no process any more.
-    pub fn prune_jobs(&self) {
+    /// Jobs in `busy` (processes being started or still known to cland) are kept.
+    pub fn prune_jobs(&self, busy: &std::collections::HashSet<u64>) {
         let Ok(rd) = std::fs::read_dir(&self.root) else {
             return;
         };
         for e in rd.flatten() {
-            if e.file_name().to_string_lossy().starts_with("job") && !populated(&e.path()) {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let Some(job) = name.strip_prefix("job").and_then(|j| j.parse::<u64>().ok()) else {
+                continue;
+            };
+            if !busy.contains(&job) && !populated(&e.path()) {
                 let _ = std::fs::remove_dir(e.path());
             }
         }

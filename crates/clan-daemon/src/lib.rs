@@ -187,9 +187,7 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
                 let n = node.clone();
                 let _ = tokio::task::spawn_blocking(move || {
                     n.sample_load(0.2);
-                    if let Some(cg) = &n.cgroup {
-                        cg.prune_jobs();
-                    }
+                    n.prune_jobs();
                 })
                 .await;
             }

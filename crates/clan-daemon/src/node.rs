@@ -44,6 +44,8 @@ pub struct Node {
     pub placement: NamedMutex<Placement>,
     pub load: NamedMutex<LocalLoad>,
     job_seq: NamedMutex<u64>,
+    /// Jobs with a process being started here right now (their cgroup must stay).
+    pub spawning: NamedMutex<HashMap<u64, u32>>,
     pub shutdown: watch::Sender<Option<bool>>,
 }
 
@@ -90,6 +92,7 @@ impl Node {
             placement: NamedMutex::new("placement", placement),
             load: NamedMutex::new("load", LocalLoad::default()),
             job_seq: NamedMutex::new("jobs", job_seq),
+            spawning: NamedMutex::new("spawning", HashMap::new()),
             shutdown: watch::channel(None).0,
         }
     }
@@ -179,6 +182,15 @@ impl Node {
         })
         .await
         .unwrap_or_default()
+    }
+
+    /// Removes the cgroups of jobs that have nothing left on this node.
+    pub fn prune_jobs(&self) {
+        let Some(cg) = &self.cgroup else { return };
+        let mut busy: std::collections::HashSet<u64> =
+            self.spawning.lock().keys().copied().collect();
+        busy.extend(self.vprocs.read().values().map(|v| v.job));
+        cg.prune_jobs(&busy);
     }
 
     /// Refreshes this node's load figures from its /proc (runs on a blocking thread).

@@ -76,6 +76,20 @@ pub struct SpawnLocal {
 impl Node {
     /// Starts a process on this node under a new shepherd.
     pub async fn spawn_local(self: &Arc<Self>, req: SpawnLocal) -> Result<Arc<VProc>> {
+        let job = req.job;
+        *self.spawning.lock().entry(job).or_insert(0) += 1;
+        let res = self.spawn_local_inner(req).await;
+        let mut sp = self.spawning.lock();
+        if let Some(n) = sp.get_mut(&job) {
+            *n -= 1;
+            if *n == 0 {
+                sp.remove(&job);
+            }
+        }
+        res
+    }
+
+    async fn spawn_local_inner(self: &Arc<Self>, req: SpawnLocal) -> Result<Arc<VProc>> {
         if req.spec.argv.is_empty() {
             return Err(Error::Invalid("empty command".into()));
         }
@@ -209,6 +223,10 @@ impl Node {
             subscriber: NamedMutex::new("vproc.subscriber", None),
         });
         self.vprocs.write().insert(gpid, vp.clone());
+        if let Some(ws) = vp.exited() {
+            // It exited before we asked (or while no cland ran): its parent may not know.
+            self.process_exited(&vp, ws);
+        }
         tokio::spawn(async move {
             while let Some(m) = rx.recv().await {
                 if write_frame(&mut wr, &m).await.is_err() {
@@ -268,13 +286,7 @@ impl Node {
             let p = e.path();
             if p.extension().is_some_and(|x| x == "sock") {
                 match self.link_shepherd(&p).await {
-                    Ok(vp) => {
-                        n += 1;
-                        if let Some(ws) = vp.exited() {
-                            // Its status may not have reached the parent: push it again.
-                            self.process_exited(&vp, ws);
-                        }
-                    }
+                    Ok(_) => n += 1,
                     Err(err) => {
                         warn!(socket = %p.display(), "stale shepherd socket: {err}");
                         let _ = std::fs::remove_file(&p);
