@@ -70,6 +70,31 @@ impl ClientError {
 
 pub type Result<T> = std::result::Result<T, ClientError>;
 
+/// What a run started: one process per node it was placed on, all in one job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Started {
+    pub gpids: Vec<Gpid>,
+    pub job: u64,
+    pub nodes: Vec<NodeId>,
+}
+
+impl Started {
+    fn from_pb(s: pb::Started) -> Result<Started> {
+        let gpids = s
+            .gpids
+            .iter()
+            .map(|&g| {
+                Gpid::from_raw(g).ok_or_else(|| ClientError::Protocol(format!("bad gpid {g}")))
+            })
+            .collect::<Result<_>>()?;
+        Ok(Started {
+            gpids,
+            job: s.job,
+            nodes: s.nodes.iter().filter_map(|&n| NodeId::new(n)).collect(),
+        })
+    }
+}
+
 /// A command to run somewhere in the cluster.
 #[derive(Debug, Clone, Default)]
 pub struct RunSpec {
@@ -295,11 +320,11 @@ impl Client {
     }
 
     /// Starts a detached process (or `count` of them): returns at once.
-    pub async fn spawn(&self, spec: RunSpec) -> Result<pb::Started> {
+    pub async fn spawn(&self, spec: RunSpec) -> Result<Started> {
         let mut spec = spec;
         spec.detached = true;
         match self.request(Op::Run(spec.to_request())).await? {
-            Reply::Started(s) => Ok(s),
+            Reply::Started(s) => Started::from_pb(s),
             other => Err(unexpected(other)),
         }
     }
@@ -310,7 +335,11 @@ impl Client {
         spec.detached = false;
         let (mut rd, mut wr) = self.open().await?;
         match Self::request_on(&mut rd, &mut wr, 1, Op::Run(spec.to_request())).await? {
-            Reply::Started(s) => Ok(Session { started: s, rd, wr }),
+            Reply::Started(s) => Ok(Session {
+                started: Started::from_pb(s)?,
+                rd,
+                wr,
+            }),
             other => Err(unexpected(other)),
         }
     }
@@ -454,7 +483,7 @@ fn unexpected(r: Reply) -> ClientError {
 
 /// Attached processes: send them input and signals, receive their output and exit.
 pub struct Session {
-    pub started: pb::Started,
+    pub started: Started,
     rd: OwnedReadHalf,
     wr: OwnedWriteHalf,
 }
@@ -470,7 +499,7 @@ pub struct SessionReader {
 }
 
 impl Session {
-    pub fn split(self) -> (pb::Started, SessionReader, SessionWriter) {
+    pub fn split(self) -> (Started, SessionReader, SessionWriter) {
         (
             self.started,
             SessionReader { rd: self.rd },

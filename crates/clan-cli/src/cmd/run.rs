@@ -183,7 +183,8 @@ pub async fn run(c: Client, a: Args) -> ExitCode {
                 for g in &s.gpids {
                     println!("{g}");
                 }
-                eprintln!("job {} on node(s) {:?}", s.job, s.nodes);
+                let nodes: Vec<String> = s.nodes.iter().map(|n| n.to_string()).collect();
+                eprintln!("job {} on node(s) {}", s.job, nodes.join(","));
                 ExitCode::SUCCESS
             }
             Err(e) => start_error(&e),
@@ -194,11 +195,7 @@ pub async fn run(c: Client, a: Args) -> ExitCode {
         Err(e) => return start_error(&e),
     };
     let (started, mut rd, mut wr) = session.split();
-    let gpids: Vec<Gpid> = started
-        .gpids
-        .iter()
-        .filter_map(|&g| Gpid::from_raw(g))
-        .collect();
+    let gpids: Vec<Gpid> = started.gpids;
     let rank: HashMap<Gpid, usize> = gpids.iter().enumerate().map(|(i, g)| (*g, i)).collect();
     let raw = if tty { RawMode::enable() } else { None };
 

@@ -1,0 +1,168 @@
+//! Native baselines, measured in the same run as clan: local fork/exec, local kill
+//! ping-pong, TCP loopback round trip, `ps -e`.
+
+use crate::stats::Samples;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// fork/exec/wait of `sh -c true`.
+pub fn spawn_sh_true(n: usize) -> Samples {
+    let mut s = Samples::default();
+    for _ in 0..n {
+        let t = Instant::now();
+        let st = Command::new("sh")
+            .args(["-c", "true"])
+            .status()
+            .expect("sh");
+        s.push(t.elapsed());
+        assert!(st.success());
+    }
+    s
+}
+
+/// Blocks SIGUSR1 in the calling thread (and the threads it creates later), so it can be
+/// taken with sigwaitinfo. Call first thing in main.
+pub fn block_usr1() {
+    let mut set = nix::sys::signal::SigSet::empty();
+    set.add(nix::sys::signal::Signal::SIGUSR1);
+    let _ = set.thread_block();
+}
+
+/// Waits for SIGUSR1 (blocked); returns the sender's pid, or None after `timeout`.
+pub fn wait_usr1(timeout: Duration) -> Option<i32> {
+    let mut set: libc::sigset_t = unsafe_zeroed();
+    // SAFETY: set is a valid sigset_t we own.
+    unsafe {
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGUSR1);
+    }
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs() as libc::time_t,
+        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    };
+    let mut info: libc::siginfo_t = unsafe_zeroed();
+    // SAFETY: all pointers are to live locals of the right types.
+    let r = unsafe { libc::sigtimedwait(&set, &mut info, &ts) };
+    // SAFETY: sigtimedwait filled info for a real signal (r > 0).
+    (r > 0).then(|| unsafe { info.si_pid() })
+}
+
+fn unsafe_zeroed<T>() -> T {
+    // SAFETY: only used for plain C structs (sigset_t, siginfo_t) for which all-zero is valid.
+    unsafe { std::mem::zeroed() }
+}
+
+/// The child of [`kill_pingpong`]: answers each SIGUSR1 with one to its sender.
+pub fn native_pong() {
+    println!("ready");
+    let _ = std::io::stdout().flush();
+    while let Some(from) = wait_usr1(Duration::from_secs(10)) {
+        // SAFETY: kill has no memory-safety preconditions.
+        unsafe { libc::kill(from, libc::SIGUSR1) };
+    }
+}
+
+/// Two local processes bouncing SIGUSR1 with kill(2): one-way latency (half a round trip),
+/// Solaris MC Table 4's "Signals".
+pub fn kill_pingpong(n: usize) -> Samples {
+    let exe = std::env::current_exe().expect("self");
+    let mut child = Command::new(exe)
+        .arg("native-pong")
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("pong");
+    let mut l = String::new();
+    BufReader::new(child.stdout.take().expect("piped"))
+        .read_line(&mut l)
+        .expect("ready");
+    let pid = child.id() as i32;
+    let mut s = Samples::default();
+    for i in 0..n + 20 {
+        let t = Instant::now();
+        // SAFETY: as above.
+        unsafe { libc::kill(pid, libc::SIGUSR1) };
+        wait_usr1(Duration::from_secs(5)).expect("pong answered");
+        if i >= 20 {
+            s.push(t.elapsed() / 2);
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    s
+}
+
+/// Round trip of 64 bytes over a loopback TCP connection with TCP_NODELAY.
+pub fn tcp_rtt(n: usize) -> Samples {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = l.local_addr().expect("addr");
+    let server = std::thread::spawn(move || {
+        let (mut c, _) = l.accept().expect("accept");
+        c.set_nodelay(true).expect("nodelay");
+        let mut buf = [0u8; 64];
+        while c.read_exact(&mut buf).is_ok() {
+            if c.write_all(&buf).is_err() {
+                break;
+            }
+        }
+    });
+    let mut c = TcpStream::connect(addr).expect("connect");
+    c.set_nodelay(true).expect("nodelay");
+    let mut buf = [7u8; 64];
+    let mut s = Samples::default();
+    for i in 0..n + 100 {
+        let t = Instant::now();
+        c.write_all(&buf).expect("write");
+        c.read_exact(&mut buf).expect("read");
+        if i >= 100 {
+            s.push(t.elapsed());
+        }
+    }
+    drop(c);
+    let _ = server.join();
+    s
+}
+
+/// `ps -e` with its output discarded.
+pub fn ps_e(n: usize) -> Samples {
+    let mut s = Samples::default();
+    for _ in 0..n {
+        let t = Instant::now();
+        let st = Command::new("ps")
+            .arg("-e")
+            .stdout(Stdio::null())
+            .status()
+            .expect("ps");
+        s.push(t.elapsed());
+        assert!(st.success());
+    }
+    s
+}
+
+/// `srun -N1 true` on a running local Slurm, when there is one.
+pub fn srun_true(n: usize) -> Result<Samples, String> {
+    let ok = Command::new("srun")
+        .args(["-N1", "true"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+    match ok {
+        Ok(st) if st.success() => {}
+        Ok(_) => return Err("srun failed: start Slurm with bench/slurm/start.sh".into()),
+        Err(_) => return Err("srun not installed (scripts/install-deps.sh --bench)".into()),
+    }
+    let mut s = Samples::default();
+    for _ in 0..n {
+        let t = Instant::now();
+        let st = Command::new("srun")
+            .args(["-N1", "true"])
+            .status()
+            .map_err(|e| e.to_string())?;
+        s.push(t.elapsed());
+        if !st.success() {
+            return Err("srun failed".into());
+        }
+    }
+    Ok(s)
+}

@@ -1,0 +1,337 @@
+//! clan's figures (issue 2): remote exec latency, remote signal latency, cluster-wide ps,
+//! and request throughput with concurrent clients against the one-big-lock build.
+
+use crate::baselines::{self, wait_usr1};
+use crate::cluster::Cluster;
+use crate::report::Report;
+use crate::stats::Samples;
+use clan_client::{pb, Client, RunSpec};
+use clan_core::Gpid;
+use std::path::Path;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+pub fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+/// `clan run --node 2 true` from node 1, through the CLI and through the client library,
+/// against a local `sh -c true` and Slurm's `srun -N1 true`.
+pub fn run_latency(c: &Cluster, r: &mut Report, n: usize) {
+    let g = "remote exec";
+    println!("{g}:");
+    r.latency(
+        g,
+        "local sh -c true (fork/exec/wait)",
+        &baselines::spawn_sh_true(n),
+        None,
+    );
+    match baselines::srun_true(n.min(50)) {
+        Ok(s) => r.latency(g, "slurm srun -N1 true", &s, None),
+        Err(why) => println!("  slurm srun -N1 true: skipped: {why}"),
+    }
+    let mut s = Samples::default();
+    for _ in 0..n {
+        let t = Instant::now();
+        let st = c
+            .cmd()
+            .args(["--from", "1", "run", "--node", "2", "--", "true"])
+            .status()
+            .expect("clan run");
+        s.push(t.elapsed());
+        assert!(st.success());
+    }
+    r.latency(
+        g,
+        "clan run --node 2 true (CLI, from node 1)",
+        &s,
+        Some("local sh -c true (fork/exec/wait)"),
+    );
+    if r.rows
+        .iter()
+        .any(|x| x.group == g && x.name.starts_with("slurm"))
+    {
+        r.latency(
+            g,
+            "clan run --node 2 true (CLI) vs srun",
+            &s,
+            Some("slurm srun -N1 true"),
+        );
+    }
+    let client = c.client(1);
+    let mut s = Samples::default();
+    rt().block_on(async {
+        for _ in 0..n {
+            let t = Instant::now();
+            let sess = client
+                .run(RunSpec::command(["true"]).node(2).attached())
+                .await
+                .expect("run");
+            let (started, mut rd, mut wr) = sess.split();
+            let gpid = started.gpids[0];
+            loop {
+                match rd.next().await.expect("session") {
+                    Some(pb::SessionOutput {
+                        output: Some(pb::session_output::Output::Exited(_)),
+                        ..
+                    }) => break,
+                    Some(_) => {}
+                    None => panic!("session closed"),
+                }
+            }
+            s.push(t.elapsed());
+            let _ = wr.send(gpid, pb::session_input::Input::Release(true)).await;
+        }
+    });
+    r.latency(
+        g,
+        "clan run on node 2 (client library, from node 1)",
+        &s,
+        Some("local sh -c true (fork/exec/wait)"),
+    );
+}
+
+/// Two processes on nodes 1 and 2 bouncing SIGUSR1 through clan (Solaris MC Table 4).
+pub fn signal_latency(c: &Cluster, r: &mut Report, n: usize) {
+    let g = "signals";
+    println!("{g}:");
+    r.latency(
+        g,
+        "TCP loopback round trip (64 B)",
+        &baselines::tcp_rtt(n * 10),
+        None,
+    );
+    r.latency(
+        g,
+        "local kill(2) ping-pong, one way",
+        &baselines::kill_pingpong(n * 10),
+        Some("TCP loopback round trip (64 B)"),
+    );
+    let exe = std::env::current_exe().expect("self");
+    let exe = exe.to_str().expect("utf-8 path");
+    let peer_file = c.dir.join("ping.peer");
+    let out_file = c.dir.join("ping.out");
+    let iters = n * 10;
+    let ping = c
+        .spawn(
+            1,
+            &[
+                exe,
+                "sigping",
+                "--peer-file",
+                peer_file.to_str().unwrap(),
+                "--out",
+                out_file.to_str().unwrap(),
+                "--iters",
+                &iters.to_string(),
+            ],
+        )
+        .expect("ping");
+    let pong = c
+        .spawn(2, &[exe, "sigpong", "--peer", &ping.to_string()])
+        .expect("pong");
+    std::fs::write(&peer_file, pong.to_string()).expect("peer file");
+    let st = c
+        .cmd()
+        .args(["wait", &ping.to_string()])
+        .stdout(Stdio::null())
+        .status()
+        .expect("wait");
+    let _ = c.cmd().args(["kill", &pong.to_string()]).status();
+    let _ = c
+        .cmd()
+        .args(["wait", &pong.to_string()])
+        .stdout(Stdio::null())
+        .status();
+    assert!(st.success(), "sigping failed; see clan logs {ping}");
+    let text = std::fs::read_to_string(&out_file).expect("ping results");
+    let s = Samples(
+        text.lines()
+            .filter_map(|l| l.parse::<u64>().ok())
+            .map(Duration::from_nanos)
+            .collect(),
+    );
+    r.latency(
+        g,
+        "clan kill ping-pong node 1 <-> node 2, one way",
+        &s,
+        Some("TCP loopback round trip (64 B)"),
+    );
+}
+
+/// The `sigping` role: times `iters` round trips of SIGUSR1 with its peer through clan.
+pub fn sigping(peer_file: &Path, out: &Path, iters: usize) -> anyhow::Result<()> {
+    let peer: Gpid = loop {
+        if let Ok(s) = std::fs::read_to_string(peer_file) {
+            if let Ok(g) = s.trim().parse() {
+                break g;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    let client = Client::locate(None, None)?;
+    let mut lines = String::new();
+    rt().block_on(async {
+        for i in 0..iters + 20 {
+            let t = Instant::now();
+            client.kill_one(peer, libc::SIGUSR1).await?;
+            if wait_usr1(Duration::from_secs(10)).is_none() {
+                anyhow::bail!("no answer from {peer}");
+            }
+            if i >= 20 {
+                lines.push_str(&format!("{}\n", (t.elapsed() / 2).as_nanos()));
+            }
+        }
+        Ok(())
+    })?;
+    std::fs::write(out, lines)?;
+    Ok(())
+}
+
+/// The `sigpong` role: answers every SIGUSR1 with one to `peer`, through clan.
+pub fn sigpong(peer: Gpid) -> anyhow::Result<()> {
+    let client = Client::locate(None, None)?;
+    rt().block_on(async {
+        while wait_usr1(Duration::from_secs(30)).is_some() {
+            client.kill_one(peer, libc::SIGUSR1).await?;
+        }
+        Ok(())
+    })
+}
+
+/// `clan ps` over 4 nodes x `per_node` processes against `ps -e` of the same processes.
+pub fn ps_scale(c: &Cluster, r: &mut Report, per_node: usize, n: usize) {
+    let g = "cluster ps";
+    println!("{g} ({} nodes x {per_node} processes):", c.nodes);
+    let script =
+        format!("i=0; while [ $i -lt {per_node} ]; do sleep 3600 & i=$((i+1)); done; wait");
+    let mut parents = Vec::new();
+    for node in 1..=c.nodes {
+        parents.push(c.spawn(node, &["sh", "-c", &script]).expect("sleepers"));
+    }
+    let want = c.nodes as usize * per_node;
+    let count = || {
+        let out = c.cmd().args(["ps", "-o", "json"]).output().expect("ps");
+        serde_json::from_slice::<serde_json::Value>(&out.stdout)
+            .ok()
+            .and_then(|v| {
+                v.as_array()
+                    .map(|a| a.iter().filter(|p| p["cmd"] == "sleep 3600").count())
+            })
+            .unwrap_or(0)
+    };
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while count() < want {
+        assert!(Instant::now() < deadline, "sleepers did not start");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    r.latency(
+        g,
+        "ps -e (native, same processes)",
+        &baselines::ps_e(n),
+        None,
+    );
+    let mut s = Samples::default();
+    for _ in 0..n {
+        let t = Instant::now();
+        let st = c
+            .cmd()
+            .arg("ps")
+            .stdout(Stdio::null())
+            .status()
+            .expect("clan ps");
+        s.push(t.elapsed());
+        assert!(st.success());
+    }
+    r.latency(
+        g,
+        "clan ps (CLI, all nodes)",
+        &s,
+        Some("ps -e (native, same processes)"),
+    );
+    let client = c.client(1);
+    let mut s = Samples::default();
+    rt().block_on(async {
+        for _ in 0..n {
+            let t = Instant::now();
+            let ps = client.ps(pb::PsFilter::default(), &[]).await.expect("ps");
+            s.push(t.elapsed());
+            assert!(ps.iter().map(|n| n.procs.len()).sum::<usize>() >= want);
+        }
+    });
+    r.latency(
+        g,
+        "clan ps (client library, all nodes)",
+        &s,
+        Some("ps -e (native, same processes)"),
+    );
+    for p in parents {
+        let _ = c
+            .cmd()
+            .args(["kill", "-s", "KILL", &p.to_string()])
+            .status();
+    }
+}
+
+/// Requests per second with `k` concurrent clients for `secs`, each on its own connection:
+/// `kill -0` of a process on node 2 and a one-process `ps`, both sent to node 1.
+pub fn throughput(c: &Cluster, target: Gpid, k: usize, secs: f64) -> f64 {
+    let done = Arc::new(AtomicU64::new(0));
+    rt().block_on(async {
+        let stop = Instant::now() + Duration::from_secs_f64(secs);
+        let mut tasks = Vec::new();
+        for i in 0..k {
+            let (client, done) = (c.client(1), done.clone());
+            tasks.push(tokio::spawn(async move {
+                let filter = pb::PsFilter {
+                    gpids: vec![target.raw()],
+                    ..Default::default()
+                };
+                let mut n = 0u64;
+                while Instant::now() < stop {
+                    if (n + i as u64).is_multiple_of(2) {
+                        client.kill_one(target, 0).await.expect("kill -0");
+                    } else {
+                        client
+                            .ps(filter.clone(), &[target.node()])
+                            .await
+                            .expect("ps");
+                    }
+                    n += 1;
+                }
+                done.fetch_add(n, Ordering::Relaxed);
+            }));
+        }
+        for t in tasks {
+            t.await.expect("client task");
+        }
+    });
+    done.load(Ordering::Relaxed) as f64 / secs
+}
+
+pub fn throughput_rows(fine: &Cluster, giant: Option<&Cluster>, r: &mut Report, secs: f64) {
+    let g = "requests/s";
+    println!("{g} (kill -0 and one-process ps to node 2 through node 1):");
+    let t_fine = fine.spawn(2, &["sleep", "3600"]).expect("target");
+    let t_giant = giant.map(|g| g.spawn(2, &["sleep", "3600"]).expect("target"));
+    for k in [1usize, 2, 5, 10] {
+        let base = format!("one big lock, {k} clients");
+        if let (Some(gc), Some(t)) = (giant, t_giant) {
+            r.rate(g, &base, throughput(gc, t, k, secs), k, None);
+        }
+        let rate = throughput(fine, t_fine, k, secs);
+        r.rate(
+            g,
+            &format!("named locks, {k} clients"),
+            rate,
+            k,
+            giant.map(|_| base.as_str()),
+        );
+    }
+}

@@ -1,0 +1,151 @@
+//! `clan-bench`: clan's figures, each as a ratio against a baseline run in the same
+//! invocation. `bench/run` builds and runs it; results go to docs/performance.md.
+
+mod baselines;
+mod clan;
+mod cluster;
+mod report;
+mod stats;
+
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(name = "clan-bench")]
+struct Args {
+    #[command(subcommand)]
+    cmd: Option<Cmd>,
+    /// Directory with clan, cland and clan-shepherd [default: next to this binary].
+    #[arg(long, global = true)]
+    bin_dir: Option<PathBuf>,
+    /// The same binaries built with `--features clan-daemon/giant-lock`.
+    #[arg(long, global = true)]
+    giant_bin_dir: Option<PathBuf>,
+    /// Iterations per latency measurement.
+    #[arg(long, global = true, default_value_t = 200)]
+    iterations: usize,
+    /// Processes per node for the ps comparison.
+    #[arg(long, global = true, default_value_t = 1000)]
+    per_node: usize,
+    /// Seconds per throughput point.
+    #[arg(long, global = true, default_value_t = 3.0)]
+    seconds: f64,
+    /// Write the results as JSON here.
+    #[arg(long, global = true)]
+    json: Option<PathBuf>,
+    /// Write the results as a Markdown table here.
+    #[arg(long, global = true)]
+    markdown: Option<PathBuf>,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Every measurement (the default).
+    All,
+    /// Only the native baselines.
+    Baselines,
+    /// Remote exec latency.
+    Run,
+    /// Remote signal latency.
+    Signal,
+    /// Cluster-wide ps.
+    Ps,
+    /// Throughput with concurrent clients.
+    Rps,
+    #[command(hide = true)]
+    NativePong,
+    #[command(hide = true)]
+    Sigping {
+        #[arg(long)]
+        peer_file: PathBuf,
+        #[arg(long)]
+        out: PathBuf,
+        #[arg(long)]
+        iters: usize,
+    },
+    #[command(hide = true)]
+    Sigpong {
+        #[arg(long)]
+        peer: clan_core::Gpid,
+    },
+}
+
+fn main() -> anyhow::Result<()> {
+    // Before any thread exists: SIGUSR1 is taken with sigwaitinfo by the ping-pong roles.
+    baselines::block_usr1();
+    let a = Args::parse();
+    let cmd = a.cmd.unwrap_or(Cmd::All);
+    match cmd {
+        Cmd::NativePong => {
+            baselines::native_pong();
+            return Ok(());
+        }
+        Cmd::Sigping {
+            peer_file,
+            out,
+            iters,
+        } => return clan::sigping(&peer_file, &out, iters),
+        Cmd::Sigpong { peer } => return clan::sigpong(peer),
+        _ => {}
+    }
+    let bin = a.bin_dir.clone().unwrap_or_else(|| {
+        std::env::current_exe()
+            .expect("self")
+            .parent()
+            .expect("dir")
+            .to_path_buf()
+    });
+    let n = a.iterations;
+    let mut r = report::Report::default();
+    let all = matches!(cmd, Cmd::All);
+    if matches!(cmd, Cmd::Baselines) {
+        println!("baselines:");
+        r.latency(
+            "baselines",
+            "local sh -c true",
+            &baselines::spawn_sh_true(n),
+            None,
+        );
+        r.latency(
+            "baselines",
+            "TCP loopback round trip (64 B)",
+            &baselines::tcp_rtt(n * 10),
+            None,
+        );
+        r.latency(
+            "baselines",
+            "local kill(2) ping-pong, one way",
+            &baselines::kill_pingpong(n * 10),
+            None,
+        );
+        r.latency("baselines", "ps -e", &baselines::ps_e(n / 10 + 1), None);
+    } else {
+        let c = cluster::Cluster::up(&bin, "fine", 4, 7900)?;
+        if all || matches!(cmd, Cmd::Run) {
+            clan::run_latency(&c, &mut r, n);
+        }
+        if all || matches!(cmd, Cmd::Signal) {
+            clan::signal_latency(&c, &mut r, n);
+        }
+        if all || matches!(cmd, Cmd::Rps) {
+            let giant = match &a.giant_bin_dir {
+                Some(d) => Some(cluster::Cluster::up(d, "giant", 4, 7950)?),
+                None => {
+                    println!("  (no --giant-bin-dir: no one-big-lock comparison)");
+                    None
+                }
+            };
+            clan::throughput_rows(&c, giant.as_ref(), &mut r, a.seconds);
+        }
+        if all || matches!(cmd, Cmd::Ps) {
+            clan::ps_scale(&c, &mut r, a.per_node, (n / 10).max(5));
+        }
+    }
+    if let Some(p) = &a.json {
+        std::fs::write(p, serde_json::to_string_pretty(&r.rows)?)?;
+    }
+    if let Some(p) = &a.markdown {
+        std::fs::write(p, r.markdown())?;
+    }
+    Ok(())
+}
