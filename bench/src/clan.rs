@@ -13,6 +13,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// A single-threaded runtime, as a client program (and the `clan` CLI) would use: the
+/// thread that waits for a reply also drives the socket, with no wakeup across threads.
+pub fn rt1() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
 pub fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -177,7 +186,7 @@ pub fn sigping(peer_file: &Path, out: &Path, iters: usize) -> anyhow::Result<()>
     };
     let client = Client::locate(None, None)?;
     let mut lines = String::new();
-    rt().block_on(async {
+    rt1().block_on(async {
         for i in 0..iters + 20 {
             let t = Instant::now();
             client.kill_one(peer, libc::SIGUSR1).await?;
@@ -197,7 +206,7 @@ pub fn sigping(peer_file: &Path, out: &Path, iters: usize) -> anyhow::Result<()>
 /// The `sigpong` role: answers every SIGUSR1 with one to `peer`, through clan.
 pub fn sigpong(peer: Gpid) -> anyhow::Result<()> {
     let client = Client::locate(None, None)?;
-    rt().block_on(async {
+    rt1().block_on(async {
         while wait_usr1(Duration::from_secs(30)).is_some() {
             client.kill_one(peer, libc::SIGUSR1).await?;
         }

@@ -19,7 +19,10 @@ use clan_proto::pb::{local_reply::Reply, local_request::Op};
 use clan_proto::{read_frame, write_frame};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use tokio::io::BufReader;
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
+
+type Reader = BufReader<OwnedReadHalf>;
 use tokio::net::UnixStream;
 use tokio::sync::Mutex;
 
@@ -198,7 +201,7 @@ pub fn socket_path(dir: &Path, node: NodeId) -> PathBuf {
 pub struct Client {
     path: PathBuf,
     node: NodeId,
-    conn: Mutex<Option<(OwnedReadHalf, OwnedWriteHalf)>>,
+    conn: Mutex<Option<(Reader, OwnedWriteHalf)>>,
     next: AtomicU64,
 }
 
@@ -258,9 +261,12 @@ impl Client {
         self.node
     }
 
-    async fn open(&self) -> Result<(OwnedReadHalf, OwnedWriteHalf)> {
+    async fn open(&self) -> Result<(Reader, OwnedWriteHalf)> {
         match UnixStream::connect(&self.path).await {
-            Ok(s) => Ok(s.into_split()),
+            Ok(s) => {
+                let (r, w) = s.into_split();
+                Ok((BufReader::new(r), w))
+            }
             Err(e)
                 if matches!(
                     e.kind(),
@@ -276,7 +282,7 @@ impl Client {
     }
 
     async fn request_on(
-        rd: &mut OwnedReadHalf,
+        rd: &mut Reader,
         wr: &mut OwnedWriteHalf,
         id: u64,
         op: Op,
@@ -484,7 +490,7 @@ fn unexpected(r: Reply) -> ClientError {
 /// Attached processes: send them input and signals, receive their output and exit.
 pub struct Session {
     pub started: Started,
-    rd: OwnedReadHalf,
+    rd: Reader,
     wr: OwnedWriteHalf,
 }
 
@@ -495,7 +501,7 @@ pub struct SessionWriter {
 
 /// The receiving half of a session.
 pub struct SessionReader {
-    rd: OwnedReadHalf,
+    rd: Reader,
 }
 
 impl Session {

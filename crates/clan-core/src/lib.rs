@@ -11,5 +11,5 @@ pub mod sys;
 pub use config::{ClusterConfig, ConfigError, NodeEntry};
 pub use exit::{ExitCode, WaitStatus};
 pub use id::{Gpid, IdError, JobId, NodeId, GPID_SPAN, MAX_NODE};
-pub use lock::{NamedMutex, NamedRwLock};
+pub use lock::{NamedAsyncMutex, NamedMutex, NamedRwLock};
 pub use signal::{parse_signal, signal_name};

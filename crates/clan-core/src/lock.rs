@@ -265,6 +265,38 @@ impl<T> DerefMut for NamedWriteGuard<'_, T> {
     }
 }
 
+/// An async mutex with a name and counters, for what must be held across an `.await`
+/// (a connection's writer).
+pub struct NamedAsyncMutex<T> {
+    stats: Arc<LockStats>,
+    inner: tokio::sync::Mutex<T>,
+}
+
+impl<T> NamedAsyncMutex<T> {
+    pub fn new(name: &'static str, value: T) -> Self {
+        NamedAsyncMutex {
+            stats: stats_for(name),
+            inner: tokio::sync::Mutex::new(value),
+        }
+    }
+
+    /// Cancel safety: cancel safe (tokio's Mutex::lock is).
+    pub async fn lock(&self) -> tokio::sync::MutexGuard<'_, T> {
+        match self.inner.try_lock() {
+            Ok(g) => {
+                self.stats.uncontended();
+                g
+            }
+            Err(_) => {
+                let t = Instant::now();
+                let g = self.inner.lock().await;
+                self.stats.contended_for(t);
+                g
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -206,7 +206,7 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
         r = stop.wait_for(|s| s.is_some()) => r.map(|v| v.unwrap_or(false)).unwrap_or(false),
     };
     info!(kill_processes = kill, "stopping");
-    node.say_goodbye();
+    node.say_goodbye().await;
     tokio::time::sleep(Duration::from_millis(50)).await;
     if kill {
         stop_processes(&node);

@@ -14,6 +14,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::io::BufReader;
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::mpsc;
@@ -68,7 +69,8 @@ impl Node {
             pid: pid as u32,
             node: self.id.get(),
         };
-        let (mut rd, mut wr) = s.into_split();
+        let (rd, mut wr) = s.into_split();
+        let mut rd = BufReader::new(rd);
         loop {
             let req: pb::LocalRequest = match read_frame(&mut rd).await {
                 Ok(Some(r)) => r,
@@ -220,7 +222,7 @@ impl Node {
         id: u64,
         r: pb::RunRequest,
         creds: pb::Creds,
-        mut rd: OwnedReadHalf,
+        mut rd: BufReader<OwnedReadHalf>,
         mut wr: OwnedWriteHalf,
     ) {
         let fail = |e: Error| pb::LocalReply {

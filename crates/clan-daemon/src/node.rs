@@ -62,6 +62,7 @@ impl Node {
     ) -> Node {
         let mut inc = [0u8; 8];
         getrandom::getrandom(&mut inc).expect("kernel random");
+        let write_timeout = std::time::Duration::from_millis(cfg.dead_after_ms);
         let peers = cfg
             .nodes
             .iter()
@@ -69,7 +70,7 @@ impl Node {
             .filter_map(|n| {
                 Some((
                     NodeId::new(n.id)?,
-                    Arc::new(Peer::new(NodeId::new(n.id)?, n.addr)),
+                    Arc::new(Peer::new(NodeId::new(n.id)?, n.addr, write_timeout)),
                 ))
             })
             .collect();

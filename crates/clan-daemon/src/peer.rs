@@ -8,16 +8,17 @@
 
 use crate::error::{Error, Result};
 use crate::node::Node;
-use clan_core::{ClusterConfig, NamedMutex, NodeId};
-use clan_proto::auth::{self, Identity};
+use clan_core::{ClusterConfig, NamedAsyncMutex, NamedMutex, NodeId};
+use clan_proto::auth::{self, Identity, PeerWriter};
 use clan_proto::pb::{self, peer_frame::Frame, peer_reply::Reply, peer_request::Op};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{oneshot, watch};
 use tracing::{debug, info, warn};
 
 #[derive(Debug, Default)]
@@ -37,20 +38,24 @@ pub struct Peer {
     pub addr: SocketAddr,
     pub state: NamedMutex<PeerState>,
     pending: NamedMutex<Pending>,
-    out: NamedMutex<Option<mpsc::UnboundedSender<pb::PeerFrame>>>,
+    /// The writing half of our connection to the peer; frames are written directly by
+    /// whoever sends them (no writer task between a request and the socket).
+    out: NamedAsyncMutex<Option<PeerWriter<OwnedWriteHalf>>>,
+    write_timeout: Duration,
     next_id: AtomicU64,
     /// Bumped each time the peer is declared dead; sessions watch it.
     pub deaths: watch::Sender<u64>,
 }
 
 impl Peer {
-    pub fn new(id: NodeId, addr: SocketAddr) -> Peer {
+    pub fn new(id: NodeId, addr: SocketAddr, write_timeout: Duration) -> Peer {
         Peer {
             id,
             addr,
             state: NamedMutex::new("peer.state", PeerState::default()),
             pending: NamedMutex::new("peer.pending", HashMap::new()),
-            out: NamedMutex::new("peer.out", None),
+            out: NamedAsyncMutex::new("peer.out", None),
+            write_timeout,
             next_id: AtomicU64::new(1),
             deaths: watch::channel(0).0,
         }
@@ -78,10 +83,17 @@ impl Peer {
         }
     }
 
-    fn send(&self, f: pb::PeerFrame) -> bool {
-        match &*self.out.lock() {
-            Some(tx) => tx.send(f).is_ok(),
-            None => false,
+    /// Writes a frame on our connection to the peer; false when there is none or it broke
+    /// (a peer that does not read for `dead_after_ms` loses its connection).
+    async fn send(&self, f: &pb::PeerFrame) -> bool {
+        let mut out = self.out.lock().await;
+        let Some(w) = out.as_mut() else { return false };
+        match tokio::time::timeout(self.write_timeout, w.write(f)).await {
+            Ok(Ok(())) => true,
+            _ => {
+                *out = None;
+                false
+            }
         }
     }
 }
@@ -126,7 +138,7 @@ impl Node {
                 op: Some(op),
             })),
         };
-        if !p.send(frame) {
+        if !p.send(&frame).await {
             p.pending.lock().remove(&id);
             return Err(Error::NodeDown(format!("node {to} is unreachable")));
         }
@@ -171,10 +183,13 @@ impl Node {
                     info: Some(node.self_info()),
                     dead: vec![],
                 };
+                let frame = pb::PeerFrame {
+                    frame: Some(Frame::Heartbeat(hb)),
+                };
+                // One task per peer, so a peer that does not read delays nobody else.
                 for p in node.peers.values() {
-                    p.send(pb::PeerFrame {
-                        frame: Some(Frame::Heartbeat(hb.clone())),
-                    });
+                    let (p, f) = (p.clone(), frame.clone());
+                    tokio::spawn(async move { p.send(&f).await });
                 }
             }
         });
@@ -241,7 +256,7 @@ impl Node {
                 Ok(()) => backoff = Duration::from_millis(50),
                 Err(e) => debug!(node = %p.id, "link: {e}"),
             }
-            *p.out.lock() = None;
+            *p.out.lock().await = None;
             p.fail_pending(Error::NodeDown(format!("lost connection to node {}", p.id)));
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(Duration::from_millis(self.cfg.heartbeat_ms.max(100)));
@@ -256,22 +271,15 @@ impl Node {
         .await??;
         s.set_nodelay(true)?;
         let (r, w) = s.into_split();
-        let (hello, mut rd, mut wr) =
+        let r = tokio::io::BufReader::new(r);
+        let (hello, mut rd, wr) =
             auth::connect(r, w, &self.cfg.key, &self.identity(pb::ConnKind::Control)).await?;
         if hello.node != p.id.get() {
             anyhow::bail!("{} answered as node {}", p.addr, hello.node);
         }
-        let (tx, mut rx) = mpsc::unbounded_channel::<pb::PeerFrame>();
-        *p.out.lock() = Some(tx);
+        *p.out.lock().await = Some(wr);
         debug!(node = %p.id, "linked");
-        let writer = tokio::spawn(async move {
-            while let Some(f) = rx.recv().await {
-                if wr.write(&f).await.is_err() {
-                    break;
-                }
-            }
-        });
-        let res = loop {
+        loop {
             match rd.read().await {
                 Ok(Some(pb::PeerFrame {
                     frame: Some(Frame::Reply(r)),
@@ -282,18 +290,17 @@ impl Node {
                     }
                 }
                 Ok(Some(_)) => {}
-                Ok(None) => break Ok(()),
-                Err(e) => break Err(e.into()),
+                Ok(None) => return Ok(()),
+                Err(e) => return Err(e.into()),
             }
-        };
-        writer.abort();
-        res
+        }
     }
 
     async fn serve_inbound(self: Arc<Self>, s: TcpStream, from: SocketAddr) {
         let _ = s.set_nodelay(true);
         let (r, w) = s.into_split();
-        let (hello, mut rd, mut wr) =
+        let r = tokio::io::BufReader::new(r);
+        let (hello, mut rd, wr) =
             match auth::accept(r, w, &self.cfg.key, &self.identity(pb::ConnKind::Control)).await {
                 Ok(x) => x,
                 Err(e) => {
@@ -310,34 +317,38 @@ impl Node {
             return;
         }
         self.heard(peer, None);
-        let (tx, mut rx) = mpsc::unbounded_channel::<pb::PeerFrame>();
-        let writer = tokio::spawn(async move {
-            while let Some(f) = rx.recv().await {
-                if wr.write(&f).await.is_err() {
-                    break;
-                }
-            }
-        });
+        let wr = Arc::new(NamedAsyncMutex::new("peer.reply", wr));
         loop {
             match rd.read().await {
                 Ok(Some(pb::PeerFrame { frame: Some(f) })) => match f {
                     Frame::Heartbeat(hb) => self.heard(peer, hb.info),
                     Frame::Request(req) => {
                         self.heard(peer, None);
-                        let (node, tx) = (self.clone(), tx.clone());
-                        tokio::spawn(async move {
+                        // Quick requests are served here, with no task between the socket
+                        // and the kernel (a remote signal's critical path); the others get
+                        // a task so they do not hold up the connection.
+                        let quick =
+                            matches!(req.op, Some(Op::Signal(_) | Op::Release(_) | Op::Status(_)));
+                        let (node, wr) = (self.clone(), wr.clone());
+                        let serve = async move {
                             let id = req.id;
                             let reply = match node.handle_peer(peer, req).await {
                                 Ok(r) => r,
                                 Err(e) => Reply::Error(e.into()),
                             };
-                            let _ = tx.send(pb::PeerFrame {
+                            let f = pb::PeerFrame {
                                 frame: Some(Frame::Reply(pb::PeerReply {
                                     id,
                                     reply: Some(reply),
                                 })),
-                            });
-                        });
+                            };
+                            let _ = wr.lock().await.write(&f).await;
+                        };
+                        if quick {
+                            serve.await;
+                        } else {
+                            tokio::spawn(serve);
+                        }
                     }
                     Frame::Goodbye(_) => {
                         info!(node = %peer, "node said goodbye");
@@ -355,15 +366,15 @@ impl Node {
                 }
             }
         }
-        writer.abort();
     }
 
     /// Tells every peer this node is going away (they declare it dead at once).
-    pub fn say_goodbye(&self) {
+    pub async fn say_goodbye(&self) {
+        let f = pb::PeerFrame {
+            frame: Some(Frame::Goodbye(true)),
+        };
         for p in self.peers.values() {
-            p.send(pb::PeerFrame {
-                frame: Some(Frame::Goodbye(true)),
-            });
+            let _ = tokio::time::timeout(Duration::from_millis(200), p.send(&f)).await;
         }
     }
 

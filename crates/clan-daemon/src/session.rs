@@ -16,6 +16,7 @@ use clan_proto::pb::{self, peer_frame::Frame, session_input::Input, shepherd_in:
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::io::BufReader;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
@@ -100,6 +101,7 @@ impl Node {
         .map_err(|e| Error::NodeDown(format!("node {}: {e}", s.target)))?;
         let _ = stream.set_nodelay(true);
         let (r, w) = stream.into_split();
+        let r = BufReader::new(r);
         let (_, mut rd, mut wr) =
             auth::connect(r, w, &self.cfg.key, &self.identity(pb::ConnKind::Session))
                 .await
@@ -164,7 +166,7 @@ async fn relay_to_remote(
 }
 
 async fn relay_from_remote(
-    mut rd: PeerReader<OwnedReadHalf>,
+    mut rd: PeerReader<BufReader<OwnedReadHalf>>,
     out: mpsc::Sender<pb::SessionOutput>,
     gpid: Gpid,
     node: NodeId,
@@ -204,7 +206,7 @@ async fn relay_from_remote(
 pub async fn serve_remote(
     node: Arc<Node>,
     from: NodeId,
-    mut rd: PeerReader<OwnedReadHalf>,
+    mut rd: PeerReader<BufReader<OwnedReadHalf>>,
     mut wr: PeerWriter<OwnedWriteHalf>,
 ) {
     let req = match rd.read().await {

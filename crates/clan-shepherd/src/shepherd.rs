@@ -76,13 +76,12 @@ pub fn run() -> ExitCode {
     };
     // The first fork lets the caller reap us at once; the shepherd proper is adopted by init
     // (or the nearest subreaper) and so outlives cland.
-    // SAFETY: single-threaded so far.
-    match unsafe { fork() } {
-        Ok(ForkResult::Parent { .. }) => {
+    let placed = match fork_in(&spec.shepherd_cgroup) {
+        Ok((pid, _)) if pid > 0 => {
             std::mem::forget(out);
             return ExitCode::SUCCESS;
         }
-        Ok(ForkResult::Child) => {}
+        Ok((_, placed)) => placed,
         Err(e) => {
             report(
                 &mut out,
@@ -90,8 +89,8 @@ pub fn run() -> ExitCode {
             );
             return ExitCode::FAILURE;
         }
-    }
-    match start(&spec, &mut out) {
+    };
+    match start(&spec, &mut out, placed) {
         Ok(mut sh) => {
             drop(out);
             // Our stdout/stdin go nowhere from here on.
@@ -127,14 +126,37 @@ struct Shepherd {
     start_ticks: u64,
 }
 
-fn start(spec: &pb::ShepherdSpec, out: &mut File) -> Result<Shepherd, pb::ShepherdReady> {
+/// fork(2), the child born in cgroup `dir` when one is given (clone3 CLONE_INTO_CGROUP, no
+/// migration), else moved there by whoever asked. Returns the child's pid (0 in the child)
+/// and whether it is already in `dir`.
+fn fork_in(dir: &str) -> nix::Result<(i32, bool)> {
+    if !dir.is_empty() {
+        if let Ok(d) = File::open(dir) {
+            // SAFETY: the shepherd is single-threaded whenever it forks.
+            if let Ok(pid) = unsafe { sys::fork_into(&d) } {
+                return Ok((pid, true));
+            }
+        }
+    }
+    // SAFETY: as above.
+    match unsafe { fork() }? {
+        ForkResult::Parent { child } => Ok((child.as_raw(), false)),
+        ForkResult::Child => Ok((0, false)),
+    }
+}
+
+fn start(
+    spec: &pb::ShepherdSpec,
+    out: &mut File,
+    placed: bool,
+) -> Result<Shepherd, pb::ShepherdReady> {
     let internal = |what: &str, e: &dyn std::fmt::Display| {
         error_reply(pb::ErrorCode::Internal, format!("shepherd: {what}: {e}"))
     };
     let _ = setsid();
     // SAFETY: prctl(PR_SET_CHILD_SUBREAPER, 1) only changes a flag of this process.
     unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
-    if !spec.shepherd_cgroup.is_empty() {
+    if !spec.shepherd_cgroup.is_empty() && !placed {
         std::fs::write(format!("{}/cgroup.procs", spec.shepherd_cgroup), "0")
             .map_err(|e| internal("join cgroup", &e))?;
     }
@@ -269,10 +291,9 @@ fn start(spec: &pb::ShepherdSpec, out: &mut File) -> Result<Shepherd, pb::Shephe
         }
         env
     };
-    // SAFETY: the shepherd is single-threaded; the child only prepares and execs.
-    let child = match unsafe { fork() } {
+    let child = match fork_in(&spec.cgroup) {
         Err(e) => return Err(internal("fork", &e)),
-        Ok(ForkResult::Child) => {
+        Ok((0, placed)) => {
             drop(err_r);
             // getpid() is the pid inside the node's namespace: the gpid's local part.
             let env = plan_env(std::process::id());
@@ -286,7 +307,7 @@ fn start(spec: &pb::ShepherdSpec, out: &mut File) -> Result<Shepherd, pb::Shephe
                 uid: creds.uid,
                 gid: creds.gid,
                 groups: creds.groups.clone(),
-                cgroup_procs: (!spec.cgroup.is_empty())
+                cgroup_procs: (!spec.cgroup.is_empty() && !placed)
                     .then(|| format!("{}/cgroup.procs", spec.cgroup)),
                 mnt_ns,
                 uts_ns,
@@ -295,7 +316,7 @@ fn start(spec: &pb::ShepherdSpec, out: &mut File) -> Result<Shepherd, pb::Shephe
             };
             exec::child(plan, err_w.as_raw_fd())
         }
-        Ok(ForkResult::Parent { child }) => child.as_raw(),
+        Ok((child, _)) => child,
     };
     env.clear();
     drop(err_w);

@@ -225,9 +225,12 @@ impl ProcHandle {
         .map_err(|_| Error::NoSuchProcess(self.gpid))?;
         // SAFETY: fresh descriptor from openat, owned by this File only.
         let mut f = unsafe { File::from_raw_fd(fd) };
-        let mut s = String::new();
-        f.read_to_string(&mut s)
+        // One read: the kernel renders the whole file for each read call it serves.
+        let mut buf = vec![0u8; 8192];
+        let n = f
+            .read(&mut buf)
             .map_err(|_| Error::NoSuchProcess(self.gpid))?;
+        let s = String::from_utf8_lossy(&buf[..n]);
         let line = s
             .lines()
             .find_map(|l| l.strip_prefix("Uid:"))
