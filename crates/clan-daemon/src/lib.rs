@@ -176,6 +176,10 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
         placement,
     ));
     node.recover().await;
+    {
+        let node = node.clone();
+        tokio::spawn(async move { node.refill_pool().await });
+    }
     node.start_peers().await?;
     {
         let node = node.clone();

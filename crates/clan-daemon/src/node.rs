@@ -46,6 +46,8 @@ pub struct Node {
     job_seq: NamedMutex<u64>,
     /// Jobs with a process being started here right now (their cgroup must stay).
     pub spawning: NamedMutex<HashMap<u64, u32>>,
+    /// Shepherds started ahead of time, waiting for a spec.
+    pub pool: NamedMutex<Vec<crate::process::vproc::Waiting>>,
     pub shutdown: watch::Sender<Option<bool>>,
 }
 
@@ -94,6 +96,7 @@ impl Node {
             load: NamedMutex::new("load", LocalLoad::default()),
             job_seq: NamedMutex::new("jobs", job_seq),
             spawning: NamedMutex::new("spawning", HashMap::new()),
+            pool: NamedMutex::new("shepherd.pool", Vec::new()),
             shutdown: watch::channel(None).0,
         }
     }

@@ -16,7 +16,7 @@ use std::process::ExitCode;
 /// Entry point of the `clan-shepherd` binary.
 pub fn main_with_args(args: Vec<String>) -> ExitCode {
     match args.first().map(String::as_str) {
-        Some("run") => shepherd::run(),
+        Some("run") => shepherd::run(&args[1..]),
         Some("node-init") => init::run(&args[1..]),
         _ => {
             eprintln!("usage: clan-shepherd run < spec | clan-shepherd node-init --hostname NAME [--cgroup DIR]");

@@ -61,22 +61,21 @@ enum Stdio {
     Log,
 }
 
-pub fn run() -> ExitCode {
+/// `clan-shepherd run [--cgroup DIR]`: forks first (the child born in DIR, the shepherds'
+/// cgroup) so the caller can reap the parent at once, then waits for its spec on stdin. cland
+/// keeps a few shepherds waiting like this, so a spawn skips starting one.
+pub fn run(args: &[String]) -> ExitCode {
     // SAFETY: fd 1 is the report pipe cland gave us; we take ownership of it once.
     let mut out = unsafe { File::from_raw_fd(1) };
-    let spec: pb::ShepherdSpec = match read_frame_sync(&mut std::io::stdin().lock()) {
-        Ok(Some(s)) => s,
-        Ok(None) | Err(_) => {
-            report(
-                &mut out,
-                &error_reply(pb::ErrorCode::Invalid, "shepherd: no spec on stdin".into()),
-            );
-            return ExitCode::from(2);
-        }
-    };
+    let cgroup = args
+        .iter()
+        .position(|a| a == "--cgroup")
+        .and_then(|i| args.get(i + 1))
+        .cloned()
+        .unwrap_or_default();
     // The first fork lets the caller reap us at once; the shepherd proper is adopted by init
     // (or the nearest subreaper) and so outlives cland.
-    let placed = match fork_in(&spec.shepherd_cgroup) {
+    let placed = match fork_in(&cgroup) {
         Ok((pid, _)) if pid > 0 => {
             std::mem::forget(out);
             return ExitCode::SUCCESS;
@@ -90,6 +89,19 @@ pub fn run() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let spec: pb::ShepherdSpec = match read_frame_sync(&mut std::io::stdin().lock()) {
+        Ok(Some(s)) => s,
+        // cland went away (or shut its pool down) before giving us anything to do.
+        Ok(None) => return ExitCode::SUCCESS,
+        Err(_) => {
+            report(
+                &mut out,
+                &error_reply(pb::ErrorCode::Invalid, "shepherd: no spec on stdin".into()),
+            );
+            return ExitCode::from(2);
+        }
+    };
+    let placed = placed && spec.shepherd_cgroup == cgroup;
     match start(&spec, &mut out, placed) {
         Ok(mut sh) => {
             drop(out);

@@ -63,6 +63,12 @@ impl VProc {
     }
 }
 
+/// A shepherd waiting for its spec: its stdin and its report pipe.
+pub type Waiting = (tokio::process::ChildStdin, tokio::process::ChildStdout);
+
+/// Shepherds kept waiting per node.
+const POOL: usize = 2;
+
 /// What to start: the request as the daemon sees it.
 pub struct SpawnLocal {
     pub spec: pb::ProcSpec,
@@ -120,33 +126,18 @@ impl Node {
                 .unwrap_or_default(),
             hostname: String::new(),
         };
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.state_dir.join("shepherd.log"))
-            .map_err(|e| Error::internal("open shepherd.log", e))?;
-        let mut child = tokio::process::Command::new(&self.shepherd_bin)
-            .arg("run")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::from(log))
-            .spawn()
-            .map_err(|e| {
-                Error::internal(
-                    &format!("start shepherd {}", self.shepherd_bin.display()),
-                    e,
-                )
-            })?;
-        let mut stdin = child.stdin.take().expect("piped");
-        let mut stdout = child.stdout.take().expect("piped");
-        write_frame(&mut stdin, &spec)
-            .await
-            .map_err(|e| Error::internal("send spec to shepherd", e))?;
+        let (mut stdin, mut stdout) = self.take_shepherd().await?;
+        if write_frame(&mut stdin, &spec).await.is_err() {
+            // A waiting shepherd was killed from outside: start a fresh one.
+            (stdin, stdout) = self.fresh_shepherd().await?;
+            write_frame(&mut stdin, &spec)
+                .await
+                .map_err(|e| Error::internal("send spec to shepherd", e))?;
+        }
         drop(stdin);
         let ready: Option<pb::ShepherdReady> = read_frame(&mut stdout)
             .await
             .map_err(|e| Error::internal("read shepherd report", e))?;
-        let _ = child.wait().await;
         let ready =
             ready.ok_or_else(|| Error::Internal("shepherd exited without a report".into()))?;
         if let Some(e) = ready.error {
@@ -168,6 +159,69 @@ impl Node {
             })?;
         info!(gpid = %gpid, job = req.job, cmd = %vp.argv0, "started");
         Ok(vp)
+    }
+
+    /// Starts a shepherd that waits for its spec (`clan-shepherd run` forks at once, the
+    /// child born in the shepherds' cgroup; the parent is reaped here).
+    async fn fresh_shepherd(&self) -> Result<Waiting> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.state_dir.join("shepherd.log"))
+            .map_err(|e| Error::internal("open shepherd.log", e))?;
+        let mut cmd = tokio::process::Command::new(&self.shepherd_bin);
+        cmd.arg("run");
+        if let Some(cg) = &self.cgroup {
+            cmd.arg("--cgroup").arg(cg.sub("shepherds"));
+        }
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(log))
+            .spawn()
+            .map_err(|e| {
+                Error::internal(
+                    &format!("start shepherd {}", self.shepherd_bin.display()),
+                    e,
+                )
+            })?;
+        let waiting = (
+            child.stdin.take().expect("piped"),
+            child.stdout.take().expect("piped"),
+        );
+        tokio::spawn(async move {
+            let _ = child.wait().await;
+        });
+        Ok(waiting)
+    }
+
+    /// A waiting shepherd from the pool (refilled behind us), or a fresh one.
+    async fn take_shepherd(self: &Arc<Self>) -> Result<Waiting> {
+        let pooled = self.pool.lock().pop();
+        let node = self.clone();
+        tokio::spawn(async move { node.refill_pool().await });
+        match pooled {
+            Some(w) => Ok(w),
+            None => self.fresh_shepherd().await,
+        }
+    }
+
+    /// Keeps `POOL` shepherds waiting, so that a spawn does not start one.
+    pub async fn refill_pool(&self) {
+        while self.pool.lock().len() < POOL {
+            match self.fresh_shepherd().await {
+                Ok(w) => {
+                    let mut pool = self.pool.lock();
+                    if pool.len() < POOL {
+                        pool.push(w);
+                    }
+                }
+                Err(e) => {
+                    warn!("cannot start a shepherd for the pool: {e}");
+                    return;
+                }
+            }
+        }
     }
 
     /// Connects to a shepherd, learns what it runs, and enters it in the vproc table.
