@@ -180,6 +180,11 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
         let node = node.clone();
         tokio::spawn(async move { node.refill_pool().await });
     }
+    {
+        // A first load sample before the first heartbeat, so peers never show zeros.
+        let n = node.clone();
+        let _ = tokio::task::spawn_blocking(move || n.sample_load(1.0)).await;
+    }
     node.start_peers().await?;
     {
         let node = node.clone();

@@ -279,6 +279,15 @@ impl Node {
         }
         *p.out.lock().await = Some(wr);
         debug!(node = %p.id, "linked");
+        // Tell the peer who we are at once, not one heartbeat period later.
+        let hb = pb::Heartbeat {
+            info: Some(self.self_info()),
+            dead: vec![],
+        };
+        p.send(&pb::PeerFrame {
+            frame: Some(Frame::Heartbeat(hb)),
+        })
+        .await;
         loop {
             match rd.read().await {
                 Ok(Some(pb::PeerFrame {
