@@ -210,6 +210,23 @@ impl Cluster {
             .find(|p| p["gpid"].as_u64() == Some(gpid.raw()))
     }
 
+    /// A power cut on `node`: its daemon and its namespace init (so every process of the
+    /// node) killed at once.
+    pub fn power_cut(&self, node: u32) {
+        let init: i32 = std::fs::read_to_string(self.node_dir(node).join("init.pid"))
+            .expect("init.pid")
+            .trim()
+            .parse()
+            .expect("pid");
+        for pid in [self.cland_pid(node), init] {
+            nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            )
+            .expect("kill");
+        }
+    }
+
     /// The cluster's cgroup directory, when there is one.
     pub fn cgroup(&self) -> Option<&Path> {
         self.cgroup.as_deref()
@@ -249,16 +266,9 @@ fn remove_cgroup(dir: &Path) -> std::io::Result<()> {
     std::fs::remove_dir(dir)
 }
 
-/// The cgroup v2 mount point.
+/// The cgroup v2 mount point (found as cland finds it).
 pub fn cgroup2() -> Option<PathBuf> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    info.lines().find_map(|l| {
-        let (pre, post) = l.split_once(" - ")?;
-        if post.split_whitespace().next()? != "cgroup2" {
-            return None;
-        }
-        Some(PathBuf::from(pre.split_whitespace().nth(4)?))
-    })
+    clan_daemon::cgroup::cgroup2_mount()
 }
 
 /// PATH with the built binaries first, so `clan` inside cluster processes is ours.

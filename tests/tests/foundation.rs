@@ -589,18 +589,7 @@ fn a_dead_node_is_named_not_waited_for() {
     let c = Cluster::up(3);
     c.spawn(3, &["sleep", "300"]);
     // Power cut on node 3: its daemon and its namespace (every process of the node).
-    let init: i32 = std::fs::read_to_string(c.node_dir(3).join("init.pid"))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
-    for pid in [c.cland_pid(3), init] {
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(pid),
-            nix::sys::signal::Signal::SIGKILL,
-        )
-        .unwrap();
-    }
+    c.power_cut(3);
     let t = std::time::Instant::now();
     let o = c.clan(&["ps"]);
     assert_eq!(o.status.code(), Some(5));
@@ -674,18 +663,7 @@ fn a_stub_whose_node_dies_dies_of_sigkill() {
         .read_line(&mut l)
         .unwrap();
     assert_eq!(l, "ready\n");
-    let init: i32 = std::fs::read_to_string(c.node_dir(3).join("init.pid"))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
-    for pid in [c.cland_pid(3), init] {
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(pid),
-            nix::sys::signal::Signal::SIGKILL,
-        )
-        .unwrap();
-    }
+    c.power_cut(3);
     let o = stub.wait_with_output().unwrap();
     use std::os::unix::process::ExitStatusExt;
     assert_eq!(o.status.signal(), Some(libc::SIGKILL));

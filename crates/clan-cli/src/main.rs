@@ -101,30 +101,12 @@ fn main() -> ExitCode {
                     ExitCode::from(X::RUN_FAILED)
                 }
             },
-            Cmd::Ps(a) => match client() {
-                Ok(c) => cmd::ps::run(c, a).await,
-                Err(e) => client_error(&e),
-            },
-            Cmd::Kill(a) => match client() {
-                Ok(c) => cmd::kill::run(c, a).await,
-                Err(e) => client_error(&e),
-            },
-            Cmd::Wait(a) => match client() {
-                Ok(c) => cmd::wait::run(c, a).await,
-                Err(e) => client_error(&e),
-            },
-            Cmd::Logs(a) => match client() {
-                Ok(c) => cmd::logs::run(c, a).await,
-                Err(e) => client_error(&e),
-            },
-            Cmd::Stats(a) => match client() {
-                Ok(c) => cmd::stats::run(c, a).await,
-                Err(e) => client_error(&e),
-            },
-            Cmd::Loadmgr(a) => match client() {
-                Ok(c) => cmd::loadmgr::run(c, a).await,
-                Err(e) => client_error(&e),
-            },
+            Cmd::Ps(a) => with(client(), |c| cmd::ps::run(c, a)).await,
+            Cmd::Kill(a) => with(client(), |c| cmd::kill::run(c, a)).await,
+            Cmd::Wait(a) => with(client(), |c| cmd::wait::run(c, a)).await,
+            Cmd::Logs(a) => with(client(), |c| cmd::logs::run(c, a)).await,
+            Cmd::Stats(a) => with(client(), |c| cmd::stats::run(c, a)).await,
+            Cmd::Loadmgr(a) => with(client(), |c| cmd::loadmgr::run(c, a)).await,
         }
     })
 }

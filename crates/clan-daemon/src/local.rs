@@ -461,77 +461,103 @@ impl Node {
             .collect()
     }
 
+    /// Asks every node in `targets` at once: this node answers with `local`, the others get
+    /// `op`. Each answer is `Ok` or the reason its node could not answer (dead, or silent
+    /// for `dead_after_ms`), so one node never holds up the others. In node order.
+    async fn fan_out<T, L, Fut>(
+        self: &Arc<Self>,
+        targets: Vec<NodeId>,
+        op: pb::peer_request::Op,
+        local: L,
+        pick: fn(pb::peer_reply::Reply) -> Option<T>,
+    ) -> Vec<(NodeId, std::result::Result<T, String>)>
+    where
+        T: Send + 'static,
+        L: Fn(Arc<Node>) -> Fut + Send + Sync + Clone + 'static,
+        Fut: std::future::Future<Output = T> + Send,
+    {
+        let mut set = tokio::task::JoinSet::new();
+        for n in targets {
+            let (node, op, local) = (self.clone(), op.clone(), local.clone());
+            set.spawn(async move {
+                if n == node.id {
+                    return (n, Ok(local(node).await));
+                }
+                let limit = Duration::from_millis(node.cfg.dead_after_ms);
+                let res =
+                    match tokio::time::timeout(limit, node.call(n, node.own_creds(), op)).await {
+                        Ok(Ok(r)) => pick(r).ok_or_else(|| "unexpected reply".to_string()),
+                        Ok(Err(e)) => Err(e.to_string()),
+                        Err(_) => Err(format!("node {n} did not answer")),
+                    };
+                (n, res)
+            });
+        }
+        let mut answers = set.join_all().await;
+        answers.sort_by_key(|(n, _)| *n);
+        answers
+    }
+
     async fn ps_cluster(self: &Arc<Self>, p: pb::PsRequest) -> Result<pb::PsReply> {
         let targets = self.target_nodes(&p.nodes)?;
         let filter = p.filter.unwrap_or_default();
-        let mut set = tokio::task::JoinSet::new();
-        for n in targets {
-            let (node, filter) = (self.clone(), filter.clone());
-            set.spawn(async move {
-                if n == node.id {
-                    return pb::NodePs {
-                        node: n.get(),
-                        procs: node.ps_local(filter).await,
-                        error: String::new(),
-                    };
+        let op = pb::peer_request::Op::Ps(pb::PsRequest {
+            filter: Some(filter.clone()),
+            nodes: vec![],
+        });
+        let local = move |node: Arc<Node>| {
+            let filter = filter.clone();
+            async move {
+                pb::NodePs {
+                    node: node.id.get(),
+                    procs: node.ps_local(filter).await,
+                    error: String::new(),
                 }
-                let op = pb::peer_request::Op::Ps(pb::PsRequest {
-                    filter: Some(filter),
-                    nodes: vec![],
-                });
-                let limit = Duration::from_millis(node.cfg.dead_after_ms);
-                match tokio::time::timeout(limit, node.call(n, node.own_creds(), op)).await {
-                    Ok(Ok(pb::peer_reply::Reply::Ps(ps))) => ps,
-                    Ok(Ok(_)) => pb::NodePs {
-                        node: n.get(),
-                        procs: vec![],
-                        error: "unexpected reply".into(),
-                    },
-                    Ok(Err(e)) => pb::NodePs {
-                        node: n.get(),
-                        procs: vec![],
-                        error: e.to_string(),
-                    },
-                    Err(_) => pb::NodePs {
-                        node: n.get(),
-                        procs: vec![],
-                        error: format!("node {n} did not answer"),
-                    },
-                }
-            });
-        }
-        let mut nodes = set.join_all().await;
-        nodes.sort_by_key(|n| n.node);
+            }
+        };
+        let pick = |r| match r {
+            pb::peer_reply::Reply::Ps(ps) => Some(ps),
+            _ => None,
+        };
+        let nodes = self
+            .fan_out(targets, op, local, pick)
+            .await
+            .into_iter()
+            .map(|(n, r)| {
+                r.unwrap_or_else(|error| pb::NodePs {
+                    node: n.get(),
+                    procs: vec![],
+                    error,
+                })
+            })
+            .collect();
         Ok(pb::PsReply { nodes })
     }
 
     async fn stats_cluster(self: &Arc<Self>, s: pb::StatsRequest) -> Result<pb::StatsReply> {
         let targets = self.target_nodes(&s.nodes)?;
-        let mut set = tokio::task::JoinSet::new();
-        for n in targets {
-            let node = self.clone();
-            set.spawn(async move {
-                if n == node.id {
-                    return node.lock_stats();
-                }
-                let op = pb::peer_request::Op::Stats(pb::StatsRequest { nodes: vec![] });
-                match node.call(n, node.own_creds(), op).await {
-                    Ok(pb::peer_reply::Reply::Stats(s)) => s,
-                    Ok(_) => pb::NodeLockStats {
-                        node: n.get(),
-                        locks: vec![],
-                        error: "unexpected reply".into(),
-                    },
-                    Err(e) => pb::NodeLockStats {
-                        node: n.get(),
-                        locks: vec![],
-                        error: e.to_string(),
-                    },
-                }
-            });
-        }
-        let mut nodes = set.join_all().await;
-        nodes.sort_by_key(|n| n.node);
+        let op = pb::peer_request::Op::Stats(pb::StatsRequest { nodes: vec![] });
+        let pick = |r| match r {
+            pb::peer_reply::Reply::Stats(s) => Some(s),
+            _ => None,
+        };
+        let nodes = self
+            .fan_out(
+                targets,
+                op,
+                |node: Arc<Node>| async move { node.lock_stats() },
+                pick,
+            )
+            .await
+            .into_iter()
+            .map(|(n, r)| {
+                r.unwrap_or_else(|error| pb::NodeLockStats {
+                    node: n.get(),
+                    locks: vec![],
+                    error,
+                })
+            })
+            .collect();
         Ok(pb::StatsReply { nodes })
     }
 
