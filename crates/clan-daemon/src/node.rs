@@ -43,7 +43,8 @@ pub struct Node {
     pub children: NamedMutex<HashMap<Gpid, ChildRec>>,
     pub placement: NamedMutex<Placement>,
     pub load: NamedMutex<LocalLoad>,
-    job_seq: NamedMutex<u64>,
+    /// The last job number given out, and the end of the block reserved on disk.
+    job_seq: NamedMutex<(u64, u64)>,
     /// Jobs with a process being started here right now (their cgroup must stay).
     pub spawning: NamedMutex<HashMap<u64, u32>>,
     /// Shepherds started ahead of time, waiting for a spec.
@@ -94,22 +95,36 @@ impl Node {
             children: NamedMutex::new("children", HashMap::new()),
             placement: NamedMutex::new("placement", placement),
             load: NamedMutex::new("load", LocalLoad::default()),
-            job_seq: NamedMutex::new("jobs", job_seq),
+            // A restart continues after the whole block the last incarnation reserved.
+            job_seq: NamedMutex::new("jobs", (job_seq, job_seq)),
             spawning: NamedMutex::new("spawning", HashMap::new()),
             pool: NamedMutex::new("shepherd.pool", Vec::new()),
             shutdown: watch::channel(None).0,
         }
     }
 
-    /// A new cluster-wide job id: this node's prefix and a persisted sequence number.
+    /// A new cluster-wide job id: this node's prefix and a sequence number. Numbers are
+    /// reserved on disk a block of `JOB_BLOCK` at a time (one write per block, not per job),
+    /// so a restarted cland never hands out a number again.
     pub fn new_job(&self) -> Result<JobId> {
+        const JOB_BLOCK: u64 = 1000;
         let mut seq = self.job_seq.lock();
-        *seq = (*seq % (clan_core::id::JOB_SPAN - 1)) + 1;
-        let tmp = self.state_dir.join("job.seq.tmp");
-        std::fs::write(&tmp, seq.to_string())
-            .and_then(|_| std::fs::rename(&tmp, self.state_dir.join("job.seq")))
-            .map_err(|e| Error::internal("persist job sequence", e))?;
-        JobId::new(self.id, *seq).ok_or_else(|| Error::Internal("job sequence overflow".into()))
+        let (last, reserved) = &mut *seq;
+        let mut next = *last + 1;
+        if next >= clan_core::id::JOB_SPAN {
+            next = 1; // wrapped: old jobs are long gone
+            *reserved = 0;
+        }
+        if next > *reserved {
+            let end = (next + JOB_BLOCK - 1).min(clan_core::id::JOB_SPAN - 1);
+            let tmp = self.state_dir.join("job.seq.tmp");
+            std::fs::write(&tmp, end.to_string())
+                .and_then(|_| std::fs::rename(&tmp, self.state_dir.join("job.seq")))
+                .map_err(|e| Error::internal("persist job sequence", e))?;
+            *reserved = end;
+        }
+        *last = next;
+        JobId::new(self.id, next).ok_or_else(|| Error::Internal("job sequence overflow".into()))
     }
 
     /// Credentials for requests the daemon makes on its own behalf.

@@ -356,7 +356,7 @@ fn start(
         };
         return Err(error_reply(code, text));
     }
-    let ns_pid = ns_pid_of(child).unwrap_or(child as u32);
+    let ns_pid = ns_pid_of(&pidfd).unwrap_or(child as u32);
     let gpid = Gpid::new(node, ns_pid).ok_or_else(|| {
         error_reply(
             pb::ErrorCode::Internal,
@@ -376,7 +376,6 @@ fn start(
     let _ = std::fs::remove_file(&socket_path);
     let listener = UnixListener::bind(&socket_path).map_err(|e| internal("bind socket", &e))?;
     let _ = std::fs::set_permissions(&socket_path, std::fs::Permissions::from_mode(0o600));
-    let start_ticks = start_ticks_of(child).unwrap_or(0);
     report(
         out,
         &pb::ShepherdReady {
@@ -410,13 +409,15 @@ fn start(
         exited: None,
         pending_stdin: Vec::new(),
         stdin_eof: false,
-        start_ticks,
+        start_ticks: 0,
     })
 }
 
-/// The pid of host process `pid` in its innermost pid namespace (last NSpid field).
-fn ns_pid_of(pid: i32) -> Option<u32> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+/// The pid of a process in its innermost pid namespace: the last NSpid field of its pidfd's
+/// fdinfo (a few lines, much cheaper for the kernel to render than /proc/PID/status).
+fn ns_pid_of(pidfd: &OwnedFd) -> Option<u32> {
+    let status =
+        std::fs::read_to_string(format!("/proc/self/fdinfo/{}", pidfd.as_raw_fd())).ok()?;
     status
         .lines()
         .find_map(|l| l.strip_prefix("NSpid:"))
@@ -440,7 +441,11 @@ impl Shepherd {
             ns_pid: self.ns_pid,
             gpid: self.gpid.raw(),
             exited: self.exited.map(Into::into),
-            start_ticks: self.start_ticks,
+            start_ticks: if self.start_ticks != 0 {
+                self.start_ticks
+            } else {
+                start_ticks_of(self.pid).unwrap_or(0)
+            },
             shepherd_pid: std::process::id(),
         }
     }
