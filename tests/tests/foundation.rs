@@ -447,6 +447,9 @@ fn a_killed_cland_loses_no_process_and_no_status() {
     eventually("node 2 back", Duration::from_secs(10), || {
         c.ps_one(long).filter(|p| p["managed"] == true).map(|_| ())
     });
+    // Node 1's spare session connections to node 2 died with the old cland: an attached
+    // run from node 1 must notice and use a fresh one.
+    assert_eq!(c.clan_ok(&["--from", "1", "run", "--node", "2", "--", "echo", "again"]), "again\n");
     c.clan_ok(&["kill", &long.to_string()]);
     let o = c.clan(&["wait", &short.to_string(), &long.to_string()]);
     let out = String::from_utf8_lossy(&o.stdout);

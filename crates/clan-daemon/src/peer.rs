@@ -43,6 +43,8 @@ pub struct Peer {
     out: NamedAsyncMutex<Option<PeerWriter<OwnedWriteHalf>>>,
     write_timeout: Duration,
     next_id: AtomicU64,
+    /// Session connections opened ahead of time (session.rs).
+    pub spare_sessions: NamedMutex<Vec<crate::session::SessionConn>>,
     /// Bumped each time the peer is declared dead; sessions watch it.
     pub deaths: watch::Sender<u64>,
 }
@@ -57,6 +59,7 @@ impl Peer {
             out: NamedAsyncMutex::new("peer.out", None),
             write_timeout,
             next_id: AtomicU64::new(1),
+            spare_sessions: NamedMutex::new("peer.sessions", Vec::new()),
             deaths: watch::channel(0).0,
         }
     }
@@ -219,6 +222,7 @@ impl Node {
             if newly_dead {
                 warn!(node = %p.id, "node declared dead");
                 p.fail_pending(Error::NodeDead(p.id));
+                p.spare_sessions.lock().clear();
                 p.deaths.send_modify(|n| *n += 1);
                 self.children_of_dead_node(p.id);
             }

@@ -9,6 +9,7 @@
 
 use crate::error::{Error, Result};
 use crate::node::Node;
+use crate::peer::Peer;
 use crate::process::vproc::{SpawnLocal, VProc};
 use clan_core::{Gpid, NodeId};
 use clan_proto::auth::{self, PeerReader, PeerWriter};
@@ -92,58 +93,125 @@ impl Node {
             return Ok((vp.gpid, Endpoint::Local(vp)));
         }
         let peer = self.peer(s.target)?.clone();
-        let stream = tokio::time::timeout(
-            Duration::from_millis(self.cfg.dead_after_ms),
-            TcpStream::connect(peer.addr),
-        )
-        .await
-        .map_err(|_| Error::NodeDown(format!("node {} does not answer", s.target)))?
-        .map_err(|e| Error::NodeDown(format!("node {}: {e}", s.target)))?;
-        let _ = stream.set_nodelay(true);
-        let (r, w) = stream.into_split();
-        let r = BufReader::new(r);
-        let (_, mut rd, mut wr) =
-            auth::connect(r, w, &self.cfg.key, &self.identity(pb::ConnKind::Session))
-                .await
-                .map_err(|e| Error::NodeDown(format!("node {}: {e}", s.target)))?;
-        let req = pb::PeerRequest {
-            id: 1,
-            creds: Some(s.creds.clone()),
-            op: Some(pb::peer_request::Op::Spawn(pb::SpawnRequest {
-                spec: Some(s.spec),
-                creds: Some(s.creds),
-                job: s.job,
-                rank: s.rank,
-                size: s.size,
-                parent_node: self.id.get(),
+        let req = pb::PeerFrame {
+            frame: Some(Frame::Request(pb::PeerRequest {
+                id: 1,
+                creds: Some(s.creds.clone()),
+                op: Some(pb::peer_request::Op::Spawn(pb::SpawnRequest {
+                    spec: Some(s.spec),
+                    creds: Some(s.creds),
+                    job: s.job,
+                    rank: s.rank,
+                    size: s.size,
+                    parent_node: self.id.get(),
+                })),
             })),
         };
         let lost = |e: &dyn std::fmt::Display| Error::NodeDown(format!("node {}: {e}", s.target));
-        wr.write(&pb::PeerFrame {
-            frame: Some(Frame::Request(req)),
-        })
-        .await
-        .map_err(|e| lost(&e))?;
-        let gpid = match rd.read().await.map_err(|e| lost(&e))? {
-            Some(pb::PeerFrame {
-                frame: Some(Frame::Reply(pb::PeerReply { reply: Some(r), .. })),
-            }) => match r {
-                pb::peer_reply::Reply::Started(st) => st
-                    .gpids
-                    .first()
-                    .copied()
-                    .and_then(Gpid::from_raw)
-                    .ok_or_else(|| Error::Internal("no gpid in reply".into()))?,
-                pb::peer_reply::Reply::Error(e) => return Err(e.into()),
-                other => return Err(Error::Internal(format!("unexpected reply {other:?}"))),
+        // A spare connection saves the connect and handshake; one that went stale (the
+        // peer restarted) fails before any reply, and the request goes on a fresh one.
+        let (rd, wr, reply) = match self.take_session(&peer) {
+            Some((mut rd, mut wr)) => match ask(&mut rd, &mut wr, &req).await {
+                Ok(Some(r)) => (rd, wr, r),
+                _ => {
+                    let (mut rd, mut wr) = self.open_session(&peer).await?;
+                    let r = ask(&mut rd, &mut wr, &req).await.map_err(|e| lost(&e))?;
+                    (rd, wr, r.ok_or_else(|| lost(&"connection closed"))?)
+                }
             },
-            _ => return Err(lost(&"connection closed")),
+            None => {
+                let (mut rd, mut wr) = self.open_session(&peer).await?;
+                let r = ask(&mut rd, &mut wr, &req).await.map_err(|e| lost(&e))?;
+                (rd, wr, r.ok_or_else(|| lost(&"connection closed"))?)
+            }
+        };
+        let (node, spare) = (self.clone(), peer.clone());
+        tokio::spawn(async move { node.refill_sessions(&spare).await });
+        let gpid = match reply {
+            pb::peer_reply::Reply::Started(st) => st
+                .gpids
+                .first()
+                .copied()
+                .and_then(Gpid::from_raw)
+                .ok_or_else(|| Error::Internal("no gpid in reply".into()))?,
+            pb::peer_reply::Reply::Error(e) => return Err(e.into()),
+            other => return Err(Error::Internal(format!("unexpected reply {other:?}"))),
         };
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(relay_to_remote(wr, rx));
         let deaths = peer.deaths.subscribe();
         tokio::spawn(relay_from_remote(rd, out, gpid, s.target, deaths));
         Ok((gpid, Endpoint::Remote(tx)))
+    }
+}
+
+/// A session connection: authenticated, its first request not yet sent.
+pub type SessionConn = (
+    PeerReader<BufReader<OwnedReadHalf>>,
+    PeerWriter<OwnedWriteHalf>,
+);
+
+/// Spare session connections kept per peer.
+const SPARE_SESSIONS: usize = 2;
+
+/// Sends the spawn request and reads its reply; `Ok(None)` if the connection closed first.
+async fn ask(
+    rd: &mut PeerReader<BufReader<OwnedReadHalf>>,
+    wr: &mut PeerWriter<OwnedWriteHalf>,
+    req: &pb::PeerFrame,
+) -> std::result::Result<Option<pb::peer_reply::Reply>, String> {
+    wr.write(req).await.map_err(|e| e.to_string())?;
+    match rd.read().await.map_err(|e| e.to_string())? {
+        Some(pb::PeerFrame {
+            frame: Some(Frame::Reply(pb::PeerReply { reply: Some(r), .. })),
+        }) => Ok(Some(r)),
+        Some(_) => Err("unexpected frame".into()),
+        None => Ok(None),
+    }
+}
+
+impl Node {
+    /// Opens and authenticates a new session connection to `peer`.
+    async fn open_session(&self, peer: &Peer) -> Result<SessionConn> {
+        let stream = tokio::time::timeout(
+            Duration::from_millis(self.cfg.dead_after_ms),
+            TcpStream::connect(peer.addr),
+        )
+        .await
+        .map_err(|_| Error::NodeDown(format!("node {} does not answer", peer.id)))?
+        .map_err(|e| Error::NodeDown(format!("node {}: {e}", peer.id)))?;
+        let _ = stream.set_nodelay(true);
+        let (r, w) = stream.into_split();
+        let (_, rd, wr) = auth::connect(
+            BufReader::new(r),
+            w,
+            &self.cfg.key,
+            &self.identity(pb::ConnKind::Session),
+        )
+        .await
+        .map_err(|e| Error::NodeDown(format!("node {}: {e}", peer.id)))?;
+        Ok((rd, wr))
+    }
+
+    fn take_session(&self, peer: &Peer) -> Option<SessionConn> {
+        peer.spare_sessions.lock().pop()
+    }
+
+    /// Keeps `SPARE_SESSIONS` connections ready to `peer` while it is alive.
+    async fn refill_sessions(&self, peer: &Peer) {
+        while peer.spare_sessions.lock().len() < SPARE_SESSIONS
+            && peer.state_name(&self.cfg, self.started) == "up"
+        {
+            match self.open_session(peer).await {
+                Ok(c) => {
+                    let mut spares = peer.spare_sessions.lock();
+                    if spares.len() < SPARE_SESSIONS {
+                        spares.push(c);
+                    }
+                }
+                Err(_) => return,
+            }
+        }
     }
 }
 

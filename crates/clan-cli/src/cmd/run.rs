@@ -74,6 +74,15 @@ fn start_error(e: &ClientError) -> ExitCode {
     })
 }
 
+/// Whether stdin is /dev/null (character device 1:3).
+fn stdin_is_null() -> bool {
+    nix::sys::stat::fstat(0).is_ok_and(|st| {
+        (st.st_mode & libc::S_IFMT) == libc::S_IFCHR
+            && libc::major(st.st_rdev) == 1
+            && libc::minor(st.st_rdev) == 3
+    })
+}
+
 fn winsize() -> (u16, u16) {
     let mut ws = libc::winsize {
         ws_row: 0,
@@ -190,7 +199,15 @@ pub async fn run(c: Client, a: Args) -> ExitCode {
             Err(e) => start_error(&e),
         };
     }
-    let session = match c.run(spec).await {
+    // The stub's own setup (its signal handlers) overlaps the wait for the process to start.
+    let setup = async {
+        FORWARD
+            .iter()
+            .filter_map(|&sig| signal(SignalKind::from_raw(sig)).ok().map(|s| (sig, s)))
+            .collect::<Vec<_>>()
+    };
+    let (session, handlers) = tokio::join!(c.run(spec), setup);
+    let session = match session {
         Ok(s) => s,
         Err(e) => return start_error(&e),
     };
@@ -222,8 +239,10 @@ pub async fn run(c: Client, a: Args) -> ExitCode {
             }
         }
     });
-    // stdin goes to the first process (rank 0), like srun.
-    if let Some(&first) = gpids.first() {
+    // stdin goes to the first process (rank 0), like srun; /dev/null needs no reader.
+    if let (Some(&first), true) = (gpids.first(), stdin_is_null()) {
+        let _ = tx.send(Cmd::Input(first, Input::StdinEof(true)));
+    } else if let Some(&first) = gpids.first() {
         let tx = tx.clone();
         tokio::spawn(async move {
             let mut stdin = tokio::io::stdin();
@@ -246,10 +265,7 @@ pub async fn run(c: Client, a: Args) -> ExitCode {
             }
         });
     }
-    for &sig in FORWARD {
-        let Ok(mut s) = signal(SignalKind::from_raw(sig)) else {
-            continue;
-        };
+    for (sig, mut s) in handlers {
         let tx = tx.clone();
         tokio::spawn(async move {
             while s.recv().await.is_some() {
