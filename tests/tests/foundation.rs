@@ -406,6 +406,8 @@ fn a_killed_cland_loses_no_process_and_no_status() {
     let c = Cluster::up_with(3, &["--heartbeat-ms", "200", "--dead-after-ms", "5000"]);
     let short = c.spawn(2, &["sh", "-c", "read x < /dev/null; exit 5"]);
     let long = c.spawn(2, &["sleep", "300"]);
+    // An attached run leaves node 1 with spare session connections to node 2.
+    assert_eq!(c.clan_ok(&["--from", "1", "run", "--node", "2", "--", "echo", "once"]), "once\n");
     eventually("short exited", Duration::from_secs(10), || {
         c.ps_one(short).filter(|p| p["state"] == "Z").map(|_| ())
     });
