@@ -3,17 +3,15 @@
 # when everything is present.
 #   scripts/install-deps.sh            build + run + test dependencies
 #   scripts/install-deps.sh --bench    also what bench/run compares against (Slurm, hyperfine)
-#   scripts/install-deps.sh --criu     also CRIU 4.1.1 built from Debian's source (migration)
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 cd "$(dirname "$0")/.."
 
-want_bench=0 want_criu=0
+want_bench=0
 for a in "$@"; do
   case "$a" in
     --bench) want_bench=1 ;;
-    --criu) want_criu=1 ;;
-    *) echo "usage: $0 [--bench] [--criu]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--bench]" >&2; exit 2 ;;
   esac
 done
 
@@ -46,9 +44,4 @@ if ! command -v cargo >/dev/null 2>&1; then
 fi
 rustup component list --installed 2>/dev/null | grep -q rustfmt || rustup component add rustfmt clippy >/dev/null 2>&1 || true
 
-if [ "$want_criu" = 1 ]; then
-  if [ -x scripts/install-criu.sh ]; then
-    scripts/install-criu.sh || echo "install-deps: warning: CRIU could not be installed (nothing needs it yet)" >&2
-  fi
-fi
 echo "install-deps: ok"
