@@ -407,7 +407,10 @@ fn a_killed_cland_loses_no_process_and_no_status() {
     let short = c.spawn(2, &["sh", "-c", "read x < /dev/null; exit 5"]);
     let long = c.spawn(2, &["sleep", "300"]);
     // An attached run leaves node 1 with spare session connections to node 2.
-    assert_eq!(c.clan_ok(&["--from", "1", "run", "--node", "2", "--", "echo", "once"]), "once\n");
+    assert_eq!(
+        c.clan_ok(&["--from", "1", "run", "--node", "2", "--", "echo", "once"]),
+        "once\n"
+    );
     eventually("short exited", Duration::from_secs(10), || {
         c.ps_one(short).filter(|p| p["state"] == "Z").map(|_| ())
     });
@@ -451,7 +454,10 @@ fn a_killed_cland_loses_no_process_and_no_status() {
     });
     // Node 1's spare session connections to node 2 died with the old cland: an attached
     // run from node 1 must notice and use a fresh one.
-    assert_eq!(c.clan_ok(&["--from", "1", "run", "--node", "2", "--", "echo", "again"]), "again\n");
+    assert_eq!(
+        c.clan_ok(&["--from", "1", "run", "--node", "2", "--", "echo", "again"]),
+        "again\n"
+    );
     c.clan_ok(&["kill", &long.to_string()]);
     let o = c.clan(&["wait", &short.to_string(), &long.to_string()]);
     let out = String::from_utf8_lossy(&o.stdout);

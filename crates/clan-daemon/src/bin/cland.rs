@@ -24,8 +24,14 @@ fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
+    // Worker threads of the daemon's runtime: CLAN_WORKERS, default 2.
+    let workers = std::env::var("CLAN_WORKERS")
+        .ok()
+        .and_then(|w| w.parse().ok())
+        .unwrap_or(2usize)
+        .max(1);
     let rt = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(workers)
         .enable_all()
         .build()
     {
