@@ -681,3 +681,32 @@ fn a_stub_whose_node_dies_dies_of_sigkill() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("node 3") && err.lines().count() == 1, "{err}");
 }
+
+/// Regression: a session frame read cancelled by `select!` (serve_remote) desynchronized the
+/// connection when stdin and stdout flowed at once; the stub then died of "node 2 died".
+#[test]
+fn bulk_stdin_and_stdout_at_once_lose_nothing() {
+    root_or_skip!("bulk_stdin_and_stdout_at_once_lose_nothing");
+    let c = Cluster::up(2);
+    let data: Vec<u8> = (0..20_000_000u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
+        .collect();
+    for _ in 0..3 {
+        let mut child = c
+            .cmd()
+            .args(["run", "--node", "2", "--", "cat"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        let input = data.clone();
+        let writer = std::thread::spawn(move || stdin.write_all(&input));
+        let mut out = Vec::new();
+        std::io::Read::read_to_end(&mut child.stdout.take().unwrap(), &mut out).unwrap();
+        writer.join().unwrap().unwrap();
+        assert!(child.wait().unwrap().success());
+        assert_eq!(out.len(), data.len());
+        assert!(out == data, "output differs from input");
+    }
+}

@@ -242,6 +242,8 @@ async fn relay_from_remote(
 ) {
     let mut done = false;
     loop {
+        // Cancelling rd.read() here is safe only because a death ends the loop: the
+        // connection is never read again after a cancelled read.
         tokio::select! {
             f = rd.read() => match f {
                 Ok(Some(pb::PeerFrame { frame: Some(Frame::Output(o)) })) => {
@@ -329,31 +331,41 @@ pub async fn serve_remote(
     }
     let (tx, mut rx) = mpsc::channel(64);
     vp.attach(tx);
-    let mut released = false;
+    // Input has a task of its own: PeerReader::read is not cancel safe, so it must never be
+    // a branch of a select! that another branch can win halfway through a frame.
+    let released = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (input_vp, input_released) = (vp.clone(), released.clone());
+    let mut input = tokio::spawn(async move {
+        while let Ok(Some(f)) = rd.read().await {
+            if let Some(Frame::Input(pb::SessionInput { input: Some(i), .. })) = f.frame {
+                if matches!(i, Input::Release(_)) {
+                    input_released.store(true, std::sync::atomic::Ordering::SeqCst);
+                }
+                input_vp.send(to_shepherd(i));
+            }
+        }
+    });
     loop {
         tokio::select! {
-            f = rd.read() => match f {
-                Ok(Some(pb::PeerFrame { frame: Some(Frame::Input(i)) })) => {
-                    if let Some(input) = i.input {
-                        released |= matches!(input, Input::Release(_));
-                        vp.send(to_shepherd(input));
-                    }
-                }
-                Ok(Some(_)) => {}
-                _ => break,
-            },
+            // Both branches are cancel safe: a JoinHandle and mpsc::Receiver::recv.
+            _ = &mut input => break,
             o = rx.recv() => match o {
                 Some(o) => {
                     if wr.write(&pb::PeerFrame { frame: Some(Frame::Output(o)) }).await.is_err() {
+                        input.abort();
                         break;
                     }
                 }
-                None => break,
+                None => {
+                    // The process's link is gone; wait for the stub's side to finish.
+                    let _ = (&mut input).await;
+                    break;
+                }
             },
         }
     }
     vp.detach_subscriber();
-    if !released {
+    if !released.load(std::sync::atomic::Ordering::SeqCst) {
         debug!(gpid = %vp.gpid, "session ended without release: orphaning");
         vp.send(In::Orphan(true));
     }
