@@ -20,7 +20,7 @@ if [ "$(id -u)" -ne 0 ]; then
   exit 1
 fi
 
-pkgs=(build-essential pkg-config git procps psmisc iproute2 util-linux fuse3 libfuse3-dev tmux python3 curl ca-certificates passwd)
+pkgs=(build-essential pkg-config git procps psmisc iproute2 util-linux bsdutils fuse3 libfuse3-dev tmux python3 curl ca-certificates passwd)
 [ "$want_bench" = 1 ] && pkgs+=(slurmctld slurmd slurm-client munge hyperfine)
 
 missing=()

@@ -710,3 +710,23 @@ fn bulk_stdin_and_stdout_at_once_lose_nothing() {
         assert!(out == data, "output differs from input");
     }
 }
+
+#[test]
+fn run_t_gives_the_process_a_terminal_of_the_callers_size() {
+    root_or_skip!("run_t_gives_the_process_a_terminal_of_the_callers_size");
+    let c = Cluster::up(2);
+    // util-linux `script` gives the stub a terminal of its own, sized 33x101 here.
+    let inner = format!(
+        "stty rows 33 cols 101; {} run -t --node 2 -- sh -c 'stty size; test -t 0 && test -t 1 && echo tty; hostname; exit 5'",
+        bin("clan").display()
+    );
+    let o = std::process::Command::new("script")
+        .args(["-qec", &inner, "/dev/null"])
+        .env("CLAN_DIR", &c.dir)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout).replace('\r', "");
+    assert_eq!(out, "33 101\ntty\nnode2\n");
+    assert_eq!(o.status.code(), Some(5));
+}
