@@ -414,6 +414,36 @@ fn a_killed_cland_loses_no_process_and_no_status() {
     eventually("short exited", Duration::from_secs(10), || {
         c.ps_one(short).filter(|p| p["state"] == "Z").map(|_| ())
     });
+    // An attached process on node 2, its stub here.
+    let mut stub = c
+        .cmd()
+        .args([
+            "--from",
+            "1",
+            "run",
+            "--node",
+            "2",
+            "--",
+            "sh",
+            "-c",
+            "echo up; exec sleep 300",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut l = String::new();
+    BufReader::new(stub.stdout.take().unwrap())
+        .read_line(&mut l)
+        .unwrap();
+    assert_eq!(l, "up\n");
+    let attached = c
+        .ps(&["--node", "2"])
+        .into_iter()
+        .find(|p| p["cmd"] == "sleep 300" && p["gpid"].as_u64() != Some(long.raw()))
+        .map(|p| Gpid::from_raw(p["gpid"].as_u64().unwrap()).unwrap())
+        .expect("attached process listed");
     let pid = c.cland_pid(2);
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(pid),
@@ -449,6 +479,15 @@ fn a_killed_cland_loses_no_process_and_no_status() {
     .stdout(log.try_clone().unwrap())
     .stderr(log);
     let mut daemon = d.spawn().unwrap();
+    // The stub lost its session and ended as killed; after the restart that is true.
+    let o = stub.wait_with_output().unwrap();
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(
+        o.status.signal(),
+        Some(libc::SIGKILL),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     eventually("node 2 back", Duration::from_secs(10), || {
         c.ps_one(long).filter(|p| p["managed"] == true).map(|_| ())
     });
@@ -458,6 +497,9 @@ fn a_killed_cland_loses_no_process_and_no_status() {
         c.clan_ok(&["--from", "1", "run", "--node", "2", "--", "echo", "again"]),
         "again\n"
     );
+    eventually("the attached process gone", Duration::from_secs(10), || {
+        c.ps_one(attached).is_none().then_some(())
+    });
     c.clan_ok(&["kill", &long.to_string()]);
     let o = c.clan(&["wait", &short.to_string(), &long.to_string()]);
     let out = String::from_utf8_lossy(&o.stdout);
@@ -729,4 +771,41 @@ fn run_t_gives_the_process_a_terminal_of_the_callers_size() {
     let out = String::from_utf8_lossy(&o.stdout).replace('\r', "");
     assert_eq!(out, "33 101\ntty\nnode2\n");
     assert_eq!(o.status.code(), Some(5));
+}
+
+#[test]
+fn a_killed_stub_hangs_up_its_process() {
+    root_or_skip!("a_killed_stub_hangs_up_its_process");
+    let c = Cluster::up(2);
+    let mark = c.dir.join("hup");
+    let script = format!(
+        "trap 'echo hup > {}; exit 0' HUP; echo ready; while :; do sleep 0.05; done",
+        mark.display()
+    );
+    let mut stub = c
+        .cmd()
+        .args([
+            "--from", "1", "run", "--node", "2", "--", "sh", "-c", &script,
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut l = String::new();
+    BufReader::new(stub.stdout.take().unwrap())
+        .read_line(&mut l)
+        .unwrap();
+    assert_eq!(l, "ready\n");
+    // SIGKILL can not be forwarded: the stub just vanishes, like an ssh client killed.
+    stub.kill().unwrap();
+    stub.wait().unwrap();
+    eventually("SIGHUP delivered", Duration::from_secs(10), || {
+        std::fs::read_to_string(&mark).ok().filter(|s| s == "hup\n")
+    });
+    eventually("process gone", Duration::from_secs(10), || {
+        (!c.ps(&["--node", "2"])
+            .iter()
+            .any(|p| p["cmd"].as_str().is_some_and(|s| s.contains("trap"))))
+        .then_some(())
+    });
 }

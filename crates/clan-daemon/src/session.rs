@@ -45,9 +45,8 @@ impl Endpoint {
     /// The stub is gone without collecting the status.
     pub fn orphan(self) {
         if let Endpoint::Local(vp) = self {
-            vp.detach_subscriber();
-            vp.send(In::Orphan(true));
-        } // a remote endpoint is orphaned by closing its session connection (drop)
+            vp.hang_up();
+        } // a remote endpoint is hung up by closing its session connection (drop)
     }
 }
 
@@ -261,7 +260,7 @@ async fn relay_from_remote(
     if !done {
         let e = pb::Error::new(
             pb::ErrorCode::NodeDown,
-            format!("node {node} died; process {gpid} is lost"),
+            format!("lost the session with node {node}; process {gpid} is lost"),
         );
         let _ = out
             .send(pb::SessionOutput {
@@ -326,7 +325,7 @@ pub async fn serve_remote(
         .await
         .is_err()
     {
-        vp.send(In::Orphan(true));
+        vp.hang_up();
         return;
     }
     let (tx, mut rx) = mpsc::channel(64);
@@ -364,10 +363,11 @@ pub async fn serve_remote(
             },
         }
     }
-    vp.detach_subscriber();
-    if !released.load(std::sync::atomic::Ordering::SeqCst) {
-        debug!(gpid = %vp.gpid, "session ended without release: orphaning");
-        vp.send(In::Orphan(true));
+    if released.load(std::sync::atomic::Ordering::SeqCst) {
+        vp.detach_subscriber();
+    } else {
+        debug!(gpid = %vp.gpid, "session ended without release: hanging up");
+        vp.hang_up();
     }
 }
 

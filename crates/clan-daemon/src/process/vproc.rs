@@ -36,6 +36,16 @@ impl VProc {
         let _ = self.tx.send(pb::ShepherdIn { msg: Some(msg) });
     }
 
+    /// The session to its stub is gone for good: SIGHUP, as a terminal or ssh connection that
+    /// drops sends it, then orphan (pipes closed, reaped by the shepherd when it exits).
+    pub fn hang_up(&self) {
+        self.detach_subscriber();
+        if self.exited().is_none() {
+            self.send(In::Signal(libc::SIGHUP));
+        }
+        self.send(In::Orphan(true));
+    }
+
     /// Routes output to `sub` from now on and asks the shepherd to relay.
     pub fn attach(&self, sub: mpsc::Sender<pb::SessionOutput>) {
         *self.subscriber.lock() = Some(sub);
@@ -340,7 +350,14 @@ impl Node {
             let p = e.path();
             if p.extension().is_some_and(|x| x == "sock") {
                 match self.link_shepherd(&p).await {
-                    Ok(_) => n += 1,
+                    Ok(vp) => {
+                        n += 1;
+                        if !vp.detached {
+                            // Its session died with the old cland: hang it up.
+                            warn!(gpid = %vp.gpid, "attached process lost its session in the restart");
+                            vp.hang_up();
+                        }
+                    }
                     Err(err) => {
                         warn!(socket = %p.display(), "stale shepherd socket: {err}");
                         let _ = std::fs::remove_file(&p);
