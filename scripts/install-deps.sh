@@ -1,17 +1,25 @@
 #!/usr/bin/env bash
-# Installs what clan needs to build, run and test on Debian 12, as root. Idempotent and quick
-# when everything is present.
-#   scripts/install-deps.sh            build + run + test dependencies
+# Installs what clan needs to build, run and test on Debian 12, as root. Idempotent, and takes
+# well under a second when everything is present (apt-get update runs only when a package is
+# missing).
+#   scripts/install-deps.sh            build + run + test dependencies (and checks Rust)
+#   scripts/install-deps.sh --slurm    also Slurm 22.05 and munge (bench/slurm/start.sh)
 #   scripts/install-deps.sh --bench    also what bench/run compares against (Slurm, hyperfine)
+#   scripts/install-deps.sh --criu     also CRIU 4.1.1 built from Debian's source
+#                                      (scripts/install-criu.sh; a failure only warns)
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 cd "$(dirname "$0")/.."
 
-want_bench=0
+usage() { echo "usage: $0 [--slurm] [--bench] [--criu]" >&2; exit 2; }
+want_slurm=0 want_bench=0 want_criu=0
 for a in "$@"; do
   case "$a" in
-    --bench) want_bench=1 ;;
-    *) echo "usage: $0 [--bench]" >&2; exit 2 ;;
+    --slurm) want_slurm=1 ;;
+    --bench) want_bench=1 want_slurm=1 ;;
+    --criu) want_criu=1 ;;
+    -h|--help) usage ;;
+    *) usage ;;
   esac
 done
 
@@ -20,12 +28,17 @@ if [ "$(id -u)" -ne 0 ]; then
   exit 1
 fi
 
-pkgs=(build-essential pkg-config git procps psmisc iproute2 util-linux bsdutils fuse3 libfuse3-dev tmux python3 curl ca-certificates passwd)
-[ "$want_bench" = 1 ] && pkgs+=(slurmctld slurmd slurm-client munge hyperfine)
+pkgs=(build-essential pkg-config git procps psmisc iproute2 util-linux bsdutils fuse3
+  libfuse3-dev tmux python3 curl ca-certificates passwd)
+[ "$want_slurm" = 1 ] && pkgs+=(slurmctld slurmd slurm-client munge)
+[ "$want_bench" = 1 ] && pkgs+=(hyperfine)
 
+# One dpkg-query for all of them; a package dpkg does not know is missing too.
+installed=$(dpkg-query -W -f='${Package} ${Status}\n' "${pkgs[@]}" 2>/dev/null |
+  awk '$NF == "installed" && $(NF-1) == "ok" { sub(/:.*/, "", $1); print $1 }' || true)
 missing=()
 for p in "${pkgs[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  grep -qxF "$p" <<<"$installed" || missing+=("$p")
 done
 if [ "${#missing[@]}" -gt 0 ]; then
   echo "install-deps: installing ${missing[*]}"
@@ -33,15 +46,57 @@ if [ "${#missing[@]}" -gt 0 ]; then
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-# Rust: the toolchain pinned in rust-toolchain.toml, through rustup.
+# Rust: the toolchain pinned in rust-toolchain.toml, through rustup in ~/.cargo/bin.
+caller_path=$PATH
 export PATH="$HOME/.cargo/bin:$PATH"
+channel=$(sed -n 's/^channel *= *"\(.*\)"/\1/p' rust-toolchain.toml 2>/dev/null | head -n1)
+channel=${channel:-1.95.0}
 if ! command -v cargo >/dev/null 2>&1; then
   if ! command -v rustup >/dev/null 2>&1; then
-    echo "install-deps: installing rustup from crates.io is not possible offline;" >&2
-    echo "  install Rust 1.95 with rustup (https://rustup.rs) and re-run" >&2
+    # Debian 12 has no rustup package (Debian 13 has); its own rustc 1.63 is too old for clan.
+    has_rustup() { apt-cache policy rustup 2>/dev/null | grep -q 'Candidate: [^(]'; }
+    has_rustup || apt-get update -qq
+    if has_rustup; then
+      echo "install-deps: installing rustup from Debian"
+      apt-get install -y -qq --no-install-recommends rustup >/dev/null
+    else
+      echo "install-deps: error: no cargo on PATH or in ~/.cargo/bin, and this Debian has no rustup package." >&2
+      echo "  Install Rust $channel with rustup (https://rustup.rs, as root into ~/.cargo) and re-run." >&2
+      exit 1
+    fi
+  fi
+  if ! rustup toolchain install "$channel" --profile minimal -c rustfmt -c clippy; then
+    echo "install-deps: error: rustup could not install Rust $channel (its download server may be" >&2
+    echo "  out of reach from here); install Rust $channel by other means and re-run." >&2
     exit 1
   fi
 fi
-rustup component list --installed 2>/dev/null | grep -q rustfmt || rustup component add rustfmt clippy >/dev/null 2>&1 || true
+if command -v rustup >/dev/null 2>&1; then
+  if ! rustup toolchain list 2>/dev/null | grep -q "^$channel"; then
+    rustup toolchain install "$channel" --profile minimal -c rustfmt -c clippy >/dev/null 2>&1 || {
+      echo "install-deps: error: Rust $channel (rust-toolchain.toml) is not installed and rustup could not fetch it" >&2
+      exit 1
+    }
+  fi
+  # rustup answers for the toolchain that rust-toolchain.toml selects, since we are in the repo.
+  comps=$(rustup component list --installed 2>/dev/null || true)
+  if ! grep -q '^rustfmt' <<<"$comps" || ! grep -q '^clippy' <<<"$comps"; then
+    rustup component add rustfmt clippy >/dev/null 2>&1 ||
+      echo "install-deps: warning: could not add rustfmt and clippy to Rust $channel" >&2
+  fi
+fi
+case ":$caller_path:" in
+  *":$HOME/.cargo/bin:"*) ;;
+  *) echo "install-deps: Rust is in ~/.cargo/bin; put it on your PATH with:"
+     echo "  export PATH=\"\$HOME/.cargo/bin:\$PATH\"" ;;
+esac
+
+if [ "$want_criu" = 1 ]; then
+  # Nothing needs CRIU yet (migration will): a failure here only warns.
+  if ! scripts/install-criu.sh; then
+    echo "install-deps: WARNING: CRIU 4.1.1 is not installed or does not pass 'criu check' (see above);" \
+      "going on without it, since nothing needs it yet" >&2
+  fi
+fi
 
 echo "install-deps: ok"

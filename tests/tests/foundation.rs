@@ -762,12 +762,18 @@ fn run_t_gives_the_process_a_terminal_of_the_callers_size() {
         "stty rows 33 cols 101; {} run -t --node 2 -- sh -c 'stty size; test -t 0 && test -t 1 && echo tty; hostname; exit 5'",
         bin("clan").display()
     );
-    let o = std::process::Command::new("script")
+    // script's stdin stays an open pipe until it ends: at end of input `script` writes an EOF
+    // character into the terminal, which the stub would relay (echoed by the remote terminal).
+    let mut child = std::process::Command::new("script")
         .args(["-qec", &inner, "/dev/null"])
         .env("CLAN_DIR", &c.dir)
-        .stdin(Stdio::null())
-        .output()
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
         .unwrap();
+    let stdin = child.stdin.take();
+    let o = child.wait_with_output().unwrap();
+    drop(stdin);
     let out = String::from_utf8_lossy(&o.stdout).replace('\r', "");
     assert_eq!(out, "33 101\ntty\nnode2\n");
     assert_eq!(o.status.code(), Some(5));
