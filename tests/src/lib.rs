@@ -334,3 +334,99 @@ pub fn test_user(name: &str) -> u32 {
         .uid
         .as_raw()
 }
+
+/// An interactive bash in a terminal of its own (a tmux server private to the test, removed
+/// with everything it runs when dropped), driven with keys and read from the screen.
+pub struct Terminal {
+    socket: String,
+}
+
+impl Terminal {
+    /// `bash --norc -i` with `env` set, prompt "$ ".
+    pub fn bash(env: &[(&str, &str)]) -> Terminal {
+        let socket = format!("clan-test-{}-{}", std::process::id(), next_id());
+        let mut cmd = vec!["env".to_string()];
+        cmd.extend(env.iter().map(|(k, v)| format!("{k}={v}")));
+        cmd.extend(["PS1=$ ".into(), "bash".into(), "--norc".into(), "-i".into()]);
+        let st = Command::new("tmux")
+            .args(["-L", &socket, "new-session", "-d", "-x", "120", "-y", "40"])
+            .args(&cmd)
+            .status()
+            .expect("tmux (scripts/install-deps.sh installs it)");
+        assert!(st.success(), "tmux new-session");
+        let t = Terminal { socket };
+        t.wait_for("the prompt", |s| s.lines().any(|l| l.trim_end() == "$"));
+        t
+    }
+
+    /// Types `keys` (tmux key names such as C-z, Enter, or literal text).
+    pub fn keys(&self, keys: &[&str]) {
+        let st = Command::new("tmux")
+            .args(["-L", &self.socket, "send-keys", "-t", "0"])
+            .args(keys)
+            .status()
+            .expect("tmux send-keys");
+        assert!(st.success());
+    }
+
+    /// A line of input followed by Enter.
+    pub fn line(&self, text: &str) {
+        self.keys(&["-l", text]);
+        self.keys(&["Enter"]);
+    }
+
+    pub fn screen(&self) -> String {
+        let o = Command::new("tmux")
+            .args([
+                "-L",
+                &self.socket,
+                "capture-pane",
+                "-p",
+                "-t",
+                "0",
+                "-S",
+                "-200",
+            ])
+            .output()
+            .expect("tmux capture-pane");
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    }
+
+    /// Waits until the screen satisfies `f` (at most 20 s), returning it.
+    pub fn wait_for(&self, what: &str, f: impl Fn(&str) -> bool) -> String {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let s = self.screen();
+            if f(&s) {
+                return s;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {what}; screen:\n{s}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Clears the screen and its history, so that later waits see only new output.
+    pub fn clear(&self) {
+        self.line("clear");
+        let _ = Command::new("tmux")
+            .args(["-L", &self.socket, "clear-history", "-t", "0"])
+            .status();
+        self.wait_for("a cleared screen", |s| s.trim() == "$");
+    }
+}
+
+impl Drop for Terminal {
+    fn drop(&mut self) {
+        let _ = Command::new("tmux")
+            .args(["-L", &self.socket, "kill-server"])
+            .status();
+    }
+}
+
+fn next_id() -> u64 {
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}

@@ -47,7 +47,6 @@ pub enum ChildEvent {
 /// `Ok(None)` when WNOHANG finds nothing to report. With `keep` the child stays a zombie
 /// (WNOWAIT), so its pid is not reused until it is reaped.
 pub fn wait_pidfd(fd: &impl AsRawFd, keep: bool, nohang: bool) -> io::Result<Option<ChildEvent>> {
-    const P_PIDFD: libc::c_int = 3;
     let mut flags = libc::WEXITED;
     if keep {
         flags |= libc::WNOWAIT;
@@ -55,6 +54,18 @@ pub fn wait_pidfd(fd: &impl AsRawFd, keep: bool, nohang: bool) -> io::Result<Opt
     if nohang {
         flags |= libc::WNOHANG;
     }
+    waitid_pidfd(fd, flags)
+}
+
+/// The child's next stop or continue, if one is pending (`waitid(P_PIDFD, fd, WSTOPPED |
+/// WCONTINUED | WNOHANG)`); the event is consumed, as a shell's waitpid(WUNTRACED) does.
+/// Exits are left for [`wait_pidfd`].
+pub fn wait_pidfd_stop(fd: &impl AsRawFd) -> io::Result<Option<ChildEvent>> {
+    waitid_pidfd(fd, libc::WSTOPPED | libc::WCONTINUED | libc::WNOHANG)
+}
+
+fn waitid_pidfd(fd: &impl AsRawFd, flags: libc::c_int) -> io::Result<Option<ChildEvent>> {
+    const P_PIDFD: libc::c_int = 3;
     // SAFETY: zeroed siginfo_t and rusage are valid out-parameters.
     let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
     // SAFETY: as above.

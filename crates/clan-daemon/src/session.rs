@@ -57,6 +57,7 @@ fn to_shepherd(input: Input) -> In {
         Input::Signal(s) => In::Signal(s),
         Input::Resize(w) => In::Resize(w),
         Input::Release(_) => In::Release(true),
+        Input::Background(b) => In::Background(b),
     }
 }
 

@@ -10,7 +10,8 @@ use nix::fcntl::{fcntl, FcntlArg, OFlag};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::pty::{openpty, Winsize};
 use nix::sched::{setns, CloneFlags};
-use nix::sys::signal::{signal, SigHandler, Signal};
+use nix::sys::signal::{signal, sigprocmask, SigHandler, SigSet, SigmaskHow, Signal};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::unistd::{fork, pipe2, setsid, ForkResult};
 use prost::Message;
 use std::ffi::CString;
@@ -136,6 +137,43 @@ struct Shepherd {
     pending_stdin: Vec<u8>,
     stdin_eof: bool,
     start_ticks: u64,
+    /// SIGCHLD, for the child's stops and continues (its exit comes through the pidfd).
+    sigchld: SignalFd,
+    /// The stub is a background job: a read of stdin gets SIGTTIN, as from a terminal.
+    background: bool,
+    ttin_sent: bool,
+    /// The job-control signal a SIGSTOP we sent stands for (see `stop_group`).
+    stop_as: Option<i32>,
+}
+
+fn is_tty_stop(sig: i32) -> bool {
+    matches!(sig, libc::SIGTSTP | libc::SIGTTIN | libc::SIGTTOU)
+}
+
+/// `pid` and its descendants (through /proc/PID/task/PID/children), at most 4096.
+fn tree(pid: i32) -> Vec<i32> {
+    let mut out = Vec::new();
+    let mut todo = vec![pid];
+    while let Some(p) = todo.pop() {
+        out.push(p);
+        if out.len() >= 4096 {
+            break;
+        }
+        if let Ok(c) = std::fs::read_to_string(format!("/proc/{p}/task/{p}/children")) {
+            todo.extend(c.split_whitespace().filter_map(|x| x.parse::<i32>().ok()));
+        }
+    }
+    out
+}
+
+/// Field `n` (0-based) after the command of /proc/PID/stat: 0 state, 1 ppid, 2 pgrp, 3 sid.
+fn stat_field(pid: i32, n: usize) -> Option<i32> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = s.get(s.rfind(')')? + 2..)?;
+    if n == 0 {
+        return None;
+    }
+    after.split_whitespace().nth(n)?.parse().ok()
 }
 
 /// fork(2), the child born in cgroup `dir` when one is given (clone3 CLONE_INTO_CGROUP, no
@@ -287,6 +325,13 @@ fn start(
         .filter_map(|e| cstr(e))
         .collect();
     let (err_r, err_w) = pipe2(OFlag::O_CLOEXEC).map_err(|e| internal("pipe", &e))?;
+    // SIGCHLD is read from a signalfd; the child unblocks every signal before its exec.
+    let mut chld = SigSet::empty();
+    chld.add(Signal::SIGCHLD);
+    sigprocmask(SigmaskHow::SIG_BLOCK, Some(&chld), None)
+        .map_err(|e| internal("block SIGCHLD", &e))?;
+    let sigchld = SignalFd::with_flags(&chld, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC)
+        .map_err(|e| internal("signalfd", &e))?;
     let plan_env = |gpid_local: u32| {
         let mut env = env.clone();
         let gpid = Gpid::new(node, gpid_local).map(|g| g.raw()).unwrap_or(0);
@@ -410,6 +455,10 @@ fn start(
         pending_stdin: Vec::new(),
         stdin_eof: false,
         start_ticks: 0,
+        sigchld,
+        background: false,
+        ttin_sent: false,
+        stop_as: None,
     })
 }
 
@@ -630,8 +679,24 @@ impl Shepherd {
             }
             In::Signal(sig) => {
                 if self.exited.is_none() {
-                    let _ = sys::pidfd_send_signal(&self.pidfd, sig);
+                    // What a terminal sends goes to the process's group (its job), as the
+                    // terminal would send it; the rest to the process, as kill(1) would.
+                    let to_group = matches!(
+                        sig,
+                        libc::SIGINT | libc::SIGQUIT | libc::SIGTSTP | libc::SIGCONT
+                    );
+                    if is_tty_stop(sig) {
+                        self.stop_group(self.pid, sig);
+                    // SAFETY: kill(2) of the group our own child leads; the child is not
+                    // reaped before Release, so the number can not name another group.
+                    } else if !to_group || unsafe { libc::kill(-self.pid, sig) } != 0 {
+                        let _ = sys::pidfd_send_signal(&self.pidfd, sig);
+                    }
                 }
+            }
+            In::Background(b) => {
+                self.background = b;
+                self.ttin_sent = false;
             }
             In::Resize(ws) => {
                 if let Stdio::Pty { master: Some(m) } = &self.stdio {
@@ -688,11 +753,22 @@ impl Shepherd {
                     fds.push((5, f.as_fd(), PollFlags::POLLOUT));
                 }
             }
+            if self.exited.is_none() {
+                fds.push((6, self.sigchld.as_fd(), PollFlags::POLLIN));
+            }
+            // No event tells us that a process blocks reading a pipe: while the stub is in
+            // the background, look every 50 ms (nothing is polled otherwise).
+            let watch_reads = self.watching_reads();
+            let timeout = if watch_reads {
+                PollTimeout::from(50u16)
+            } else {
+                PollTimeout::NONE
+            };
             let mut pfds: Vec<PollFd<'_>> = fds
                 .iter()
                 .map(|(_, fd, fl)| PollFd::new(*fd, *fl))
                 .collect();
-            match poll(&mut pfds, PollTimeout::NONE) {
+            match poll(&mut pfds, timeout) {
                 Ok(_) => {}
                 Err(nix::errno::Errno::EINTR) => continue,
                 Err(_) => continue,
@@ -724,8 +800,12 @@ impl Shepherd {
                         self.pump(ERR);
                     }
                     5 => self.flush_stdin(),
+                    6 => self.child_signalled(),
                     _ => {}
                 }
+            }
+            if watch_reads {
+                self.check_background_read();
             }
         }
     }
@@ -757,6 +837,101 @@ impl Shepherd {
                 }
             }
         }
+    }
+
+    /// SIGCHLD: report the child's stops and continues (a stub mirrors them for its shell;
+    /// a detached process's parent can wait for them).
+    fn child_signalled(&mut self) {
+        while let Ok(Some(_)) = self.sigchld.read_signal() {}
+        while let Ok(Some(ev)) = sys::wait_pidfd_stop(&self.pidfd) {
+            match ev {
+                ChildEvent::Stopped(sig) => {
+                    let sig = match self.stop_as.take() {
+                        Some(s) if sig == libc::SIGSTOP => s,
+                        _ => sig,
+                    };
+                    self.send(Out::Stopped(sig))
+                }
+                ChildEvent::Continued => {
+                    // ttin_sent stays: the stub re-arms with Background(true) if it is
+                    // continued while still in the background.
+                    self.stop_as = None;
+                    self.send(Out::Continued(true));
+                }
+                ChildEvent::Exited(_) => {}
+            }
+        }
+    }
+
+    /// Whether a read of the process's stdin should stop it (the stub is in the background
+    /// and there is nothing to read).
+    fn watching_reads(&self) -> bool {
+        self.background
+            && !self.ttin_sent
+            && self.exited.is_none()
+            && !self.stdin_eof
+            && self.pending_stdin.is_empty()
+            && matches!(self.stdio, Stdio::Pipes { stdin: Some(_), .. })
+    }
+
+    /// As a terminal does for a background job: a process of the tree blocked in read(2) on
+    /// the stdin pipe gets SIGTTIN, sent to its process group.
+    fn check_background_read(&mut self) {
+        let Some(fd) = self.stdin_fd() else { return };
+        let Ok(st) = nix::sys::stat::fstat(fd.as_raw_fd()) else {
+            return;
+        };
+        let pipe = format!("pipe:[{}]", st.st_ino);
+        for pid in tree(self.pid) {
+            let reads_stdin = std::fs::read_link(format!("/proc/{pid}/fd/0"))
+                .is_ok_and(|l| l.as_os_str() == pipe.as_str())
+                && std::fs::read_to_string(format!("/proc/{pid}/syscall"))
+                    .is_ok_and(|s| s.starts_with("0 0x0 "));
+            if !reads_stdin {
+                continue;
+            }
+            if let Some(pg) = stat_field(pid, 2).filter(|&p| p > 0) {
+                self.stop_group(pg, libc::SIGTTIN);
+                self.ttin_sent = true;
+                return;
+            }
+        }
+    }
+
+    /// Job-control stop `sig` (SIGTSTP, SIGTTIN, SIGTTOU) for process group `pgrp` of the
+    /// process's tree. The kernel discards these signals' default stop for a group it thinks
+    /// orphaned, and the process's group is orphaned to the kernel (its parent, this
+    /// shepherd, is in another session) though not in the cluster (its stub's shell controls
+    /// it). So clan applies the default action itself: a member that catches `sig` gets it,
+    /// one that ignores it is left alone, the others get SIGSTOP; the stop is then reported as
+    /// caused by `sig`, as a local shell would see it.
+    fn stop_group(&mut self, pgrp: i32, sig: i32) {
+        let bit = 1u64 << (sig - 1);
+        for pid in tree(self.pid) {
+            let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+                continue;
+            };
+            if stat_field(pid, 2) != Some(pgrp) {
+                continue;
+            }
+            let mask = |k: &str| {
+                status
+                    .lines()
+                    .find_map(|l| l.strip_prefix(k))
+                    .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+                    .unwrap_or(0)
+            };
+            let send = if mask("SigCgt:") & bit != 0 {
+                sig
+            } else if mask("SigIgn:") & bit != 0 {
+                continue;
+            } else {
+                libc::SIGSTOP
+            };
+            // SAFETY: kill(2) of a process of the tree, found a moment ago.
+            unsafe { libc::kill(pid, send) };
+        }
+        self.stop_as = Some(sig);
     }
 
     fn child_changed(&mut self) {

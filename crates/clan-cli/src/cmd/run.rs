@@ -54,8 +54,12 @@ pub struct Args {
     command: Vec<OsString>,
 }
 
-/// Signals the stub passes on to the remote process.
+/// Signals the stub passes on to the remote process. SIGTSTP stops the remote process first;
+/// the stub stops itself once the remote process reports the stop (`mirror_stop`), so the
+/// shell sees its job stopped; the shell's SIGCONT (bg, fg) goes on to the remote process.
 const FORWARD: &[i32] = &[
+    libc::SIGTSTP,
+    libc::SIGCONT,
     libc::SIGINT,
     libc::SIGTERM,
     libc::SIGHUP,
@@ -99,29 +103,116 @@ fn winsize() -> (u16, u16) {
     }
 }
 
-/// Puts the terminal in raw mode and restores it when dropped.
-struct RawMode(nix::sys::termios::Termios);
+/// Puts the terminal in raw mode and restores it when dropped (and while the stub is
+/// stopped, as a local full-screen program does).
+struct RawMode {
+    old: nix::sys::termios::Termios,
+    raw: nix::sys::termios::Termios,
+}
 
 impl RawMode {
     fn enable() -> Option<RawMode> {
-        let stdin = std::io::stdin();
-        let old = nix::sys::termios::tcgetattr(stdin.as_fd()).ok()?;
+        let old = nix::sys::termios::tcgetattr(std::io::stdin().as_fd()).ok()?;
         let mut raw = old.clone();
         nix::sys::termios::cfmakeraw(&mut raw);
-        nix::sys::termios::tcsetattr(stdin.as_fd(), nix::sys::termios::SetArg::TCSADRAIN, &raw)
-            .ok()?;
-        Some(RawMode(old))
+        let m = RawMode { old, raw };
+        m.set(&m.raw).then_some(m)
+    }
+
+    fn set(&self, t: &nix::sys::termios::Termios) -> bool {
+        nix::sys::termios::tcsetattr(
+            std::io::stdin().as_fd(),
+            nix::sys::termios::SetArg::TCSADRAIN,
+            t,
+        )
+        .is_ok()
     }
 }
 
 impl Drop for RawMode {
     fn drop(&mut self) {
-        let _ = nix::sys::termios::tcsetattr(
-            std::io::stdin().as_fd(),
-            nix::sys::termios::SetArg::TCSADRAIN,
-            &self.0,
-        );
+        self.set(&self.old);
     }
+}
+
+/// Whether this process's group is the foreground job of the terminal on stdin.
+fn foreground() -> bool {
+    nix::unistd::tcgetpgrp(std::io::stdin().as_fd()).is_ok_and(|p| p == nix::unistd::getpgrp())
+}
+
+/// The remote process stopped: stop the stub with the same signal, so its shell sees the job
+/// stopped (and says why). Returns once something continued the stub.
+fn mirror_stop(sig: i32, raw: Option<&RawMode>) {
+    if let Some(r) = raw {
+        r.set(&r.old);
+    }
+    let _ = std::io::stdout().flush();
+    // SAFETY: the stop signal's default action is put in place only for the raise, then the
+    // previous action (tokio's handler, or SIG_IGN for SIGTTIN) is put back; both sigaction
+    // structs are live locals.
+    unsafe {
+        let mut dfl: libc::sigaction = std::mem::zeroed();
+        dfl.sa_sigaction = libc::SIG_DFL;
+        let mut old: libc::sigaction = std::mem::zeroed();
+        let sig = if sig == libc::SIGSTOP || libc::sigaction(sig, &dfl, &mut old) != 0 {
+            libc::SIGSTOP
+        } else {
+            sig
+        };
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, sig);
+        libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+        libc::raise(sig);
+        if sig != libc::SIGSTOP {
+            libc::sigaction(sig, &old, std::ptr::null_mut());
+        }
+    }
+    if let Some(r) = raw {
+        r.set(&r.raw);
+    }
+}
+
+/// Reads a terminal on stdin for the remote process while the stub is the foreground job.
+/// In the background a read fails with EIO (SIGTTIN is ignored here): the remote side is told,
+/// so that its own read of stdin gets SIGTTIN as it would from the terminal, and reading
+/// resumes once the stub is in the foreground again (checked when it is continued).
+fn read_terminal(first: Gpid, tx: mpsc::UnboundedSender<Cmd>, cont: std::sync::mpsc::Receiver<()>) {
+    // SAFETY: ignoring a signal installs no handler code.
+    unsafe { libc::signal(libc::SIGTTIN, libc::SIG_IGN) };
+    let mut buf = vec![0u8; 32 * 1024];
+    let send = |i: Input| tx.send(Cmd::Input(first, i)).is_ok();
+    loop {
+        match nix::unistd::read(0, &mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                if !send(Input::Stdin(buf[..n].to_vec())) {
+                    return;
+                }
+            }
+            Err(nix::errno::Errno::EINTR) | Err(nix::errno::Errno::EAGAIN) => {}
+            Err(nix::errno::Errno::EIO) if !foreground() => {
+                if !send(Input::Background(true)) {
+                    return;
+                }
+                // bash's fg and bg both send SIGCONT; the timeout covers a tcsetpgrp alone.
+                // Continued in the background (bg), the next read of the remote process
+                // stops it again.
+                while !foreground() {
+                    match cont.recv_timeout(std::time::Duration::from_millis(500)) {
+                        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return,
+                        Ok(()) if !foreground() && !send(Input::Background(true)) => return,
+                        _ => {}
+                    }
+                }
+                if !send(Input::Background(false)) {
+                    return;
+                }
+            }
+            Err(_) => break,
+        }
+    }
+    let _ = send(Input::StdinEof(true));
 }
 
 /// Ends this process the way the remote one ended.
@@ -240,8 +331,13 @@ pub async fn run(c: Client, a: Args) -> ExitCode {
         }
     });
     // stdin goes to the first process (rank 0), like srun; /dev/null needs no reader.
+    let (cont_tx, cont_rx) = std::sync::mpsc::channel::<()>();
+    let stdin_tty = nix::unistd::isatty(0).unwrap_or(false);
     if let (Some(&first), true) = (gpids.first(), stdin_is_null()) {
         let _ = tx.send(Cmd::Input(first, Input::StdinEof(true)));
+    } else if let (Some(&first), true) = (gpids.first(), stdin_tty) {
+        let tx = tx.clone();
+        std::thread::spawn(move || read_terminal(first, tx, cont_rx));
     } else if let Some(&first) = gpids.first() {
         let tx = tx.clone();
         tokio::spawn(async move {
@@ -267,14 +363,19 @@ pub async fn run(c: Client, a: Args) -> ExitCode {
     }
     for (sig, mut s) in handlers {
         let tx = tx.clone();
+        let cont = (sig == libc::SIGCONT).then(|| cont_tx.clone());
         tokio::spawn(async move {
             while s.recv().await.is_some() {
+                if let Some(c) = &cont {
+                    let _ = c.send(());
+                }
                 if tx.send(Cmd::All(Input::Signal(sig))).is_err() {
                     return;
                 }
             }
         });
     }
+    drop(cont_tx);
     if tty {
         if let Ok(mut s) = signal(SignalKind::window_change()) {
             let tx = tx.clone();
@@ -296,6 +397,7 @@ pub async fn run(c: Client, a: Args) -> ExitCode {
     let mut ends: HashMap<Gpid, WaitStatus> = HashMap::new();
     let mut line_start: HashMap<(Gpid, bool), bool> = HashMap::new();
     let mut stdout_open = true;
+    let mut stopped: std::collections::HashSet<Gpid> = std::collections::HashSet::new();
     while ends.len() < gpids.len() {
         let o = match rd.next().await {
             Ok(Some(o)) => o,
@@ -333,6 +435,16 @@ pub async fn run(c: Client, a: Args) -> ExitCode {
             Some(Output::Exited(st)) => {
                 ends.insert(g, st.into());
                 let _ = tx.send(Cmd::Input(g, Input::Release(true)));
+            }
+            Some(Output::Stopped(sig)) => {
+                stopped.insert(g);
+                // A job is stopped when all of it is (one process but for -N).
+                if stopped.len() + ends.len() >= gpids.len() {
+                    mirror_stop(sig, raw.as_ref());
+                }
+            }
+            Some(Output::Continued(_)) => {
+                stopped.remove(&g);
             }
             Some(Output::Lost(e)) => {
                 crate::fail(&e);

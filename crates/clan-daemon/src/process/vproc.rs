@@ -313,6 +313,13 @@ impl Node {
                             link.deliver(pb::session_output::Output::Exited(st)).await;
                             node.process_exited(&link, ws);
                         }
+                        Out::Stopped(sig) => {
+                            link.deliver(pb::session_output::Output::Stopped(sig)).await
+                        }
+                        Out::Continued(_) => {
+                            link.deliver(pb::session_output::Output::Continued(true))
+                                .await
+                        }
                         Out::Info(_) => {}
                     },
                     Ok(_) => break,
