@@ -91,3 +91,179 @@ fn job_control_of_a_remote_process_from_an_interactive_bash() {
     t.wait_for("cat's exit status", |s| s.contains("status=0"));
     assert_eq!(state_of(&c, 2, "cat"), None);
 }
+
+/// The processes whose command is `cmd`, as `clan ps` lists them (zombies excluded).
+fn live(c: &Cluster, cmd: &str) -> Vec<serde_json::Value> {
+    c.ps(&[])
+        .into_iter()
+        .filter(|p| p["cmd"].as_str() == Some(cmd) && p["state"] != "Z")
+        .collect()
+}
+
+fn one(c: &Cluster, cmd: &str) -> serde_json::Value {
+    eventually(cmd, Duration::from_secs(20), || {
+        let v = live(c, cmd);
+        (v.len() == 1).then(|| v[0].clone())
+    })
+}
+
+fn stderr(o: &std::process::Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn groups_and_sessions_span_nodes() {
+    root_or_skip!("groups_and_sessions_span_nodes");
+    let c = Cluster::up(3);
+    let user = test_user("clantesta");
+    // A shell on node 1 starts members of its group on nodes 2 and 3; one of them leaves the
+    // group with setsid (on node 2), so does a local child (on node 1); one runs as a user.
+    let script = format!(
+        "clan run -d --node 2 -- sh -c 'setsid sleep 1006 & exec sleep 1001' >/dev/null; \
+         clan run -d --node 3 -- sleep 1002 >/dev/null; \
+         setpriv --reuid={user} --regid={user} --clear-groups clan run -d --node 2 -- sleep 1007 >/dev/null; \
+         setsid sleep 1004 & exec sleep 1003"
+    );
+    let leader = c.spawn(1, &["sh", "-c", &script]);
+    let g = leader.raw();
+    let members: Vec<serde_json::Value> = ["sleep 1001", "sleep 1002", "sleep 1003", "sleep 1007"]
+        .iter()
+        .map(|cmd| one(&c, cmd))
+        .collect();
+    for m in &members {
+        assert_eq!(m["pgid"], g, "{m}");
+        assert_eq!(m["sid"], g, "{m}");
+    }
+    assert_eq!(members[0]["node"], 2);
+    assert_eq!(members[1]["node"], 3);
+    let (left2, left1) = (one(&c, "sleep 1006"), one(&c, "sleep 1004"));
+    for m in [&left2, &left1] {
+        assert_ne!(m["pgid"], g, "setsid leaves the group: {m}");
+        assert_eq!(m["sid"], m["gpid"], "and makes a session of its own: {m}");
+    }
+
+    // The user may signal only their own member: it is signalled, the others are refused
+    // by name, and the exit status says so.
+    let o = std::process::Command::new("setpriv")
+        .args([
+            &format!("--reuid={user}"),
+            &format!("--regid={user}"),
+            "--clear-groups",
+        ])
+        .arg(bin("clan"))
+        .args(["kill", "-g", &g.to_string()])
+        .env("CLAN_DIR", &c.dir)
+        .current_dir("/tmp")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(4), "{}", stderr(&o));
+    for m in &members[..3] {
+        assert!(
+            stderr(&o).contains(&m["gpid"].to_string()),
+            "{}",
+            stderr(&o)
+        );
+    }
+    eventually("the user's member gone", Duration::from_secs(20), || {
+        live(&c, "sleep 1007").is_empty().then_some(())
+    });
+    assert_eq!(live(&c, "sleep 1001").len(), 1, "root's members stay");
+
+    // Root signals the whole group: members on three nodes go, the ones that left stay.
+    c.clan_ok(&["kill", "-g", &format!("1:{}", leader.local())]);
+    for cmd in ["sleep 1001", "sleep 1002", "sleep 1003"] {
+        eventually(cmd, Duration::from_secs(20), || {
+            live(&c, cmd).is_empty().then_some(())
+        });
+    }
+    assert_eq!(live(&c, "sleep 1006").len(), 1);
+    assert_eq!(live(&c, "sleep 1004").len(), 1);
+
+    // A session by its id: the one made on node 2.
+    c.clan_ok(&["kill", "--session", &left2["sid"].to_string()]);
+    eventually("sleep 1006 gone", Duration::from_secs(20), || {
+        live(&c, "sleep 1006").is_empty().then_some(())
+    });
+    assert_eq!(live(&c, "sleep 1004").len(), 1);
+
+    // Groups and sessions that do not exist.
+    let o = c.clan(&["kill", "-g", "2:99999"]);
+    assert_eq!(o.status.code(), Some(3));
+    assert!(
+        stderr(&o).contains("no process group 20099999"),
+        "{}",
+        stderr(&o)
+    );
+    let o = c.clan(&["kill", "--session", "3:99999"]);
+    assert_eq!(o.status.code(), Some(3));
+    assert!(stderr(&o).contains("no session 30099999"), "{}", stderr(&o));
+}
+
+#[test]
+fn sigsend_takes_set_expressions() {
+    root_or_skip!("sigsend_takes_set_expressions");
+    let c = Cluster::up(3);
+    let a = c.spawn(1, &["sleep", "1011"]);
+    let b = c.spawn(2, &["sleep", "1012"]);
+    let d = c.spawn(3, &["sleep", "1013"]);
+    let job_b = c.ps_one(b).unwrap()["job"].as_u64().unwrap();
+    // Signal 0 probes: exit 0 when something matched.
+    c.clan_ok(&["sigsend", "-s", "0", &format!("pid={a} or pid={d}")]);
+    // STOP exactly the set: node 2's sleep by its job, node 3's by node and pid.
+    c.clan_ok(&[
+        "sigsend",
+        "-s",
+        "STOP",
+        &format!("job={job_b} || (node=3 && not pid={a} && pid={d})"),
+    ]);
+    for (g, want) in [(a, "S"), (b, "T"), (d, "T")] {
+        eventually("states", Duration::from_secs(20), || {
+            (c.ps_one(g).unwrap()["state"] == want).then_some(())
+        });
+    }
+    c.clan_ok(&["sigsend", "-CONT", "uid=root and (node=2 or node=3)"]);
+    for g in [b, d] {
+        eventually("continued", Duration::from_secs(20), || {
+            (c.ps_one(g).unwrap()["state"] == "S").then_some(())
+        });
+    }
+    // Nothing matches: exit 3 naming the expression.
+    let o = c.clan(&["sigsend", "-s", "0", "pid=2:99999"]);
+    assert_eq!(o.status.code(), Some(3));
+    assert!(
+        stderr(&o).contains("no process matches \"pid=2:99999\""),
+        "{}",
+        stderr(&o)
+    );
+    // A malformed expression: usage exit, the offending token pointed at.
+    let o = c.clan(&["sigsend", "pid=1:5 and colour=red"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("column 13: unknown key 'colour'"),
+        "{}",
+        stderr(&o)
+    );
+    let o = c.clan(&["sigsend", "(pid=1:5"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("expected ')'"), "{}", stderr(&o));
+    // A dead node is reported and the others still act.
+    c.power_cut(3);
+    eventually("node 3 dead", Duration::from_secs(20), || {
+        c.clan_ok(&["nodes"])
+            .lines()
+            .any(|l| l.trim_start().starts_with('3') && l.contains("dead"))
+            .then_some(())
+    });
+    let o = c.clan(&[
+        "sigsend",
+        "-KILL",
+        "uid=0 and (pid=1:1 or pid=3:1 or pid=2:1 or all)",
+    ]);
+    assert_eq!(o.status.code(), Some(5), "{}", stderr(&o));
+    assert!(stderr(&o).contains("node 3"), "{}", stderr(&o));
+    for g in [a, b] {
+        eventually("killed", Duration::from_secs(20), || {
+            c.ps_one(g).is_none_or(|p| p["state"] == "Z").then_some(())
+        });
+    }
+}

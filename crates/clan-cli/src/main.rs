@@ -40,6 +40,8 @@ enum Cmd {
     Ps(cmd::ps::Args),
     /// Send a signal to processes on any node.
     Kill(cmd::kill::Args),
+    /// Signal the set of processes an expression describes (sigsendset).
+    Sigsend(cmd::sigsend::Args),
     /// Wait for processes you started and print how they ended.
     Wait(cmd::wait::Args),
     /// Print the output of a detached process.
@@ -52,7 +54,7 @@ enum Cmd {
 
 /// Turns `clan kill -9 G` and `clan kill -TERM G` into `clan kill -s 9 G`, as kill(1) allows.
 fn normalize(mut args: Vec<String>) -> Vec<String> {
-    if let Some(i) = args.iter().position(|a| a == "kill") {
+    if let Some(i) = args.iter().position(|a| a == "kill" || a == "sigsend") {
         if let Some(a) = args.get(i + 1).cloned() {
             if let Some(sig) = a.strip_prefix('-') {
                 if !sig.starts_with('-') && sig != "s" && clan_core::parse_signal(sig).is_some() {
@@ -103,6 +105,7 @@ fn main() -> ExitCode {
             },
             Cmd::Ps(a) => with(client(), |c| cmd::ps::run(c, a)).await,
             Cmd::Kill(a) => with(client(), |c| cmd::kill::run(c, a)).await,
+            Cmd::Sigsend(a) => with(client(), |c| cmd::sigsend::run(c, a)).await,
             Cmd::Wait(a) => with(client(), |c| cmd::wait::run(c, a)).await,
             Cmd::Logs(a) => with(client(), |c| cmd::logs::run(c, a)).await,
             Cmd::Stats(a) => with(client(), |c| cmd::stats::run(c, a)).await,

@@ -371,6 +371,29 @@ impl Client {
         }
     }
 
+    /// sigsendset: signals every process in the set `expr` describes (see
+    /// `clan_core::sigset`); one result per process matched (delivered, or why not) and one
+    /// per node that could not answer (gpid `None`).
+    pub async fn sigsend(
+        &self,
+        expr: &str,
+        signal: i32,
+    ) -> Result<Vec<(Option<Gpid>, std::result::Result<(), pb::Error>)>> {
+        let op = Op::Sigsend(pb::SigsendRequest {
+            expr: expr.to_string(),
+            signal,
+            fan_out: false,
+        });
+        match self.request(op).await? {
+            Reply::Kill(k) => Ok(k
+                .results
+                .into_iter()
+                .map(|r| (Gpid::from_raw(r.gpid), r.error.map_or(Ok(()), Err)))
+                .collect()),
+            other => Err(unexpected(other)),
+        }
+    }
+
     /// Signals one process.
     pub async fn kill_one(&self, gpid: Gpid, signal: i32) -> Result<()> {
         let r = self.kill(&[gpid], signal).await?;

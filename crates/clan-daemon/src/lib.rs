@@ -197,6 +197,7 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
                 let _ = tokio::task::spawn_blocking(move || {
                     n.sample_load(0.2);
                     n.prune_jobs();
+                    n.prune_group_aliases();
                 })
                 .await;
             }

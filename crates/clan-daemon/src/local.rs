@@ -5,6 +5,7 @@
 use crate::error::{Error, Result};
 use crate::node::Node;
 use crate::placement::LoadManager;
+use crate::process::group::Kind;
 use crate::session::{relay_stub, Start};
 use clan_core::{Gpid, NodeId};
 use clan_proto::pb::{self, local_reply::Reply, local_request::Op};
@@ -21,19 +22,6 @@ use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
 /// Supplementary groups of a local process.
-fn groups_of(pid: i32) -> Vec<u32> {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines().find_map(|l| l.strip_prefix("Groups:")).map(|g| {
-                g.split_whitespace()
-                    .filter_map(|x| x.parse().ok())
-                    .collect()
-            })
-        })
-        .unwrap_or_default()
-}
-
 impl Node {
     /// Serves the local API on `path` until the daemon stops.
     pub async fn serve_local(self: &Arc<Self>, path: &Path) -> anyhow::Result<()> {
@@ -62,12 +50,15 @@ impl Node {
     async fn serve_client(self: Arc<Self>, s: UnixStream) {
         let Ok(cred) = s.peer_cred() else { return };
         let pid = cred.pid().unwrap_or(0);
+        let ids = self.caller_ids(pid);
         let creds = pb::Creds {
             uid: cred.uid(),
             gid: cred.gid(),
-            groups: groups_of(pid),
+            groups: ids.groups,
             pid: pid as u32,
             node: self.id.get(),
+            pgid: self.cluster_id(Kind::Group, ids.pgid),
+            sid: self.cluster_id(Kind::Session, ids.sid),
         };
         let (rd, mut wr) = s.into_split();
         let mut rd = BufReader::new(rd);
@@ -199,6 +190,7 @@ impl Node {
             match res {
                 Ok(g) => {
                     self.expect_child(g, creds.uid);
+                    self.note_member(t, creds);
                     started.gpids.push(g.raw());
                     started.nodes.push(t.get());
                 }
@@ -394,6 +386,9 @@ impl Node {
             }
             Op::Stats(s) => Ok(Reply::Stats(self.stats_cluster(s).await?)),
             Op::Loadmgr(l) => self.loadmgr(l, creds),
+            Op::Sigsend(s) => Ok(Reply::Kill(pb::KillReply {
+                results: self.sigsend(&s.expr, s.signal, creds).await?,
+            })),
             Op::Shutdown(s) => {
                 if creds.uid != 0 && creds.uid != nix::unistd::geteuid().as_raw() {
                     return Err(Error::Permission("only root may stop cland".into()));

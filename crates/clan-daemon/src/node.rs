@@ -8,6 +8,7 @@ use crate::cgroup::NodeCgroup;
 use crate::error::{Error, Result};
 use crate::peer::Peer;
 use crate::placement::Placement;
+use crate::process::group::{Aliases, Kind, Members};
 use crate::process::view::ProcView;
 use crate::process::vproc::VProc;
 use crate::process::wait::ChildRec;
@@ -47,6 +48,10 @@ pub struct Node {
     job_seq: NamedMutex<(u64, u64)>,
     /// Jobs with a process being started here right now (their cgroup must stay).
     pub spawning: NamedMutex<HashMap<u64, u32>>,
+    /// Local groups and sessions standing for cluster ones (process::group).
+    pub aliases: NamedRwLock<Aliases>,
+    /// At a home node: nodes holding members of its groups and sessions.
+    pub members: NamedMutex<Members>,
     /// Shepherds started ahead of time, waiting for a spec.
     pub pool: NamedMutex<Vec<crate::process::vproc::Waiting>>,
     pub shutdown: watch::Sender<Option<bool>>,
@@ -99,6 +104,8 @@ impl Node {
             job_seq: NamedMutex::new("jobs", (job_seq, job_seq)),
             spawning: NamedMutex::new("spawning", HashMap::new()),
             pool: NamedMutex::new("shepherd.pool", Vec::new()),
+            aliases: NamedRwLock::new("group.aliases", Aliases::default()),
+            members: NamedMutex::new("group.members", Members::default()),
             shutdown: watch::channel(None).0,
         }
     }
@@ -135,6 +142,7 @@ impl Node {
             groups: vec![],
             pid: std::process::id(),
             node: self.id.get(),
+            ..Default::default()
         }
     }
 
@@ -190,6 +198,8 @@ impl Node {
             let mut procs = node.view.list(&filter);
             let vprocs = node.vprocs.read();
             for p in &mut procs {
+                p.pgid = node.cluster_id(Kind::Group, p.pgid as u32);
+                p.sid = node.cluster_id(Kind::Session, p.sid as u32);
                 if let Some(vp) = Gpid::from_raw(p.gpid).and_then(|g| vprocs.get(&g)) {
                     p.managed = true;
                     if p.job == 0 {

@@ -225,6 +225,7 @@ impl Node {
                 p.spare_sessions.lock().clear();
                 p.deaths.send_modify(|n| *n += 1);
                 self.children_of_dead_node(p.id);
+                self.members_of_dead_node(p.id);
             }
         }
     }
@@ -340,8 +341,10 @@ impl Node {
                         // Quick requests are served here, with no task between the socket
                         // and the kernel (a remote signal's critical path); the others get
                         // a task so they do not hold up the connection.
-                        let quick =
-                            matches!(req.op, Some(Op::Signal(_) | Op::Release(_) | Op::Status(_)));
+                        let quick = matches!(
+                            req.op,
+                            Some(Op::Signal(_) | Op::Release(_) | Op::Status(_) | Op::Join(_))
+                        );
                         let (node, wr) = (self.clone(), wr.clone());
                         let serve = async move {
                             let id = req.id;
@@ -427,6 +430,20 @@ impl Node {
             }
             Op::Signal(s) => {
                 self.signal_local(gpid(s.gpid)?, s.signal, &creds)?;
+                Ok(Reply::Ok(pb::Ok {}))
+            }
+            Op::Sigsend(s) => {
+                let results = if s.fan_out {
+                    let e = clan_core::sigset::parse(&s.expr)
+                        .map_err(|e| Error::Invalid(format!("set expression: {e}")))?;
+                    self.sigsend_fan_out(&e, &s.expr, s.signal, &creds).await?
+                } else {
+                    self.sigsend_local(&s.expr, s.signal, &creds).await
+                };
+                Ok(Reply::Kill(pb::KillReply { results }))
+            }
+            Op::Join(j) => {
+                self.member_join(&j)?;
                 Ok(Reply::Ok(pb::Ok {}))
             }
             Op::Ps(p) => {

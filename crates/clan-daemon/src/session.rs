@@ -99,7 +99,7 @@ impl Node {
                 creds: Some(s.creds.clone()),
                 op: Some(pb::peer_request::Op::Spawn(pb::SpawnRequest {
                     spec: Some(s.spec),
-                    creds: Some(s.creds),
+                    creds: Some(s.creds.clone()),
                     job: s.job,
                     rank: s.rank,
                     size: s.size,
@@ -137,6 +137,7 @@ impl Node {
             pb::peer_reply::Reply::Error(e) => return Err(e.into()),
             other => return Err(Error::Internal(format!("unexpected reply {other:?}"))),
         };
+        self.note_member(s.target, &s.creds);
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(relay_to_remote(wr, rx));
         let deaths = peer.deaths.subscribe();

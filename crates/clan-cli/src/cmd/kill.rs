@@ -7,8 +7,14 @@ pub struct Args {
     /// Signal name or number (TERM, SIGKILL, 9, RTMIN+1).
     #[arg(short, long, default_value = "TERM")]
     signal: String,
+    /// Signal every member of this process group, on every node.
+    #[arg(short = 'g', long = "group", value_name = "PGID", conflicts_with_all = ["session", "gpids"])]
+    group: Option<String>,
+    /// Signal every process of this session, on every node.
+    #[arg(long, value_name = "SID", conflicts_with = "gpids")]
+    session: Option<String>,
     /// Processes: gpids (30004711) or NODE:PID (3:4711).
-    #[arg(required = true)]
+    #[arg(required_unless_present_any = ["group", "session"])]
     gpids: Vec<String>,
 }
 
@@ -17,6 +23,22 @@ pub async fn run(c: Client, a: Args) -> ExitCode {
         crate::fail(&format!("invalid signal {:?}", a.signal));
         return ExitCode::from(X::USAGE);
     };
+    for (key, what, id) in [
+        ("pgid", "process group", &a.group),
+        ("sid", "session", &a.session),
+    ] {
+        let Some(id) = id else { continue };
+        return match id.parse::<Gpid>() {
+            Ok(g) => {
+                let none = format!("{what} {g}");
+                crate::cmd::sigsend::send(&c, &format!("{key}={}", g.raw()), sig, &none).await
+            }
+            Err(e) => {
+                crate::fail(&e);
+                ExitCode::from(X::NOT_FOUND)
+            }
+        };
+    }
     let mut code = X::OK;
     let mut gpids = Vec::new();
     for g in &a.gpids {

@@ -5,6 +5,7 @@ pub mod logs;
 pub mod nodes;
 pub mod ps;
 pub mod run;
+pub mod sigsend;
 pub mod stats;
 pub mod up;
 pub mod wait;

@@ -75,7 +75,7 @@ pub async fn run(c: Client, a: Args) -> ExitCode {
                     serde_json::json!({
                         "gpid": p.gpid, "node": p.node, "uid": p.uid, "user": p.user, "state": p.state,
                         "cpu_ms": p.cpu_ms, "rss_kb": p.rss_kb, "cmd": p.cmd, "ppid": p.ppid, "job": p.job,
-                        "managed": p.managed,
+                        "managed": p.managed, "pgid": p.pgid, "sid": p.sid,
                     })
                 })
                 .collect();

@@ -27,6 +27,14 @@ pub struct ProcView {
     users: clan_core::NamedMutex<HashMap<u32, String>>,
 }
 
+/// What set expressions test of one process, in the node's own numbers.
+pub struct LocalAttrs {
+    pub pgrp: u32,
+    pub session: u32,
+    pub uid: u32,
+    pub job: u64,
+}
+
 /// What `ps` shows of one process, before the job and managed flags are added.
 pub struct RawProc {
     pub info: pb::ProcInfo,
@@ -142,7 +150,35 @@ impl ProcView {
                 job,
                 start_ticks: stat.starttime,
                 managed: false,
+                // Local numbers here; the node maps them to cluster ids (aliases).
+                pgid: u64::try_from(stat.pgrp).unwrap_or(0),
+                sid: u64::try_from(stat.session).unwrap_or(0),
             },
+        })
+    }
+
+    /// Group, session, owner and (when `job`) job of one process; `None` once it is gone.
+    pub fn attrs(&self, pid: u32, job: bool) -> Option<LocalAttrs> {
+        let stat_bytes = self.read_at(&format!("{pid}/stat"), 4096)?;
+        let stat = Stat::from_read(stat_bytes.as_slice()).ok()?;
+        let st = fstatat(
+            Some(self.root.as_raw_fd()),
+            pid.to_string().as_str(),
+            nix::fcntl::AtFlags::empty(),
+        )
+        .ok()?;
+        let job = if job {
+            self.read_at(&format!("{pid}/cgroup"), 4096)
+                .and_then(|c| job_of_cgroup(&String::from_utf8_lossy(&c)))
+                .unwrap_or(0)
+        } else {
+            0
+        };
+        Some(LocalAttrs {
+            pgrp: u32::try_from(stat.pgrp).unwrap_or(0),
+            session: u32::try_from(stat.session).unwrap_or(0),
+            uid: st.st_uid,
+            job,
         })
     }
 

@@ -167,6 +167,8 @@ impl Node {
                     );
                 }
             })?;
+        let homes = self.alias_insert(gpid.local(), &req.creds);
+        self.tell_homes(homes).await;
         info!(gpid = %gpid, job = req.job, cmd = %vp.argv0, "started");
         Ok(vp)
     }
@@ -287,6 +289,9 @@ impl Node {
             subscriber: NamedMutex::new("vproc.subscriber", None),
         });
         self.vprocs.write().insert(gpid, vp.clone());
+        if let Some(c) = &spec.creds {
+            self.alias_insert(info.ns_pid, c);
+        }
         if let Some(ws) = vp.exited() {
             // It exited before we asked (or while no cland ran): its parent may not know.
             self.process_exited(&vp, ws);

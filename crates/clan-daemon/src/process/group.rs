@@ -1,0 +1,432 @@
+//! Cluster-wide process groups and sessions (Solaris MC 4.2) and sigsendset (4.1).
+//!
+//! The kernel keeps groups and sessions per pid namespace, so a group spans nodes through
+//! *aliases*: a process that clan starts for a requester in cluster group G and session S gets
+//! a local group and session of its own on its node (the shepherd's child calls setsid), and
+//! that node records "local group L is G, local session L is S". Everything the kernel does
+//! inside L stays true (children inherit L, setpgid and setsid leave it), and the cluster id
+//! of any local group is its alias, or else its own gpid. A group's *home* is the node its
+//! gpid names; it keeps the set of other nodes that hold aliases of it (Solaris MC's group
+//! object with its member list), so signalling a group asks its home and the nodes on that
+//! list, never the whole cluster. If the home is dead, every live node is asked.
+
+use crate::error::{Error, Result};
+use crate::node::Node;
+use clan_core::sigset::{self, Attrs, Expr, Route};
+use clan_core::{Gpid, NodeId};
+use clan_proto::pb;
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
+use tracing::debug;
+
+/// Which kind of cluster object an id names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kind {
+    Group,
+    Session,
+}
+
+/// This node's local groups and sessions that stand for foreign (or other local) ones.
+#[derive(Default)]
+pub struct Aliases {
+    pg: HashMap<u32, Gpid>,
+    sid: HashMap<u32, Gpid>,
+}
+
+impl Aliases {
+    fn map(&self, kind: Kind) -> &HashMap<u32, Gpid> {
+        match kind {
+            Kind::Group => &self.pg,
+            Kind::Session => &self.sid,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.pg.len() + self.sid.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// At a home node: the other nodes holding members of each of its groups and sessions.
+#[derive(Default)]
+pub struct Members {
+    map: HashMap<(Kind, Gpid), BTreeSet<NodeId>>,
+}
+
+impl Members {
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+}
+
+/// The caller's supplementary groups and its process group and session in the node's pid
+/// namespace (0 when the caller is outside it), from one read of /proc/PID/status.
+pub struct CallerIds {
+    pub groups: Vec<u32>,
+    pub pgid: u32,
+    pub sid: u32,
+}
+
+impl Node {
+    /// Reads what the credentials of a local caller need (see [`CallerIds`]).
+    pub fn caller_ids(&self, host_pid: i32) -> CallerIds {
+        let status =
+            std::fs::read_to_string(format!("/proc/{host_pid}/status")).unwrap_or_default();
+        let field = |k: &str| -> Vec<u32> {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(k))
+                .map(|v| {
+                    v.split_whitespace()
+                        .filter_map(|x| x.parse().ok())
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        let groups = field("Groups:");
+        // The node's own pid namespace is the host's (level 0) on a real node, the first one
+        // below it on a local cluster, where the caller must be in that very namespace.
+        let level = usize::from(self.view.ns_init != 0);
+        let in_node = level == 0 || {
+            let ns = |p: u32| std::fs::read_link(format!("/proc/{p}/ns/pid")).ok();
+            let mine = ns(host_pid as u32);
+            mine.is_some() && mine == ns(self.view.ns_init)
+        };
+        let at = |v: Vec<u32>| {
+            if in_node {
+                v.get(level).copied().unwrap_or(0)
+            } else {
+                0
+            }
+        };
+        CallerIds {
+            groups,
+            pgid: at(field("NSpgid:")),
+            sid: at(field("NSsid:")),
+        }
+    }
+
+    /// The cluster id of local group or session `local` (0 stays 0).
+    pub fn cluster_id(&self, kind: Kind, local: u32) -> u64 {
+        if local == 0 {
+            return 0;
+        }
+        if let Some(g) = self.aliases.read().map(kind).get(&local) {
+            return g.raw();
+        }
+        Gpid::new(self.id, local).map_or(0, |g| g.raw())
+    }
+
+    /// A process started here for `creds` (found at spawn, or again from its shepherd after
+    /// a restart): its own local group and session (both numbered by its pid, the shepherd's
+    /// child calls setsid) stand for the requester's. Returns the homes to tell, those the
+    /// requester's node does not tell itself.
+    pub fn alias_insert(&self, ns_pid: u32, creds: &pb::Creds) -> Vec<(Kind, Gpid)> {
+        let mut homes = Vec::new();
+        let mut a = self.aliases.write();
+        for (kind, raw) in [(Kind::Group, creds.pgid), (Kind::Session, creds.sid)] {
+            let Some(g) = Gpid::from_raw(raw) else {
+                continue;
+            };
+            match kind {
+                Kind::Group => a.pg.insert(ns_pid, g),
+                Kind::Session => a.sid.insert(ns_pid, g),
+            };
+            if g.node() != self.id && g.node().get() != creds.node {
+                homes.push((kind, g));
+            }
+        }
+        homes
+    }
+
+    /// Tells the homes of `homes` that this node holds members.
+    pub async fn tell_homes(self: &Arc<Self>, homes: Vec<(Kind, Gpid)>) {
+        for (kind, g) in homes {
+            self.send_join(kind, g, false).await;
+        }
+    }
+
+    /// Requester side: a process was started on `target` for `creds`; if this node is the
+    /// home of the requester's group or session, note that `target` holds a member.
+    pub fn note_member(&self, target: NodeId, creds: &pb::Creds) {
+        if target == self.id {
+            return;
+        }
+        let mut m = self.members.lock();
+        for (kind, raw) in [(Kind::Group, creds.pgid), (Kind::Session, creds.sid)] {
+            if let Some(g) = Gpid::from_raw(raw).filter(|g| g.node() == self.id) {
+                m.map.entry((kind, g)).or_default().insert(target);
+            }
+        }
+    }
+
+    async fn send_join(self: &Arc<Self>, kind: Kind, g: Gpid, leave: bool) {
+        let (pgid, sid) = match kind {
+            Kind::Group => (g.raw(), 0),
+            Kind::Session => (0, g.raw()),
+        };
+        let op = pb::peer_request::Op::Join(pb::GroupJoin {
+            pgid,
+            sid,
+            node: self.id.get(),
+            leave,
+        });
+        if let Err(e) = self.call(g.node(), self.own_creds(), op).await {
+            debug!(%g, "group join/leave at its home: {e}");
+        }
+    }
+
+    /// Home side of [`pb::GroupJoin`].
+    pub fn member_join(&self, j: &pb::GroupJoin) -> Result<()> {
+        let node = NodeId::new(j.node)
+            .ok_or_else(|| Error::Invalid(format!("invalid node {}", j.node)))?;
+        let mut m = self.members.lock();
+        for (kind, raw) in [(Kind::Group, j.pgid), (Kind::Session, j.sid)] {
+            let Some(g) = Gpid::from_raw(raw) else {
+                continue;
+            };
+            if j.leave {
+                if let Some(s) = m.map.get_mut(&(kind, g)) {
+                    s.remove(&node);
+                    if s.is_empty() {
+                        m.map.remove(&(kind, g));
+                    }
+                }
+            } else {
+                m.map.entry((kind, g)).or_default().insert(node);
+            }
+        }
+        Ok(())
+    }
+
+    /// A node died: it holds no members any more.
+    pub fn members_of_dead_node(&self, dead: NodeId) {
+        let mut m = self.members.lock();
+        m.map.retain(|_, s| {
+            s.remove(&dead);
+            !s.is_empty()
+        });
+    }
+
+    /// Drops aliases whose local group or session has no process left, and tells their
+    /// homes when this node holds no member of a foreign group or session any more.
+    /// `live` holds the local (pgid, sid) of every process of the node.
+    pub fn prune_aliases(self: &Arc<Self>, live: &[(u32, u32)]) {
+        let pgs: HashSet<u32> = live.iter().map(|p| p.0).collect();
+        let sids: HashSet<u32> = live.iter().map(|p| p.1).collect();
+        let mut gone = Vec::new();
+        {
+            let mut a = self.aliases.write();
+            if a.is_empty() {
+                return;
+            }
+            let mut drop_dead = |map: &mut HashMap<u32, Gpid>, live: &HashSet<u32>, kind| {
+                let before: HashSet<Gpid> = map.values().copied().collect();
+                map.retain(|l, _| live.contains(l));
+                let after: HashSet<Gpid> = map.values().copied().collect();
+                gone.extend(before.difference(&after).map(|g| (kind, *g)));
+            };
+            drop_dead(&mut a.pg, &pgs, Kind::Group);
+            drop_dead(&mut a.sid, &sids, Kind::Session);
+        }
+        for (kind, g) in gone {
+            if g.node() != self.id {
+                let node = self.clone();
+                tokio::spawn(async move { node.send_join(kind, g, true).await });
+            }
+        }
+    }
+
+    /// [`Node::prune_aliases`] over a fresh scan of the node (only when there are aliases).
+    pub fn prune_group_aliases(self: &Arc<Self>) {
+        if self.aliases.read().is_empty() {
+            return;
+        }
+        let live: Vec<(u32, u32)> = self
+            .view
+            .pids()
+            .into_iter()
+            .filter_map(|p| self.view.attrs(p, false))
+            .map(|a| (a.pgrp, a.session))
+            .collect();
+        self.prune_aliases(&live);
+    }
+
+    /// Sizes of the group tables, for `clan stats`.
+    pub fn group_table_sizes(&self) -> (usize, usize) {
+        (self.aliases.read().len(), self.members.lock().len())
+    }
+
+    /// `clan sigsend` (and `clan kill -g/--session`) from a local caller: parse, route to the
+    /// nodes that can hold a match, collect what each delivered or refused.
+    pub async fn sigsend(
+        self: &Arc<Self>,
+        expr: &str,
+        sig: i32,
+        creds: &pb::Creds,
+    ) -> Result<Vec<pb::KillResult>> {
+        let e = sigset::parse(expr)
+            .map_err(|e| Error::Invalid(format!("set expression {expr:?}: {e}")))?;
+        if !(0..=libc::SIGRTMAX()).contains(&sig) {
+            return Err(Error::Invalid(format!("invalid signal {sig}")));
+        }
+        let canon = e.to_string();
+        match e.route() {
+            Route::Node(n) => Ok(self.sigsend_on(vec![n], &canon, sig, creds).await),
+            Route::Group(g) | Route::Session(g) if self.node_alive(g.node()).unwrap_or(false) => {
+                if g.node() == self.id {
+                    self.sigsend_fan_out(&e, &canon, sig, creds).await
+                } else {
+                    Ok(self
+                        .sigsend_remote(g.node(), &canon, sig, true, creds)
+                        .await)
+                }
+            }
+            _ => {
+                let all: Vec<NodeId> = self.cfg.node_ids().collect();
+                Ok(self.sigsend_on(all, &canon, sig, creds).await)
+            }
+        }
+    }
+
+    /// At the home of the group or session `e` routes to: here and the member nodes.
+    pub async fn sigsend_fan_out(
+        self: &Arc<Self>,
+        e: &Expr,
+        canon: &str,
+        sig: i32,
+        creds: &pb::Creds,
+    ) -> Result<Vec<pb::KillResult>> {
+        let key = match e.route() {
+            Route::Group(g) => (Kind::Group, g),
+            Route::Session(g) => (Kind::Session, g),
+            _ => {
+                return Err(Error::Invalid(
+                    "fan-out of an expression without a group".into(),
+                ))
+            }
+        };
+        let mut nodes = vec![self.id];
+        if let Some(s) = self.members.lock().map.get(&key) {
+            nodes.extend(s.iter().copied());
+        }
+        Ok(self.sigsend_on(nodes, canon, sig, creds).await)
+    }
+
+    /// Evaluates on each of `nodes` at once (this one locally); a node that can not answer
+    /// is one result with its error.
+    async fn sigsend_on(
+        self: &Arc<Self>,
+        nodes: Vec<NodeId>,
+        canon: &str,
+        sig: i32,
+        creds: &pb::Creds,
+    ) -> Vec<pb::KillResult> {
+        let mut set = tokio::task::JoinSet::new();
+        for n in nodes {
+            let (node, canon, creds) = (self.clone(), canon.to_string(), creds.clone());
+            set.spawn(async move {
+                if n == node.id {
+                    node.sigsend_local(&canon, sig, &creds).await
+                } else {
+                    node.sigsend_remote(n, &canon, sig, false, &creds).await
+                }
+            });
+        }
+        let mut out: Vec<pb::KillResult> = set.join_all().await.into_iter().flatten().collect();
+        out.sort_by_key(|r| r.gpid);
+        out
+    }
+
+    async fn sigsend_remote(
+        self: &Arc<Self>,
+        n: NodeId,
+        canon: &str,
+        sig: i32,
+        fan_out: bool,
+        creds: &pb::Creds,
+    ) -> Vec<pb::KillResult> {
+        let op = pb::peer_request::Op::Sigsend(pb::SigsendRequest {
+            expr: canon.to_string(),
+            signal: sig,
+            fan_out,
+        });
+        let limit = std::time::Duration::from_millis(self.cfg.dead_after_ms);
+        let err = match tokio::time::timeout(limit, self.call(n, creds.clone(), op)).await {
+            Ok(Ok(pb::peer_reply::Reply::Kill(k))) => return k.results,
+            Ok(Ok(other)) => Error::Internal(format!("unexpected reply {other:?}")),
+            Ok(Err(e)) => e,
+            Err(_) => Error::NodeDead(n),
+        };
+        vec![pb::KillResult {
+            gpid: 0,
+            error: Some(err.into()),
+        }]
+    }
+
+    /// Evaluates the expression over this node's processes and signals the matches, each
+    /// with the POSIX check against the caller's credentials.
+    pub async fn sigsend_local(
+        self: &Arc<Self>,
+        canon: &str,
+        sig: i32,
+        creds: &pb::Creds,
+    ) -> Vec<pb::KillResult> {
+        let e = match sigset::parse(canon) {
+            Ok(e) => e,
+            Err(err) => {
+                return vec![pb::KillResult {
+                    gpid: 0,
+                    error: Some(Error::Invalid(format!("set expression: {err}")).into()),
+                }]
+            }
+        };
+        let (node, creds) = (self.clone(), creds.clone());
+        tokio::task::spawn_blocking(move || {
+            let need_job = e.uses_job();
+            let mut out = Vec::new();
+            for pid in node.view.pids() {
+                // Neither the node's init nor, on a real node, cland itself.
+                if pid == 1 || (node.view.ns_init == 0 && pid == std::process::id()) {
+                    continue;
+                }
+                let Some(a) = node.view.attrs(pid, need_job) else {
+                    continue;
+                };
+                let Some(gpid) = Gpid::new(node.id, pid) else {
+                    continue;
+                };
+                let attrs = Attrs {
+                    gpid: gpid.raw(),
+                    pgid: node.cluster_id(Kind::Group, a.pgrp),
+                    sid: node.cluster_id(Kind::Session, a.session),
+                    uid: a.uid,
+                    job: a.job,
+                    node: node.id.get(),
+                };
+                if !e.matches(&attrs) {
+                    continue;
+                }
+                let error = match node.signal_local(gpid, sig, &creds) {
+                    Ok(()) => None,
+                    Err(Error::NoSuchProcess(_)) => continue, // it exited meanwhile
+                    Err(e) => Some(e.into()),
+                };
+                out.push(pb::KillResult {
+                    gpid: gpid.raw(),
+                    error,
+                });
+            }
+            out
+        })
+        .await
+        .unwrap_or_default()
+    }
+}
