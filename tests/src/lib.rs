@@ -210,21 +210,15 @@ impl Cluster {
             .find(|p| p["gpid"].as_u64() == Some(gpid.raw()))
     }
 
-    /// A power cut on `node`: its daemon and its namespace init (so every process of the
-    /// node) killed at once.
+    /// A power cut on `node` (`clan node crash`): its daemon, shepherds and processes
+    /// killed at once.
     pub fn power_cut(&self, node: u32) {
-        let init: i32 = std::fs::read_to_string(self.node_dir(node).join("init.pid"))
-            .expect("init.pid")
-            .trim()
-            .parse()
-            .expect("pid");
-        for pid in [self.cland_pid(node), init] {
-            nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGKILL,
-            )
-            .expect("kill");
-        }
+        self.clan_ok(&["node", "crash", &node.to_string()]);
+    }
+
+    /// `clan node start`: the node comes back and every running node sees it up.
+    pub fn node_start(&self, node: u32) {
+        self.clan_ok(&["node", "start", &node.to_string()]);
     }
 
     /// The cluster's cgroup directory, when there is one.

@@ -647,7 +647,7 @@ fn a_dead_node_is_named_not_waited_for() {
     let o = c.clan(&["ps"]);
     assert_eq!(o.status.code(), Some(5));
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(err.starts_with("clan: node 3:"), "{err}");
+    assert!(err.starts_with("clan: node 3"), "{err}");
     assert!(
         t.elapsed() < Duration::from_secs(5),
         "ps hung on the dead node"

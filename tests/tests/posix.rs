@@ -267,3 +267,107 @@ fn sigsend_takes_set_expressions() {
         });
     }
 }
+
+#[test]
+fn node_failure_looks_like_a_kill_and_the_node_rejoins() {
+    root_or_skip!("node_failure_looks_like_a_kill_and_the_node_rejoins");
+    use std::os::unix::process::ExitStatusExt;
+    let c = Cluster::up(4);
+    // On node 3: a detached process waited for from node 1, attached ones from nodes 1 and 2.
+    let d = c.spawn(3, &["sleep", "1021"]);
+    let waiter = c
+        .cmd()
+        .args(["--from", "1", "wait", &d.to_string()])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stubs: Vec<std::process::Child> = [1, 2]
+        .iter()
+        .map(|from| {
+            c.cmd()
+                .args([
+                    "--from",
+                    &from.to_string(),
+                    "run",
+                    "--node",
+                    "3",
+                    "--",
+                    "sleep",
+                    "1022",
+                ])
+                .stdin(std::process::Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    eventually(
+        "both attached sleeps on node 3",
+        Duration::from_secs(20),
+        || (live(&c, "sleep 1022").len() == 2).then_some(()),
+    );
+    // ps listings keep going on node 2 while node 3 dies.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let lister = {
+        let (cmd, stop) = (c.cmd(), stop.clone());
+        let mut cmd = cmd;
+        cmd.args(["--from", "2", "ps"]);
+        std::thread::spawn(move || {
+            let mut n = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let o = cmd.output().unwrap();
+                assert!(matches!(o.status.code(), Some(0) | Some(5)), "{o:?}");
+                n += 1;
+            }
+            n
+        })
+    };
+
+    c.power_cut(3);
+    // The waiting parent hears "killed by SIGKILL"; the stubs die of SIGKILL.
+    let o = waiter.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(128 + 9));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("killed by SIGKILL"));
+    for s in stubs {
+        let st = s.wait_with_output().unwrap().status;
+        assert_eq!(st.signal(), Some(libc::SIGKILL), "{st:?}");
+    }
+    // Its processes leave the listing, which names the node once and exits 5.
+    let o = c.clan(&["ps"]);
+    assert_eq!(o.status.code(), Some(5));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(!text.contains("sleep 102"), "{text}");
+    assert_eq!(stderr(&o).matches("node 3").count(), 1, "{}", stderr(&o));
+    // The others keep working.
+    let o = c.clan(&["run", "--node", "4", "--", "hostname"]);
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "node4");
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert!(lister.join().unwrap() > 0);
+
+    // It comes back and rejoins: every node sees it up and it runs processes again.
+    c.node_start(3);
+    for from in 1..=4 {
+        let nodes = c.clan_ok(&["--from", &from.to_string(), "nodes"]);
+        assert_eq!(
+            nodes.lines().filter(|l| l.contains(" up ")).count(),
+            4,
+            "{nodes}"
+        );
+    }
+    let o = c.clan(&[
+        "--from",
+        "1",
+        "run",
+        "--node",
+        "3",
+        "--",
+        "sh",
+        "-c",
+        "hostname; exit 4",
+    ]);
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "node3");
+    assert_eq!(o.status.code(), Some(4));
+    let g = c.spawn(3, &["sleep", "1023"]);
+    c.clan_ok(&["--from", "2", "kill", "-9", &g.to_string()]);
+    let o = c.clan(&["wait", &g.to_string()]);
+    assert_eq!(o.status.code(), Some(128 + 9));
+}

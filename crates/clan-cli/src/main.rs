@@ -34,6 +34,9 @@ enum Cmd {
     Down,
     /// List the nodes with state, address, load, processes and memory.
     Nodes,
+    /// Crash or start one node of a local cluster (for tests and demos).
+    #[command(subcommand)]
+    Node(cmd::node::Args),
     /// Run a command on a node of the cluster (the `clan run` process stands for it).
     Run(cmd::run::Args),
     /// List the processes of the whole cluster.
@@ -96,6 +99,7 @@ fn main() -> ExitCode {
             Cmd::Up(a) => cmd::up::run(a, cli.dir.clone()).await,
             Cmd::Down => cmd::up::down(cli.dir.clone()),
             Cmd::Nodes => with(client(), cmd::nodes::run).await,
+            Cmd::Node(a) => cmd::node::run(a, cli.dir.clone()).await,
             Cmd::Run(a) => match client() {
                 Ok(c) => cmd::run::run(c, a).await,
                 Err(e) => {

@@ -119,31 +119,113 @@ pub fn up(o: &UpOptions) -> anyhow::Result<ClusterConfig> {
     std::fs::write(&cfg_path, toml)?;
     let cfg = ClusterConfig::load(&cfg_path)?;
     for n in cfg.node_ids() {
-        let state = cfg.state_dir(n);
-        std::fs::create_dir_all(&state)?;
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(state.join("cland.log"))?;
-        let mut cmd = std::process::Command::new(&cland);
-        cmd.arg("--config")
-            .arg(&cfg_path)
-            .arg("--node")
-            .arg(n.to_string());
-        cmd.stdin(std::process::Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log);
-        // SAFETY: setsid in the child before exec only detaches it from our terminal.
-        unsafe {
-            cmd.pre_exec(|| {
-                nix::unistd::setsid().map_err(std::io::Error::from)?;
-                Ok(())
-            });
-        }
-        cmd.spawn()
-            .with_context(|| format!("start cland for node {n}"))?;
+        spawn_cland(&cfg_path, &cfg, n, &cland)?;
     }
     Ok(cfg)
+}
+
+fn spawn_cland(
+    cfg_path: &Path,
+    cfg: &ClusterConfig,
+    n: NodeId,
+    cland: &Path,
+) -> anyhow::Result<()> {
+    let state = cfg.state_dir(n);
+    std::fs::create_dir_all(&state)?;
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(state.join("cland.log"))?;
+    let mut cmd = std::process::Command::new(cland);
+    cmd.arg("--config")
+        .arg(cfg_path)
+        .arg("--node")
+        .arg(n.to_string());
+    cmd.stdin(std::process::Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log);
+    // SAFETY: setsid in the child before exec only detaches it from our terminal.
+    unsafe {
+        cmd.pre_exec(|| {
+            nix::unistd::setsid().map_err(std::io::Error::from)?;
+            Ok(())
+        });
+    }
+    cmd.spawn()
+        .with_context(|| format!("start cland for node {n}"))?;
+    Ok(())
+}
+
+fn local_config(dir: &Path) -> anyhow::Result<ClusterConfig> {
+    let cfg_path = dir.join("cluster.toml");
+    let cfg = ClusterConfig::load(&cfg_path)
+        .with_context(|| format!("no local cluster in {}", dir.display()))?;
+    if !cfg.local {
+        bail!("{} is not a local cluster", cfg_path.display());
+    }
+    Ok(cfg)
+}
+
+fn node_of(cfg: &ClusterConfig, n: u32) -> anyhow::Result<NodeId> {
+    NodeId::new(n)
+        .filter(|id| cfg.node(*id).is_ok())
+        .with_context(|| format!("node {n} is not in the cluster"))
+}
+
+/// A power cut on node `n` of the local cluster in `dir`: its cland, its shepherds and every
+/// process of the node killed at once (cgroup.kill of the node's subtree, else cland and the
+/// namespace init by SIGKILL). Returns whether the node was running.
+pub fn crash(dir: &Path, n: u32) -> anyhow::Result<bool> {
+    let cfg = local_config(dir)?;
+    let id = node_of(&cfg, n)?;
+    let state = cfg.state_dir(id);
+    let cland = pid_of(&state.join("cland.pid")).filter(|&p| alive(p));
+    let init = pid_of(&state.join("init.pid")).filter(|&p| alive(p));
+    let sub = cgroup::cgroup2_mount()
+        .map(|m| node_cgroup(&m, &cfg.name, id))
+        .filter(|p| p.join("cgroup.kill").exists());
+    if let Some(cg) = &sub {
+        std::fs::write(cg.join("cgroup.kill"), "1")
+            .with_context(|| format!("kill {}", cg.display()))?;
+    } else {
+        for pid in cland.iter().chain(init.iter()) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(*pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+    // Gone when its cland and init are and, with a cgroup, when nothing is left in it.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while (cland.is_some_and(alive)
+        || init.is_some_and(alive)
+        || sub.as_deref().is_some_and(cgroup::populated))
+        && Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    Ok(cland.is_some())
+}
+
+/// Starts node `n` of the local cluster in `dir` again (after a crash or a stop).
+pub fn start_node(dir: &Path, n: u32, bin_dir: &Path) -> anyhow::Result<NodeId> {
+    let cfg = local_config(dir)?;
+    let id = node_of(&cfg, n)?;
+    if pid_of(&cfg.state_dir(id).join("cland.pid")).is_some_and(alive) {
+        bail!("node {n} is already running");
+    }
+    // A fresh cgroup subtree: what is left of the old one (after a crash, empty) goes. Not
+    // only tidiness: on this kernel a process cloned (CLONE_INTO_CGROUP) from a cgroup that
+    // saw cgroup.kill into one that did not is killed at birth (their kill sequence numbers
+    // differ), so the old subtree can not be reused.
+    if let Some(cg) = cgroup::cgroup2_mount().map(|m| node_cgroup(&m, &cfg.name, id)) {
+        if cg.exists() {
+            cgroup::kill_and_remove(&cg, Duration::from_secs(15))
+                .with_context(|| format!("remove {}", cg.display()))?;
+        }
+    }
+    spawn_cland(&dir.join("cluster.toml"), &cfg, id, &bin_dir.join("cland"))?;
+    Ok(id)
 }
 
 /// Sends a request to a node's local socket and reads the reply (blocking).
@@ -173,12 +255,7 @@ pub struct DownReport {
 
 /// Stops every node of the cluster in `dir` and removes all it left.
 pub fn down(dir: &Path) -> anyhow::Result<DownReport> {
-    let cfg_path = dir.join("cluster.toml");
-    let cfg = ClusterConfig::load(&cfg_path)
-        .with_context(|| format!("no local cluster in {}", dir.display()))?;
-    if !cfg.local {
-        bail!("{} is not a local cluster", cfg_path.display());
-    }
+    let cfg = local_config(dir)?;
     let mut report = DownReport::default();
     for n in cfg.node_ids() {
         let state = cfg.state_dir(n);

@@ -2,6 +2,7 @@
 pub mod kill;
 pub mod loadmgr;
 pub mod logs;
+pub mod node;
 pub mod nodes;
 pub mod ps;
 pub mod run;

@@ -61,7 +61,11 @@ pub async fn run(c: Client, a: Args) -> ExitCode {
     let mut procs = Vec::new();
     for n in nodes {
         if !n.error.is_empty() {
-            crate::fail(&format!("node {}: {}", n.node, n.error));
+            if n.error.starts_with(&format!("node {} ", n.node)) {
+                crate::fail(&n.error);
+            } else {
+                crate::fail(&format!("node {}: {}", n.node, n.error));
+            }
             code = X::NODE_DOWN;
         }
         procs.extend(n.procs);
