@@ -126,6 +126,9 @@ fn groups_and_sessions_span_nodes() {
     );
     let leader = c.spawn(1, &["sh", "-c", &script]);
     let g = leader.raw();
+    // The shell execs sleep 1003 once every `clan run` before it has returned, that is
+    // once their processes are members (a process is visible a moment before that).
+    one(&c, "sleep 1003");
     let members: Vec<serde_json::Value> = ["sleep 1001", "sleep 1002", "sleep 1003", "sleep 1007"]
         .iter()
         .map(|cmd| one(&c, cmd))
@@ -370,4 +373,114 @@ fn node_failure_looks_like_a_kill_and_the_node_rejoins() {
     c.clan_ok(&["--from", "2", "kill", "-9", &g.to_string()]);
     let o = c.clan(&["wait", &g.to_string()]);
     assert_eq!(o.status.code(), Some(128 + 9));
+}
+
+/// Every node's table sizes, by (node, table).
+fn tables(c: &Cluster) -> std::collections::BTreeMap<(u32, String), u64> {
+    let out = c.clan_ok(&["stats", "tables"]);
+    out.lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            Some((
+                (f.first()?.parse().ok()?, f.get(1)?.to_string()),
+                f.get(2)?.parse().ok()?,
+            ))
+        })
+        .collect()
+}
+
+fn zombies(c: &Cluster) -> Vec<serde_json::Value> {
+    c.ps(&[])
+        .into_iter()
+        .filter(|p| p["state"] == "Z")
+        .collect()
+}
+
+#[test]
+fn waits_follow_the_zombie_state_machine() {
+    root_or_skip!("waits_follow_the_zombie_state_machine");
+    let c = Cluster::up(3);
+    // A stopped and continued child is reported when asked (WUNTRACED, WCONTINUED), once.
+    let g = c.spawn(2, &["sleep", "1031"]);
+    c.clan_ok(&["kill", "-s", "STOP", &g.to_string()]);
+    let o = c.clan(&["wait", "-u", &g.to_string()]);
+    assert_eq!(o.status.code(), Some(128 + libc::SIGSTOP));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("stopped by SIGSTOP"));
+    c.clan_ok(&["kill", "-s", "CONT", &g.to_string()]);
+    let o = c.clan(&["wait", "-u", "-c", &g.to_string()]);
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("continued"),
+        "{o:?}"
+    );
+    // An exit with a core dump flag and times.
+    c.clan_ok(&["kill", "-s", "QUIT", &g.to_string()]);
+    let o = c.clan(&["wait", "-u", "-c", &g.to_string()]);
+    assert_eq!(o.status.code(), Some(128 + libc::SIGQUIT), "{o:?}");
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("killed by SIGQUIT"),
+        "{o:?}"
+    );
+    assert!(c.ps_one(g).is_none(), "reaped once waited for");
+
+    // A parent inside the cluster that exits without waiting releases its children: their
+    // zombies go (the ones that exited before it, and the one that exits after it).
+    let script = "clan run -d --node 2 -- true >/dev/null; \
+                  clan run -d --node 3 -- true >/dev/null; \
+                  clan run -d --node 3 -- sleep 0.5 >/dev/null; sleep 0.2";
+    let p = c.spawn(1, &["sh", "-c", script]);
+    let o = c.clan(&["wait", &p.to_string()]);
+    assert_eq!(o.status.code(), Some(0));
+    eventually("no zombie nor child left", Duration::from_secs(20), || {
+        (zombies(&c).is_empty() && live(&c, "sleep 0.5").is_empty()).then_some(())
+    });
+}
+
+#[test]
+fn ten_thousand_short_remote_processes_leave_the_tables_as_they_were() {
+    root_or_skip!("ten_thousand_short_remote_processes_leave_the_tables_as_they_were");
+    let c = Cluster::up(3);
+    let before = tables(&c);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    // 8,000 through the client library, eight at a time from every node to the next one:
+    // half attached (the stub's path), half detached and waited for.
+    let clients: Vec<(clan_client::Client, u32)> = (0..8u32)
+        .map(|w| (c.client(w % 3 + 1), (w + 1) % 3 + 1))
+        .collect();
+    rt.block_on(async {
+        let mut set = tokio::task::JoinSet::new();
+        for (cl, target) in clients {
+            set.spawn(async move {
+                for i in 0..1000 {
+                    let spec = clan_client::RunSpec::command(["true"]).node(target);
+                    if i % 2 == 0 {
+                        let st = cl.run_status(spec).await.expect("run");
+                        assert_eq!(st.code, 0);
+                    } else {
+                        let s = cl.spawn(spec).await.expect("spawn");
+                        let st = cl.wait_one(s.gpids[0]).await.expect("wait");
+                        assert_eq!(st.code, 0);
+                    }
+                }
+            });
+        }
+        set.join_all().await;
+    });
+    // 2,000 more started by a shell inside the cluster that never waits; it exits.
+    let script = "i=0; while [ $i -lt 2000 ]; do \
+                  clan run -d --node $((i % 2 + 2)) -- true >/dev/null 2>&1 || exit 9; \
+                  i=$((i + 1)); done";
+    let sh = c.spawn(1, &["sh", "-c", script]);
+    let o = c.clan(&["wait", &sh.to_string()]);
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
+    eventually(
+        "the tables back to their size",
+        Duration::from_secs(60),
+        || (tables(&c) == before).then_some(()),
+    );
+    assert!(zombies(&c).is_empty(), "{:?}", zombies(&c));
 }

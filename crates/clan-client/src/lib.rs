@@ -197,6 +197,14 @@ pub fn socket_path(dir: &Path, node: NodeId) -> PathBuf {
     dir.join(format!("node{node}")).join("cland.sock")
 }
 
+/// What a wait reports (see [`Client::wait_for`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WaitOutcome {
+    Exited(WaitStatus),
+    Stopped(i32),
+    Continued,
+}
+
 /// A connection to one node's cland.
 pub struct Client {
     path: PathBuf,
@@ -350,6 +358,34 @@ impl Client {
         }
     }
 
+    /// Runs one process attached, discards its output, and returns how it ended once it
+    /// has been reaped (as `std::process::Command::status`).
+    pub async fn run_status(&self, spec: RunSpec) -> Result<WaitStatus> {
+        let (started, mut rd, mut wr) = self.run(spec).await?.split();
+        let gpid = *started
+            .gpids
+            .first()
+            .ok_or_else(|| ClientError::Protocol("no process started".into()))?;
+        loop {
+            match rd.next().await? {
+                Some(pb::SessionOutput {
+                    output: Some(pb::session_output::Output::Exited(st)),
+                    ..
+                }) => {
+                    wr.send(gpid, pb::session_input::Input::Release(true))
+                        .await?;
+                    return Ok(st.into());
+                }
+                Some(pb::SessionOutput {
+                    output: Some(pb::session_output::Output::Lost(e)),
+                    ..
+                }) => return Err(ClientError::Remote(e)),
+                Some(_) => {}
+                None => return Err(ClientError::Protocol("session closed".into())),
+            }
+        }
+    }
+
     /// Signals processes on any node; one result per gpid.
     pub async fn kill(
         &self,
@@ -408,8 +444,33 @@ impl Client {
         &self,
         gpids: &[Gpid],
     ) -> Result<Vec<(Gpid, std::result::Result<WaitStatus, pb::Error>)>> {
+        Ok(self
+            .wait_for(gpids, false, false)
+            .await?
+            .into_iter()
+            .map(|(g, r)| {
+                let r = r.and_then(|o| match o {
+                    WaitOutcome::Exited(s) => Ok(s),
+                    _ => Err(pb::Error::new(pb::ErrorCode::Internal, "no exit status")),
+                });
+                (g, r)
+            })
+            .collect())
+    }
+
+    /// Waits for the next state change of each process the caller started, as waitpid(2)
+    /// with WUNTRACED (`untraced`) and WCONTINUED (`continued`): an exit (the process is then
+    /// reaped), or a stop or continue not reported before.
+    pub async fn wait_for(
+        &self,
+        gpids: &[Gpid],
+        untraced: bool,
+        continued: bool,
+    ) -> Result<Vec<(Gpid, std::result::Result<WaitOutcome, pb::Error>)>> {
         let op = Op::Wait(pb::WaitRequest {
             gpids: gpids.iter().map(|g| g.raw()).collect(),
+            untraced,
+            continued,
         });
         match self.request_alone(op).await? {
             Reply::Wait(w) => Ok(w
@@ -418,7 +479,9 @@ impl Client {
                 .zip(gpids)
                 .map(|(r, &g)| match (r.status, r.error) {
                     (_, Some(e)) => (g, Err(e)),
-                    (Some(s), None) => (g, Ok(s.into())),
+                    (Some(s), None) => (g, Ok(WaitOutcome::Exited(s.into()))),
+                    (None, None) if r.stopped != 0 => (g, Ok(WaitOutcome::Stopped(r.stopped))),
+                    (None, None) if r.continued => (g, Ok(WaitOutcome::Continued)),
                     (None, None) => (g, Err(pb::Error::new(pb::ErrorCode::Internal, "no status"))),
                 })
                 .collect()),

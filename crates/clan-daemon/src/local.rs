@@ -6,6 +6,7 @@ use crate::error::{Error, Result};
 use crate::node::Node;
 use crate::placement::LoadManager;
 use crate::process::group::Kind;
+use crate::process::wait::{WaitEvent, WaitFlags};
 use crate::session::{relay_stub, Start};
 use clan_core::{Gpid, NodeId};
 use clan_proto::pb::{self, local_reply::Reply, local_request::Op};
@@ -155,6 +156,7 @@ impl Node {
             job,
             nodes: vec![],
         };
+        let parent = self.parent_of_caller(creds);
         for (rank, &t) in targets.iter().enumerate() {
             let res = if t == self.id {
                 self.spawn_local(crate::process::vproc::SpawnLocal {
@@ -191,6 +193,9 @@ impl Node {
                 Ok(g) => {
                     self.expect_child(g, creds.uid);
                     self.note_member(t, creds);
+                    if let Some(p) = parent {
+                        self.adopt(p, g);
+                    }
                     started.gpids.push(g.raw());
                     started.nodes.push(t.get());
                 }
@@ -199,7 +204,7 @@ impl Node {
                     for &g in &started.gpids {
                         if let Some(g) = Gpid::from_raw(g) {
                             let _ = self.signal(g, libc::SIGKILL, creds).await;
-                            let _ = self.wait(g, creds).await;
+                            let _ = self.wait(g, creds, WaitFlags::default()).await;
                         }
                     }
                     return Err(e);
@@ -340,22 +345,29 @@ impl Node {
                 Ok(Reply::Kill(pb::KillReply { results }))
             }
             Op::Wait(w) => {
+                let flags = WaitFlags {
+                    untraced: w.untraced,
+                    continued: w.continued,
+                };
                 let mut set = tokio::task::JoinSet::new();
                 for (i, &raw) in w.gpids.iter().enumerate() {
                     let (node, creds) = (self.clone(), creds.clone());
                     set.spawn(async move {
                         let res = match gpid(raw) {
-                            Ok(g) => node.wait(g, &creds).await,
+                            Ok(g) => node.wait(g, &creds, flags).await,
                             Err(e) => Err(e),
                         };
-                        (
-                            i,
-                            pb::WaitResult {
-                                gpid: raw,
-                                status: res.as_ref().ok().map(|s| (*s).into()),
-                                error: res.err().map(Into::into),
-                            },
-                        )
+                        let mut r = pb::WaitResult {
+                            gpid: raw,
+                            ..Default::default()
+                        };
+                        match res {
+                            Ok(WaitEvent::Exited(s)) => r.status = Some(s.into()),
+                            Ok(WaitEvent::Stopped(sig)) => r.stopped = sig,
+                            Ok(WaitEvent::Continued) => r.continued = true,
+                            Err(e) => r.error = Some(e.into()),
+                        }
+                        (i, r)
                     });
                 }
                 let mut results: Vec<_> = set.join_all().await;
@@ -548,8 +560,8 @@ impl Node {
             .map(|(n, r)| {
                 r.unwrap_or_else(|error| pb::NodeLockStats {
                     node: n.get(),
-                    locks: vec![],
                     error,
+                    ..Default::default()
                 })
             })
             .collect();

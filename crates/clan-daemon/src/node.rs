@@ -42,6 +42,8 @@ pub struct Node {
     pub peers: HashMap<NodeId, Arc<Peer>>,
     pub vprocs: NamedRwLock<HashMap<Gpid, Arc<VProc>>>,
     pub children: NamedMutex<HashMap<Gpid, ChildRec>>,
+    /// Parent processes of this node (host pid) and the children they started elsewhere.
+    pub parents: NamedMutex<HashMap<u32, Vec<Gpid>>>,
     pub placement: NamedMutex<Placement>,
     pub load: NamedMutex<LocalLoad>,
     /// The last job number given out, and the end of the block reserved on disk.
@@ -98,6 +100,7 @@ impl Node {
             peers,
             vprocs: NamedRwLock::new("vprocs", HashMap::new()),
             children: NamedMutex::new("children", HashMap::new()),
+            parents: NamedMutex::new("parents", HashMap::new()),
             placement: NamedMutex::new("placement", placement),
             load: NamedMutex::new("load", LocalLoad::default()),
             // A restart continues after the whole block the last incarnation reserved.
@@ -216,10 +219,13 @@ impl Node {
     /// Removes the cgroups of jobs that have nothing left on this node.
     pub fn prune_jobs(&self) {
         let Some(cg) = &self.cgroup else { return };
-        let mut busy: std::collections::HashSet<u64> =
-            self.spawning.lock().keys().copied().collect();
+        // `spawning` stays locked through the removal: a spawn registers its job there
+        // before it creates the job's cgroup, so no cgroup is removed under a new process.
+        let spawning = self.spawning.lock();
+        let mut busy: std::collections::HashSet<u64> = spawning.keys().copied().collect();
         busy.extend(self.vprocs.read().values().map(|v| v.job));
         cg.prune_jobs(&busy);
+        drop(spawning);
     }
 
     /// Refreshes this node's load figures from its /proc (runs on a blocking thread).

@@ -465,7 +465,7 @@ impl Node {
                     results: vec![pb::WaitResult {
                         gpid: g.raw(),
                         status: Some(ws.into()),
-                        error: None,
+                        ..Default::default()
                     }],
                 }))
             }
@@ -474,7 +474,8 @@ impl Node {
                 Ok(Reply::Ok(pb::Ok {}))
             }
             Op::Status(st) => {
-                self.child_status(gpid(st.gpid)?, st.uid, st.status.unwrap_or_default().into());
+                gpid(st.gpid)?;
+                self.child_status(&st);
                 Ok(Reply::Ok(pb::Ok {}))
             }
             Op::Logs(l) => Ok(Reply::Log(
@@ -504,7 +505,27 @@ impl Node {
                 })
                 .collect(),
             error: String::new(),
+            tables: self.table_sizes(),
         }
+    }
+
+    /// Entries of each of the daemon's tables of processes, groups and waits.
+    pub fn table_sizes(&self) -> Vec<pb::TableSize> {
+        let (aliases, members) = self.group_table_sizes();
+        [
+            ("vprocs", self.vprocs.read().len()),
+            ("children", self.children.lock().len()),
+            ("parents", self.parents.lock().len()),
+            ("group.aliases", aliases),
+            ("group.members", members),
+            ("spawning", self.spawning.lock().len()),
+        ]
+        .into_iter()
+        .map(|(name, n)| pb::TableSize {
+            name: name.into(),
+            entries: n as u64,
+        })
+        .collect()
     }
 
     /// Notes a placement on `to` until its next heartbeat reports it.

@@ -113,6 +113,27 @@ impl Node {
         }
     }
 
+    /// The parent (host pid) of a local caller that is a process of this node: the process
+    /// that ran `clan run -d`, whose exit releases the records of what it started. `None`
+    /// for callers outside the node's processes (a host shell of a local cluster), whose
+    /// children stay until waited for.
+    pub fn parent_of_caller(&self, creds: &pb::Creds) -> Option<u32> {
+        if creds.pgid == 0 || creds.pid == 0 {
+            return None;
+        }
+        let ppid = |pid: u32| -> Option<u32> {
+            let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            s.get(s.rfind(')')? + 2..)?
+                .split_whitespace()
+                .nth(1)?
+                .parse()
+                .ok()
+        };
+        let p = ppid(creds.pid)?;
+        // Not the node's init (the caller was orphaned) nor a process outside the node.
+        (p > 1 && p != self.view.ns_init && self.caller_ids(p as i32).pgid != 0).then_some(p)
+    }
+
     /// The cluster id of local group or session `local` (0 stays 0).
     pub fn cluster_id(&self, kind: Kind, local: u32) -> u64 {
         if local == 0 {

@@ -4,6 +4,7 @@
 
 use crate::error::{Error, Result};
 use crate::node::Node;
+use crate::process::wait::Change;
 use clan_core::{Gpid, NamedMutex, NodeId, WaitStatus};
 use clan_proto::pb::{self, shepherd_in::Msg as In, shepherd_out::Msg as Out};
 use clan_proto::{read_frame, write_frame};
@@ -319,9 +320,11 @@ impl Node {
                             node.process_exited(&link, ws);
                         }
                         Out::Stopped(sig) => {
+                            node.process_changed(&link, Change::Stopped(sig));
                             link.deliver(pb::session_output::Output::Stopped(sig)).await
                         }
                         Out::Continued(_) => {
+                            node.process_changed(&link, Change::Continued);
                             link.deliver(pb::session_output::Output::Continued(true))
                                 .await
                         }

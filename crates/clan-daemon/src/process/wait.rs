@@ -17,10 +17,53 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tracing::{debug, info};
 
-/// The parent side's record of a child that lives on some node.
+/// A state change of a child other than its exit (waitpid's WUNTRACED and WCONTINUED).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Change {
+    Stopped(i32),
+    Continued,
+}
+
+/// What a wait returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WaitEvent {
+    Exited(WaitStatus),
+    Stopped(i32),
+    Continued,
+}
+
+/// What a wait asks for besides exits.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct WaitFlags {
+    pub untraced: bool,
+    pub continued: bool,
+}
+
+/// The parent side's record of a child that lives on some node, with Solaris MC's Figure 4
+/// state: `exit` set moves it right (a zombie at home), a wait or its parent's exit moves it
+/// down (the zombie released, the record gone).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RecState {
+    pub exit: Option<WaitStatus>,
+    /// The last stop or continue not yet reported.
+    pub change: Option<Change>,
+}
+
 pub struct ChildRec {
     pub uid: u32,
-    pub status: watch::Sender<Option<WaitStatus>>,
+    pub state: watch::Sender<RecState>,
+    /// The parent process exited: release the child as soon as it exits.
+    pub orphan: bool,
+}
+
+impl ChildRec {
+    fn new(uid: u32) -> ChildRec {
+        ChildRec {
+            uid,
+            state: watch::channel(RecState::default()).0,
+            orphan: false,
+        }
+    }
 }
 
 fn may_wait(creds: &pb::Creds, uid: u32, gpid: Gpid) -> Result<()> {
@@ -40,32 +83,106 @@ impl Node {
         self.children
             .lock()
             .entry(gpid)
-            .or_insert_with(|| ChildRec {
-                uid,
-                status: watch::channel(None).0,
-            });
+            .or_insert_with(|| ChildRec::new(uid));
     }
 
-    /// Parent side: childstatuschange arrived.
-    pub fn child_status(&self, gpid: Gpid, uid: u32, ws: WaitStatus) {
+    /// Parent side: childstatuschange arrived (an exit, a stop or a continue).
+    pub fn child_status(self: &Arc<Self>, st: &pb::ChildStatus) {
+        let Some(gpid) = Gpid::from_raw(st.gpid) else {
+            return;
+        };
         let mut ch = self.children.lock();
-        let rec = ch.entry(gpid).or_insert_with(|| ChildRec {
-            uid,
-            status: watch::channel(None).0,
-        });
-        rec.status.send_replace(Some(ws));
+        let rec = ch.entry(gpid).or_insert_with(|| ChildRec::new(st.uid));
+        if st.stopped != 0 {
+            rec.state
+                .send_modify(|s| s.change = Some(Change::Stopped(st.stopped)));
+        } else if st.continued {
+            rec.state
+                .send_modify(|s| s.change = Some(Change::Continued));
+        } else {
+            let ws = WaitStatus::from(st.status.unwrap_or_default());
+            rec.state.send_modify(|s| s.exit = Some(ws));
+            if rec.orphan {
+                // Its parent is gone: nobody waits; the zombie goes at once.
+                ch.remove(&gpid);
+                let node = self.clone();
+                tokio::spawn(async move { node.release(gpid).await });
+            }
+        }
     }
 
-    /// Parent side: a node died; its children are, to us, killed by SIGKILL.
+    /// Parent side: a node died; its children are, to us, killed by SIGKILL (and the
+    /// records of orphans among them go).
     pub fn children_of_dead_node(&self, dead: NodeId) {
-        let ch = self.children.lock();
-        for (g, rec) in ch.iter() {
-            if g.node() == dead && rec.status.borrow().is_none() {
-                rec.status.send_replace(Some(WaitStatus {
-                    signal: libc::SIGKILL,
-                    ..Default::default()
-                }));
+        let mut ch = self.children.lock();
+        ch.retain(|g, rec| {
+            if g.node() != dead {
+                return true;
             }
+            if rec.state.borrow().exit.is_none() {
+                rec.state.send_modify(|s| {
+                    s.exit = Some(WaitStatus {
+                        signal: libc::SIGKILL,
+                        ..Default::default()
+                    })
+                });
+            }
+            !rec.orphan
+        });
+    }
+
+    /// Parent side: the process that started `gpid` (host pid `parent`, a process of this
+    /// node) is its parent: when it exits, the child's record goes (releasing the zombie).
+    pub fn adopt(self: &Arc<Self>, parent: u32, gpid: Gpid) {
+        let first = {
+            let mut p = self.parents.lock();
+            let kids = p.entry(parent).or_default();
+            kids.push(gpid);
+            kids.len() == 1
+        };
+        if !first {
+            return;
+        }
+        let node = self.clone();
+        tokio::spawn(async move {
+            match clan_core::sys::pidfd_open(parent as i32) {
+                Ok(fd) => {
+                    // SAFETY: the AsyncFd owns the OwnedFd, which stays open and the same
+                    // descriptor until the AsyncFd is dropped.
+                    let afd = unsafe {
+                        tokio::io::unix::AsyncFd::register_with_interest(
+                            fd,
+                            tokio::io::Interest::READABLE,
+                        )
+                    };
+                    if let Ok(afd) = afd {
+                        let _ = afd.readable().await;
+                    }
+                }
+                Err(e) => debug!(parent, "parent already gone: {e}"),
+            }
+            node.parent_exited(parent).await;
+        });
+    }
+
+    async fn parent_exited(self: &Arc<Self>, parent: u32) {
+        let kids = self.parents.lock().remove(&parent).unwrap_or_default();
+        let mut release = Vec::new();
+        {
+            let mut ch = self.children.lock();
+            for g in kids {
+                let Some(rec) = ch.get_mut(&g) else { continue };
+                if rec.state.borrow().exit.is_some() {
+                    ch.remove(&g);
+                    release.push(g);
+                } else {
+                    rec.orphan = true;
+                }
+            }
+        }
+        debug!(parent, released = release.len(), "parent exited");
+        for g in release {
+            self.release(g).await;
         }
     }
 
@@ -75,26 +192,57 @@ impl Node {
         if !vp.detached {
             return; // the stub collects it through its session
         }
+        self.push_status(
+            vp,
+            pb::ChildStatus {
+                status: Some(ws.into()),
+                ..Default::default()
+            },
+        );
+    }
+
+    /// Home side: a detached process stopped or continued; its parent may wait for that.
+    pub fn process_changed(self: &Arc<Self>, vp: &Arc<VProc>, change: Change) {
+        if !vp.detached {
+            return; // the stub mirrors it
+        }
+        let (stopped, continued) = match change {
+            Change::Stopped(s) => (s, false),
+            Change::Continued => (0, true),
+        };
+        self.push_status(
+            vp,
+            pb::ChildStatus {
+                stopped,
+                continued,
+                ..Default::default()
+            },
+        );
+    }
+
+    /// childstatuschange to the parent's node (retried until it answers or is dead).
+    fn push_status(self: &Arc<Self>, vp: &Arc<VProc>, mut st: pb::ChildStatus) {
+        st.gpid = vp.gpid.raw();
+        st.job = vp.job;
+        st.uid = vp.uid;
         if vp.parent_node == self.id {
-            self.child_status(vp.gpid, vp.uid, ws);
+            self.child_status(&st);
             return;
         }
         let node = self.clone();
-        let (gpid, uid, job, parent) = (vp.gpid, vp.uid, vp.job, vp.parent_node);
+        let (gpid, parent) = (vp.gpid, vp.parent_node);
+        let exit = st.stopped == 0 && !st.continued;
         tokio::spawn(async move {
             loop {
-                let op = pb::peer_request::Op::Status(pb::ChildStatus {
-                    gpid: gpid.raw(),
-                    status: Some(ws.into()),
-                    job,
-                    uid,
-                });
+                let op = pb::peer_request::Op::Status(st);
                 match node.call(parent, node.own_creds(), op).await {
                     Ok(_) => return,
                     Err(Error::NodeDead(_)) => {
                         // The parent's node is gone: nobody will wait; release the zombie.
-                        info!(gpid = %gpid, parent = %parent, "parent node dead, releasing");
-                        node.release_local(gpid);
+                        if exit {
+                            info!(gpid = %gpid, parent = %parent, "parent node dead, releasing");
+                            node.release_local(gpid);
+                        }
                         return;
                     }
                     Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
@@ -136,28 +284,58 @@ impl Node {
         Ok(ws.expect("checked"))
     }
 
-    /// Waits for a process the caller started and collects its status (then reaps it).
-    pub async fn wait(self: &Arc<Self>, gpid: Gpid, creds: &pb::Creds) -> Result<WaitStatus> {
+    /// Waits for a process the caller started: its exit (collected: the zombie is
+    /// released), or with `flags` also a stop or continue not reported before.
+    pub async fn wait(
+        self: &Arc<Self>,
+        gpid: Gpid,
+        creds: &pb::Creds,
+        flags: WaitFlags,
+    ) -> Result<WaitEvent> {
+        let wanted = |s: &RecState| {
+            s.exit.is_some()
+                || match s.change {
+                    Some(Change::Stopped(_)) => flags.untraced,
+                    Some(Change::Continued) => flags.continued,
+                    None => false,
+                }
+        };
         let rec = {
             let ch = self.children.lock();
-            ch.get(&gpid).map(|r| (r.uid, r.status.subscribe()))
+            ch.get(&gpid).map(|r| (r.uid, r.state.subscribe()))
         };
         let ws = match rec {
             Some((uid, mut rx)) => {
                 may_wait(creds, uid, gpid)?;
-                let ws = *rx
-                    .wait_for(|s| s.is_some())
-                    .await
-                    .map_err(|_| Error::NoSuchProcess(gpid))?;
-                if self.children.lock().remove(&gpid).is_none() {
-                    return Err(Error::NoSuchProcess(gpid)); // another waiter collected it
+                loop {
+                    rx.wait_for(wanted)
+                        .await
+                        .map_err(|_| Error::NoSuchProcess(gpid))?;
+                    let mut ch = self.children.lock();
+                    let Some(rec) = ch.get_mut(&gpid) else {
+                        return Err(Error::NoSuchProcess(gpid)); // another waiter collected it
+                    };
+                    let state = *rec.state.borrow();
+                    if let Some(ws) = state.exit {
+                        ch.remove(&gpid);
+                        break ws;
+                    }
+                    // A stop or continue is reported once, like waitpid's; another waiter
+                    // may have taken it meanwhile.
+                    if wanted(&state) {
+                        rec.state.send_modify(|s| s.change = None);
+                        return Ok(match state.change {
+                            Some(Change::Stopped(sig)) => WaitEvent::Stopped(sig),
+                            _ => WaitEvent::Continued,
+                        });
+                    }
                 }
-                ws.expect("checked")
             }
             None if gpid.node() == self.id => self.wait_home(gpid, creds).await?,
             None => {
                 let op = pb::peer_request::Op::Wait(pb::WaitRequest {
                     gpids: vec![gpid.raw()],
+                    ..Default::default()
                 });
                 match self.call(gpid.node(), creds.clone(), op).await? {
                     pb::peer_reply::Reply::Wait(w) => {
@@ -178,6 +356,6 @@ impl Node {
             }
         };
         self.release(gpid).await;
-        Ok(ws)
+        Ok(WaitEvent::Exited(ws))
     }
 }
