@@ -369,6 +369,26 @@ impl Terminal {
         self.keys(&["Enter"]);
     }
 
+    /// The pid of the shell (the pane's first process).
+    pub fn pane_pid(&self) -> i32 {
+        let o = Command::new("tmux")
+            .args([
+                "-L",
+                &self.socket,
+                "display-message",
+                "-p",
+                "-t",
+                "0",
+                "#{pane_pid}",
+            ])
+            .output()
+            .expect("tmux display-message");
+        String::from_utf8_lossy(&o.stdout)
+            .trim()
+            .parse()
+            .expect("pane pid")
+    }
+
     pub fn screen(&self) -> String {
         let o = Command::new("tmux")
             .args([

@@ -2,6 +2,7 @@
 //! with an unmodified interactive bash, process groups and sessions, sigsend, orphaned
 //! groups, waits and zombies, node failure (issue 3).
 
+use clan_core::Gpid;
 use clan_tests::*;
 use std::time::Duration;
 
@@ -483,4 +484,130 @@ fn ten_thousand_short_remote_processes_leave_the_tables_as_they_were() {
         || (tables(&c) == before).then_some(()),
     );
     assert!(zombies(&c).is_empty(), "{:?}", zombies(&c));
+}
+
+#[test]
+fn an_orphaned_group_with_a_stopped_remote_member_gets_hup_and_cont() {
+    root_or_skip!("an_orphaned_group_with_a_stopped_remote_member_gets_hup_and_cont");
+    let c = Cluster::up(2);
+    let d = c.dir.display().to_string();
+    // The remote member: records SIGHUP and SIGCONT.
+    std::fs::write(
+        c.dir.join("member.sh"),
+        format!(
+            "trap 'echo hup >> {d}/marks' HUP; trap 'echo cont >> {d}/marks' CONT\n\
+             while :; do sleep 0.05; done\n"
+        ),
+    )
+    .unwrap();
+    // A session on node 1 (sh, group A) with a job group J: L1 (J's leader, child of sh)
+    // starts the member on node 2; L2 joins J as a child of sh2 (a child of sh in group A).
+    // sh and sh2 are J's controlling links.
+    let script = format!(
+        "python3 -c 'import os,sys; os.setpgid(0,0); os.execvp(\"sh\", [\"sh\",\"-c\",sys.argv[1]])' \
+           'clan run -d --node 2 -- sh {d}/member.sh >/dev/null; exec sleep 1041' &\n\
+         J=$!\n\
+         while [ \"$(ps -o pgid= -p $J | tr -d ' ')\" != \"$J\" ]; do sleep 0.01; done\n\
+         ( python3 -c \"import os; os.setpgid(0, $J); os.execvp('sleep', ['sleep','1042'])\" &\n\
+           while [ ! -e {d}/go2 ]; do sleep 0.02; done ) &\n\
+         while [ ! -e {d}/go1 ]; do sleep 0.02; done\n"
+    );
+    c.spawn(1, &["sh", "-c", &script]);
+    let l1 = one(&c, "sleep 1041");
+    let l2 = one(&c, "sleep 1042");
+    let m = one(&c, &format!("sh {d}/member.sh"));
+    let j = l1["gpid"].clone();
+    assert_eq!(l1["pgid"], j);
+    assert_eq!(l2["pgid"], j);
+    assert_eq!(m["pgid"], j, "the remote member is in J");
+    assert_eq!(m["sid"], l1["sid"], "and in the session");
+    let mg: Gpid = m["gpid"].as_u64().unwrap().to_string().parse().unwrap();
+    c.clan_ok(&["kill", "-s", "STOP", &mg.to_string()]);
+    eventually("member stopped", Duration::from_secs(20), || {
+        (c.ps_one(mg).unwrap()["state"] == "T").then_some(())
+    });
+
+    // sh2 exits: J keeps a link (sh), so nothing is sent. (J's home samples its links: wait
+    // until it has seen both.)
+    eventually(
+        "node 1 to see J's two links",
+        Duration::from_secs(20),
+        || (tables(&c).get(&(1, "group.links".to_string())) == Some(&2)).then_some(()),
+    );
+    std::fs::write(c.dir.join("go2"), "").unwrap();
+    eventually(
+        "the check after sh2's exit",
+        Duration::from_secs(20),
+        || {
+            let log = std::fs::read_to_string(c.node_dir(1).join("cland.log")).unwrap();
+            log.contains("still controlled").then_some(())
+        },
+    );
+    assert!(
+        !c.dir.join("marks").exists(),
+        "a controlled group got signals"
+    );
+    assert_eq!(c.ps_one(mg).unwrap()["state"], "T");
+
+    // sh exits: J is orphaned with a stopped member: every member gets SIGHUP then SIGCONT.
+    std::fs::write(c.dir.join("go1"), "").unwrap();
+    eventually(
+        "SIGHUP and SIGCONT at the member",
+        Duration::from_secs(20),
+        || {
+            let marks = std::fs::read_to_string(c.dir.join("marks")).unwrap_or_default();
+            (marks.contains("hup") && marks.contains("cont")).then_some(())
+        },
+    );
+    eventually("the member running again", Duration::from_secs(20), || {
+        (c.ps_one(mg).unwrap()["state"] != "T").then_some(())
+    });
+    // The local members had no handler: SIGHUP ended them.
+    for cmd in ["sleep 1041", "sleep 1042"] {
+        eventually(cmd, Duration::from_secs(20), || {
+            live(&c, cmd).is_empty().then_some(())
+        });
+    }
+}
+
+#[test]
+fn a_stopped_remote_job_whose_shell_dies_gets_hup_and_cont() {
+    root_or_skip!("a_stopped_remote_job_whose_shell_dies_gets_hup_and_cont");
+    let c = Cluster::up(2);
+    let d = c.dir.display().to_string();
+    std::fs::write(
+        c.dir.join("member.sh"),
+        format!(
+            "trap 'echo hup >> {d}/marks' HUP; trap 'echo cont >> {d}/marks' CONT\n\
+             while :; do sleep 0.05; done\n"
+        ),
+    )
+    .unwrap();
+    let path = path_with_bins();
+    let t = Terminal::bash(&[("CLAN_DIR", &d), ("PATH", &path)]);
+    t.line(&format!("clan run --node 2 -- sh {d}/member.sh"));
+    let m = one(&c, &format!("sh {d}/member.sh"));
+    t.keys(&["C-z"]);
+    t.wait_for("the job stopped", |s| s.contains("Stopped"));
+    assert_eq!(
+        c.ps_one(m["gpid"].as_u64().unwrap().to_string().parse().unwrap())
+            .unwrap()["state"],
+        "T"
+    );
+    // The shell dies: the stub's group is orphaned with a stopped member (the stub), so the
+    // kernel sends it SIGHUP and SIGCONT, which it passes on to the remote process.
+    let bash: i32 = t.pane_pid();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(bash),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    eventually(
+        "SIGHUP and SIGCONT at the remote process",
+        Duration::from_secs(20),
+        || {
+            let marks = std::fs::read_to_string(c.dir.join("marks")).unwrap_or_default();
+            (marks.contains("hup") && marks.contains("cont")).then_some(())
+        },
+    );
 }

@@ -198,6 +198,7 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
                     n.sample_load(0.2);
                     n.prune_jobs();
                     n.prune_group_aliases();
+                    n.check_link_holders();
                 })
                 .await;
             }

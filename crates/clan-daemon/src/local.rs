@@ -194,7 +194,7 @@ impl Node {
                     self.expect_child(g, creds.uid);
                     self.note_member(t, creds);
                     if let Some(p) = parent {
-                        self.adopt(p, g);
+                        self.adopt(p, g, creds);
                     }
                     started.gpids.push(g.raw());
                     started.nodes.push(t.get());

@@ -43,7 +43,10 @@ pub struct Node {
     pub vprocs: NamedRwLock<HashMap<Gpid, Arc<VProc>>>,
     pub children: NamedMutex<HashMap<Gpid, ChildRec>>,
     /// Parent processes of this node (host pid) and the children they started elsewhere.
-    pub parents: NamedMutex<HashMap<u32, Vec<Gpid>>>,
+    pub parents: NamedMutex<HashMap<u32, crate::process::wait::ParentRec>>,
+    /// At a group's home: its local controlling links (parents in the node's numbers and
+    /// their start times), watched so that their exit triggers an orphan check.
+    pub link_holders: NamedMutex<HashMap<Gpid, Vec<(u32, u64)>>>,
     pub placement: NamedMutex<Placement>,
     pub load: NamedMutex<LocalLoad>,
     /// The last job number given out, and the end of the block reserved on disk.
@@ -101,6 +104,7 @@ impl Node {
             vprocs: NamedRwLock::new("vprocs", HashMap::new()),
             children: NamedMutex::new("children", HashMap::new()),
             parents: NamedMutex::new("parents", HashMap::new()),
+            link_holders: NamedMutex::new("group.links", HashMap::new()),
             placement: NamedMutex::new("placement", placement),
             load: NamedMutex::new("load", LocalLoad::default()),
             // A restart continues after the whole block the last incarnation reserved.

@@ -225,7 +225,8 @@ impl Node {
                 p.spare_sessions.lock().clear();
                 p.deaths.send_modify(|n| *n += 1);
                 self.children_of_dead_node(p.id);
-                self.members_of_dead_node(p.id);
+                let groups = self.members_of_dead_node(p.id);
+                self.orphan_checks_after_death(groups);
             }
         }
     }
@@ -341,10 +342,8 @@ impl Node {
                         // Quick requests are served here, with no task between the socket
                         // and the kernel (a remote signal's critical path); the others get
                         // a task so they do not hold up the connection.
-                        let quick = matches!(
-                            req.op,
-                            Some(Op::Signal(_) | Op::Release(_) | Op::Status(_) | Op::Join(_))
-                        );
+                        let quick =
+                            matches!(req.op, Some(Op::Signal(_) | Op::Status(_) | Op::Join(_)));
                         let (node, wr) = (self.clone(), wr.clone());
                         let serve = async move {
                             let id = req.id;
@@ -446,6 +445,14 @@ impl Node {
                 self.member_join(&j)?;
                 Ok(Reply::Ok(pb::Ok {}))
             }
+            Op::Orphan(o) => {
+                let g = gpid(o.pgid)?;
+                let node = self.clone();
+                let part = tokio::task::spawn_blocking(move || node.orphan_part(g))
+                    .await
+                    .map_err(|e| Error::Internal(format!("orphan probe: {e}")))?;
+                Ok(Reply::Orphan(part))
+            }
             Op::Ps(p) => {
                 let procs = self.ps_local(p.filter.unwrap_or_default()).await;
                 Ok(Reply::Ps(pb::NodePs {
@@ -470,7 +477,7 @@ impl Node {
                 }))
             }
             Op::Release(r) => {
-                self.release_local(gpid(r.gpid)?);
+                self.release_local(gpid(r.gpid)?).await;
                 Ok(Reply::Ok(pb::Ok {}))
             }
             Op::Status(st) => {
@@ -518,6 +525,10 @@ impl Node {
             ("parents", self.parents.lock().len()),
             ("group.aliases", aliases),
             ("group.members", members),
+            (
+                "group.links",
+                self.link_holders.lock().values().map(Vec::len).sum(),
+            ),
             ("spawning", self.spawning.lock().len()),
         ]
         .into_iter()

@@ -57,6 +57,15 @@ pub struct Members {
 }
 
 impl Members {
+    /// The groups (not sessions) with members on other nodes.
+    pub fn groups(&self) -> Vec<Gpid> {
+        self.map
+            .keys()
+            .filter(|(k, _)| *k == Kind::Group)
+            .map(|(_, g)| *g)
+            .collect()
+    }
+
     pub fn len(&self) -> usize {
         self.map.len()
     }
@@ -176,15 +185,26 @@ impl Node {
 
     /// Requester side: a process was started on `target` for `creds`; if this node is the
     /// home of the requester's group or session, note that `target` holds a member.
-    pub fn note_member(&self, target: NodeId, creds: &pb::Creds) {
+    pub fn note_member(self: &Arc<Self>, target: NodeId, creds: &pb::Creds) {
         if target == self.id {
             return;
         }
-        let mut m = self.members.lock();
-        for (kind, raw) in [(Kind::Group, creds.pgid), (Kind::Session, creds.sid)] {
-            if let Some(g) = Gpid::from_raw(raw).filter(|g| g.node() == self.id) {
-                m.map.entry((kind, g)).or_default().insert(target);
+        {
+            let mut m = self.members.lock();
+            for (kind, raw) in [(Kind::Group, creds.pgid), (Kind::Session, creds.sid)] {
+                if let Some(g) = Gpid::from_raw(raw).filter(|g| g.node() == self.id) {
+                    m.map.entry((kind, g)).or_default().insert(target);
+                }
             }
+        }
+        self.watch_links_later(creds.pgid);
+    }
+
+    /// [`Node::watch_links`] on a blocking thread, for a group with members elsewhere.
+    fn watch_links_later(self: &Arc<Self>, pgid: u64) {
+        if let Some(g) = Gpid::from_raw(pgid).filter(|g| g.node() == self.id) {
+            let node = self.clone();
+            tokio::task::spawn_blocking(move || node.watch_links(g));
         }
     }
 
@@ -205,7 +225,15 @@ impl Node {
     }
 
     /// Home side of [`pb::GroupJoin`].
-    pub fn member_join(&self, j: &pb::GroupJoin) -> Result<()> {
+    pub fn member_join(self: &Arc<Self>, j: &pb::GroupJoin) -> Result<()> {
+        self.member_join_inner(j)?;
+        if !j.leave {
+            self.watch_links_later(j.pgid);
+        }
+        Ok(())
+    }
+
+    fn member_join_inner(&self, j: &pb::GroupJoin) -> Result<()> {
         let node = NodeId::new(j.node)
             .ok_or_else(|| Error::Invalid(format!("invalid node {}", j.node)))?;
         let mut m = self.members.lock();
@@ -227,13 +255,17 @@ impl Node {
         Ok(())
     }
 
-    /// A node died: it holds no members any more.
-    pub fn members_of_dead_node(&self, dead: NodeId) {
+    /// A node died: it holds no members any more. Returns the groups it had members of.
+    pub fn members_of_dead_node(&self, dead: NodeId) -> Vec<Gpid> {
         let mut m = self.members.lock();
-        m.map.retain(|_, s| {
-            s.remove(&dead);
+        let mut groups = Vec::new();
+        m.map.retain(|(kind, g), s| {
+            if s.remove(&dead) && *kind == Kind::Group {
+                groups.push(*g);
+            }
             !s.is_empty()
         });
+        groups
     }
 
     /// Drops aliases whose local group or session has no process left, and tells their

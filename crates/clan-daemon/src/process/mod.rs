@@ -2,6 +2,7 @@
 //! shepherds (`vproc`), signals (`signal`) and the parent side of waits (`wait`).
 
 pub mod group;
+pub mod orphan;
 pub mod signal;
 pub mod view;
 pub mod vproc;

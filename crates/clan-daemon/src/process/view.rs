@@ -33,6 +33,10 @@ pub struct LocalAttrs {
     pub session: u32,
     pub uid: u32,
     pub job: u64,
+    pub state: char,
+    /// Parent in the node's numbers (0: outside the node's pid namespace).
+    pub ppid: u32,
+    pub start_ticks: u64,
 }
 
 /// What `ps` shows of one process, before the job and managed flags are added.
@@ -179,6 +183,9 @@ impl ProcView {
             session: u32::try_from(stat.session).unwrap_or(0),
             uid: st.st_uid,
             job,
+            state: stat.state,
+            ppid: u32::try_from(stat.ppid).unwrap_or(0),
+            start_ticks: stat.starttime,
         })
     }
 

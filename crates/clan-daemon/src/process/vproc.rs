@@ -28,6 +28,8 @@ pub struct VProc {
     tx: mpsc::UnboundedSender<pb::ShepherdIn>,
     /// `Some` once the process has exited.
     pub status: watch::Sender<Option<WaitStatus>>,
+    /// `true` once the shepherd is gone and the record removed (the kernel pid reaped).
+    pub gone: watch::Sender<bool>,
     /// Where output and the exit status of an attached process go.
     subscriber: NamedMutex<Option<mpsc::Sender<pb::SessionOutput>>>,
 }
@@ -287,6 +289,7 @@ impl Node {
                 .unwrap_or_default(),
             tx,
             status,
+            gone: watch::channel(false).0,
             subscriber: NamedMutex::new("vproc.subscriber", None),
         });
         self.vprocs.write().insert(gpid, vp.clone());
@@ -350,6 +353,7 @@ impl Node {
                 node.process_exited(&link, ws);
             }
             node.vprocs.write().remove(&link.gpid);
+            link.gone.send_replace(true);
         });
         Ok(vp)
     }

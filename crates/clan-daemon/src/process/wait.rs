@@ -9,13 +9,14 @@
 
 use crate::error::{Error, Result};
 use crate::node::Node;
+use crate::process::group::Kind;
 use crate::process::vproc::VProc;
 use clan_core::{Gpid, NodeId, WaitStatus};
 use clan_proto::pb::{self, shepherd_in::Msg as In};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 /// A state change of a child other than its exit (waitpid's WUNTRACED and WCONTINUED).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,6 +64,32 @@ impl ChildRec {
             state: watch::channel(RecState::default()).0,
             orphan: false,
         }
+    }
+}
+
+/// A parent process of this node that started processes elsewhere.
+pub struct ParentRec {
+    /// Its cluster group and session when it started the first one.
+    pub pgid: u64,
+    pub sid: u64,
+    /// The children: gpid, cluster group, cluster session.
+    pub kids: Vec<(Gpid, u64, u64)>,
+}
+
+/// Returns once the process with host pid `pid` has exited (at once if it has already).
+pub async fn until_exit(pid: u32) {
+    match clan_core::sys::pidfd_open(pid as i32) {
+        Ok(fd) => {
+            // SAFETY: the AsyncFd owns the OwnedFd, which stays open and the same descriptor
+            // until the AsyncFd is dropped.
+            let afd = unsafe {
+                tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE)
+            };
+            if let Ok(afd) = afd {
+                let _ = afd.readable().await;
+            }
+        }
+        Err(e) => debug!(pid, "already gone: {e}"),
     }
 }
 
@@ -132,45 +159,51 @@ impl Node {
     }
 
     /// Parent side: the process that started `gpid` (host pid `parent`, a process of this
-    /// node) is its parent: when it exits, the child's record goes (releasing the zombie).
-    pub fn adopt(self: &Arc<Self>, parent: u32, gpid: Gpid) {
+    /// node) is its parent: when it exits, the child's record goes (releasing the zombie),
+    /// and the child's group is checked for having become orphaned. `creds` are the
+    /// requester's (the child's group and session).
+    pub fn adopt(self: &Arc<Self>, parent: u32, gpid: Gpid, creds: &pb::Creds) {
         let first = {
             let mut p = self.parents.lock();
-            let kids = p.entry(parent).or_default();
-            kids.push(gpid);
-            kids.len() == 1
+            let first = !p.contains_key(&parent);
+            let rec = p.entry(parent).or_insert_with(|| {
+                let ids = self.caller_ids(parent as i32);
+                ParentRec {
+                    pgid: self.cluster_id(Kind::Group, ids.pgid),
+                    sid: self.cluster_id(Kind::Session, ids.sid),
+                    kids: Vec::new(),
+                }
+            });
+            rec.kids.push((gpid, creds.pgid, creds.sid));
+            first
         };
         if !first {
             return;
         }
         let node = self.clone();
         tokio::spawn(async move {
-            match clan_core::sys::pidfd_open(parent as i32) {
-                Ok(fd) => {
-                    // SAFETY: the AsyncFd owns the OwnedFd, which stays open and the same
-                    // descriptor until the AsyncFd is dropped.
-                    let afd = unsafe {
-                        tokio::io::unix::AsyncFd::register_with_interest(
-                            fd,
-                            tokio::io::Interest::READABLE,
-                        )
-                    };
-                    if let Ok(afd) = afd {
-                        let _ = afd.readable().await;
-                    }
-                }
-                Err(e) => debug!(parent, "parent already gone: {e}"),
-            }
+            until_exit(parent).await;
             node.parent_exited(parent).await;
         });
     }
 
     async fn parent_exited(self: &Arc<Self>, parent: u32) {
-        let kids = self.parents.lock().remove(&parent).unwrap_or_default();
+        let Some(rec) = self.parents.lock().remove(&parent) else {
+            return;
+        };
         let mut release = Vec::new();
+        // Groups of its children it was a controlling link of may now be orphaned.
+        let mut groups: Vec<Gpid> = rec
+            .kids
+            .iter()
+            .filter(|(_, pg, sid)| *pg != rec.pgid && *sid == rec.sid)
+            .filter_map(|(_, pg, _)| Gpid::from_raw(*pg))
+            .collect();
+        groups.sort();
+        groups.dedup();
         {
             let mut ch = self.children.lock();
-            for g in kids {
+            for g in rec.kids.iter().map(|k| k.0) {
                 let Some(rec) = ch.get_mut(&g) else { continue };
                 if rec.state.borrow().exit.is_some() {
                     ch.remove(&g);
@@ -183,6 +216,9 @@ impl Node {
         debug!(parent, released = release.len(), "parent exited");
         for g in release {
             self.release(g).await;
+        }
+        for g in groups {
+            self.orphan_check(g).await;
         }
     }
 
@@ -241,7 +277,7 @@ impl Node {
                         // The parent's node is gone: nobody will wait; release the zombie.
                         if exit {
                             info!(gpid = %gpid, parent = %parent, "parent node dead, releasing");
-                            node.release_local(gpid);
+                            node.release_local(gpid).await;
                         }
                         return;
                     }
@@ -251,16 +287,27 @@ impl Node {
         });
     }
 
-    /// Home side: let the shepherd reap the zombie.
-    pub fn release_local(&self, gpid: Gpid) {
-        if let Some(vp) = self.vprocs.read().get(&gpid) {
-            vp.send(In::Release(true));
+    /// Home side: let the shepherd reap the zombie, and return once it has (the gpid is
+    /// free when a waiter is told, as with waitpid), or after a few seconds at most.
+    pub async fn release_local(&self, gpid: Gpid) {
+        let Some(vp) = self.vprocs.read().get(&gpid).cloned() else {
+            return;
+        };
+        let mut gone = vp.gone.subscribe();
+        vp.send(In::Release(true));
+        drop(vp);
+        let reaped = gone.wait_for(|g| *g);
+        if tokio::time::timeout(Duration::from_secs(5), reaped)
+            .await
+            .is_err()
+        {
+            warn!(gpid = %gpid, "shepherd slow to reap after release");
         }
     }
 
     async fn release(self: &Arc<Self>, gpid: Gpid) {
         if gpid.node() == self.id {
-            self.release_local(gpid);
+            self.release_local(gpid).await;
         } else {
             let op = pb::peer_request::Op::Release(pb::ReleaseRequest { gpid: gpid.raw() });
             let _ = self.call(gpid.node(), self.own_creds(), op).await;

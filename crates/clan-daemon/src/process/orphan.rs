@@ -1,0 +1,225 @@
+//! Orphaned process groups across nodes (POSIX, DESIGN.md 8, Solaris MC 4.2).
+//!
+//! A group is orphaned when none of its members has a parent in another group of the same
+//! session (such a parent is a *controlling link*: a shell that can continue the job). When a
+//! group becomes orphaned while a member is stopped, every member gets SIGHUP then SIGCONT,
+//! or it would stay stopped for ever. Each kernel applies this rule to the processes it sees;
+//! clan applies it to groups that span nodes.
+//!
+//! Solaris MC keeps a count of controlling links per group. clan counts them when a link can
+//! have gone, from the kernel's truth on each node rather than from a copy kept up to date
+//! with every fork: [`Node::orphan_check`] asks every live node for its part (members, links,
+//! whether one is stopped). The events that can drop a link are watched:
+//! - the exit of a parent that started processes on other nodes (a pidfd, `wait::adopt`);
+//! - at a group's home, the exit of a local link holder of a group with members elsewhere
+//!   (checked on each load sample: the holders are few and a parent in the node's pid
+//!   namespace has no pidfd cland can open);
+//! - the death of a node (its members and links vanish).
+//!
+//! A process clan started for a requester counts as a link when the requester's parent (the
+//! shell that ran `clan run -d`) is in another group of the same session, for as long as that
+//! parent lives.
+
+use crate::node::Node;
+use crate::process::group::Kind;
+use clan_core::Gpid;
+use clan_proto::pb;
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use tracing::{debug, info};
+
+impl Node {
+    /// This node's part of group `g`'s state (runs on a blocking thread).
+    pub fn orphan_part(&self, g: Gpid) -> pb::OrphanInfo {
+        let mut info = pb::OrphanInfo::default();
+        let raw = g.raw();
+        for pid in self.view.pids() {
+            if pid == 1 && self.view.ns_init != 0 {
+                continue;
+            }
+            let Some(a) = self.view.attrs(pid, false) else {
+                continue;
+            };
+            if a.state == 'Z' || self.cluster_id(Kind::Group, a.pgrp) != raw {
+                continue;
+            }
+            info.members += 1;
+            info.stopped |= a.state == 'T';
+            if self.is_link(raw, a.ppid, self.cluster_id(Kind::Session, a.session)) {
+                info.links += 1;
+            }
+        }
+        // Remote children of live parents here.
+        for (&parent, rec) in self.parents.lock().iter() {
+            if !crate::pid_alive(parent as i32) {
+                continue;
+            }
+            let ids = self.caller_ids(parent as i32);
+            let (ppg, psid) = (
+                self.cluster_id(Kind::Group, ids.pgid),
+                self.cluster_id(Kind::Session, ids.sid),
+            );
+            info.links += rec
+                .kids
+                .iter()
+                .filter(|(_, pg, sid)| *pg == raw && ppg != raw && psid == *sid)
+                .count() as u32;
+        }
+        info
+    }
+
+    /// Whether local process `ppid` (node numbers) is a controlling link for a member of
+    /// group `g` in session `sid`: alive, in another group, in the same session.
+    fn is_link(&self, g: u64, ppid: u32, sid: u64) -> bool {
+        if ppid <= 1 {
+            return false; // outside the node's namespace, or its init
+        }
+        self.view.attrs(ppid, false).is_some_and(|q| {
+            q.state != 'Z'
+                && self.cluster_id(Kind::Group, q.pgrp) != g
+                && self.cluster_id(Kind::Session, q.session) == sid
+        })
+    }
+
+    /// Counts group `g`'s controlling links over the live nodes; if there are none and a
+    /// member is stopped, sends every member SIGHUP then SIGCONT. Returns whether it did.
+    pub async fn orphan_check(self: &Arc<Self>, g: Gpid) -> bool {
+        let mut set = tokio::task::JoinSet::new();
+        for n in self.cfg.node_ids() {
+            if !self.node_alive(n).unwrap_or(false) {
+                continue;
+            }
+            let node = self.clone();
+            set.spawn(async move {
+                if n == node.id {
+                    let node2 = node.clone();
+                    return tokio::task::spawn_blocking(move || node2.orphan_part(g))
+                        .await
+                        .ok();
+                }
+                let op = pb::peer_request::Op::Orphan(pb::OrphanProbe { pgid: g.raw() });
+                let limit = std::time::Duration::from_millis(node.cfg.dead_after_ms);
+                match tokio::time::timeout(limit, node.call(n, node.own_creds(), op)).await {
+                    Ok(Ok(pb::peer_reply::Reply::Orphan(o))) => Some(o),
+                    _ => None, // a node that does not answer holds no links we can count
+                }
+            });
+        }
+        let parts: Vec<pb::OrphanInfo> = set.join_all().await.into_iter().flatten().collect();
+        let members: u32 = parts.iter().map(|p| p.members).sum();
+        let links: u32 = parts.iter().map(|p| p.links).sum();
+        let stopped = parts.iter().any(|p| p.stopped);
+        debug!(%g, members, links, stopped, "orphan check");
+        if members == 0 || !stopped {
+            return false;
+        }
+        if links > 0 {
+            info!(%g, links, "process group with a stopped member still controlled");
+            return false;
+        }
+        info!(%g, "process group orphaned with a stopped member: SIGHUP and SIGCONT to it");
+        let expr = format!("pgid={}", g.raw());
+        let creds = self.own_creds();
+        for sig in [libc::SIGHUP, libc::SIGCONT] {
+            if let Err(e) = self.sigsend(&expr, sig, &creds).await {
+                debug!(%g, "orphan signal: {e}");
+            }
+        }
+        true
+    }
+
+    /// The local controlling links of each of `groups`: (parent, its start time) pairs,
+    /// from one scan of the node.
+    fn scan_link_holders(&self, groups: &HashSet<u64>) -> HashMap<u64, Vec<(u32, u64)>> {
+        let mut out: HashMap<u64, Vec<(u32, u64)>> = HashMap::new();
+        if groups.is_empty() {
+            return out;
+        }
+        for pid in self.view.pids() {
+            let Some(a) = self.view.attrs(pid, false) else {
+                continue;
+            };
+            let g = self.cluster_id(Kind::Group, a.pgrp);
+            if a.state == 'Z' || !groups.contains(&g) {
+                continue;
+            }
+            if self.is_link(g, a.ppid, self.cluster_id(Kind::Session, a.session)) {
+                if let Some(q) = self.view.attrs(a.ppid, false) {
+                    out.entry(g).or_default().push((a.ppid, q.start_ticks));
+                }
+            }
+        }
+        for v in out.values_mut() {
+            v.sort_unstable();
+            v.dedup();
+        }
+        out
+    }
+
+    /// At the home of group `g`, which has members on other nodes: note its local link
+    /// holders now (see [`Node::check_link_holders`]).
+    pub fn watch_links(&self, g: Gpid) {
+        if g.node() != self.id {
+            return;
+        }
+        let set: HashSet<u64> = [g.raw()].into();
+        let holders = self
+            .scan_link_holders(&set)
+            .remove(&g.raw())
+            .unwrap_or_default();
+        self.link_holders.lock().insert(g, holders);
+    }
+
+    /// On each load sample, for the groups homed here with members on other nodes: a local
+    /// link holder seen last time that has exited triggers an orphan check; the holders are
+    /// then noted afresh (links come and go with forks and setpgid).
+    pub fn check_link_holders(self: &Arc<Self>) {
+        let groups: HashSet<u64> = self
+            .members
+            .lock()
+            .groups()
+            .into_iter()
+            .map(|g| g.raw())
+            .collect();
+        let mut now = self.scan_link_holders(&groups);
+        let mut check = Vec::new();
+        {
+            let mut lh = self.link_holders.lock();
+            for (g, old) in lh.iter() {
+                let fresh = now.get(&g.raw());
+                let gone = old.iter().any(|h| {
+                    !fresh.is_some_and(|f| f.contains(h))
+                        && self
+                            .view
+                            .attrs(h.0, false)
+                            .is_none_or(|a| a.start_ticks != h.1 || a.state == 'Z')
+                });
+                if gone {
+                    check.push(*g);
+                }
+            }
+            lh.clear();
+            for g in groups {
+                if let Some(gp) = Gpid::from_raw(g) {
+                    lh.insert(gp, now.remove(&g).unwrap_or_default());
+                }
+            }
+        }
+        for g in check {
+            let node = self.clone();
+            tokio::spawn(async move {
+                node.orphan_check(g).await;
+            });
+        }
+    }
+
+    /// A node died: the groups this node is home of with members there are checked again.
+    pub fn orphan_checks_after_death(self: &Arc<Self>, groups: Vec<Gpid>) {
+        for g in groups {
+            let node = self.clone();
+            tokio::spawn(async move {
+                node.orphan_check(g).await;
+            });
+        }
+    }
+}
