@@ -221,6 +221,27 @@ impl Cluster {
         self.clan_ok(&["node", "start", &node.to_string()]);
     }
 
+    /// Starts node `n`'s cland by hand (after it was killed, its processes still running
+    /// under their shepherds), logging to its log as `clan up` does.
+    pub fn restart_cland(&self, n: u32) -> std::process::Child {
+        let log = std::fs::OpenOptions::new()
+            .append(true)
+            .open(self.node_dir(n).join("cland.log"))
+            .expect("cland.log");
+        Command::new(bin("cland"))
+            .args([
+                "--config",
+                self.dir.join("cluster.toml").to_str().expect("utf-8 path"),
+                "--node",
+                &n.to_string(),
+            ])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("start cland")
+    }
+
     /// The cluster's cgroup directory, when there is one.
     pub fn cgroup(&self) -> Option<&Path> {
         self.cgroup.as_deref()
@@ -443,4 +464,108 @@ impl Drop for Terminal {
 fn next_id() -> u64 {
     static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Network namespaces for partition tests: node N runs in `<prefix>N` with address
+/// `10.201.<k>.N/24` on a veth pair whose other end, `vN`, is a port of a bridge in the
+/// switch namespace `<prefix>sw`. Nothing touches the host's own network. [`Drop`] deletes
+/// the namespaces (and with them the links); stop the cluster first.
+pub struct Net {
+    pub prefix: String,
+    pub ip_base: String,
+    nodes: u32,
+}
+
+fn ip(args: &[&str]) {
+    let o = Command::new("ip").args(args).output().expect("ip(8)");
+    assert!(
+        o.status.success(),
+        "ip {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+impl Net {
+    pub fn new(nodes: u32) -> Net {
+        let seq = SEQ.fetch_add(1, Ordering::SeqCst);
+        let prefix = format!("clt{}x{seq}n", std::process::id() % 100_000);
+        let k = (std::process::id() + seq) % 250;
+        let net = Net {
+            prefix: prefix.clone(),
+            ip_base: format!("10.201.{k}.0"),
+            nodes,
+        };
+        let sw = format!("{prefix}sw");
+        ip(&["netns", "add", &sw]);
+        ip(&["-n", &sw, "link", "add", "br0", "type", "bridge"]);
+        ip(&["-n", &sw, "link", "set", "br0", "up"]);
+        for n in 1..=nodes {
+            let ns = format!("{prefix}{n}");
+            let v = format!("v{n}");
+            ip(&["netns", "add", &ns]);
+            ip(&["-n", &ns, "link", "set", "lo", "up"]);
+            ip(&[
+                "-n", &ns, "link", "add", "eth0", "type", "veth", "peer", "name", &v, "netns", &sw,
+            ]);
+            ip(&[
+                "-n",
+                &ns,
+                "addr",
+                "add",
+                &format!("10.201.{k}.{n}/24"),
+                "dev",
+                "eth0",
+            ]);
+            ip(&["-n", &ns, "link", "set", "eth0", "up"]);
+            ip(&["-n", &sw, "link", "set", &v, "master", "br0"]);
+            ip(&["-n", &sw, "link", "set", &v, "up"]);
+        }
+        net
+    }
+
+    /// `clan up` options that put node N in its namespace.
+    pub fn up_args(&self) -> Vec<String> {
+        vec![
+            "--netns".into(),
+            self.prefix.clone(),
+            "--ip-base".into(),
+            self.ip_base.clone(),
+        ]
+    }
+
+    /// Cuts node `n` off: its switch port goes down (the veth loses carrier).
+    pub fn cut(&self, n: u32) {
+        ip(&[
+            "-n",
+            &format!("{}sw", self.prefix),
+            "link",
+            "set",
+            &format!("v{n}"),
+            "down",
+        ]);
+    }
+
+    /// Joins node `n` again.
+    pub fn mend(&self, n: u32) {
+        ip(&[
+            "-n",
+            &format!("{}sw", self.prefix),
+            "link",
+            "set",
+            &format!("v{n}"),
+            "up",
+        ]);
+    }
+}
+
+impl Drop for Net {
+    fn drop(&mut self) {
+        for ns in (1..=self.nodes)
+            .map(|n| format!("{}{n}", self.prefix))
+            .chain([format!("{}sw", self.prefix)])
+        {
+            let _ = Command::new("ip").args(["netns", "del", &ns]).output();
+        }
+    }
 }

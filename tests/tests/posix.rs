@@ -611,3 +611,259 @@ fn a_stopped_remote_job_whose_shell_dies_gets_hup_and_cont() {
         },
     );
 }
+
+/// Host processes whose command line starts with `prefix` (not the stubs naming them).
+fn host_running(prefix: &str) -> Vec<String> {
+    host_processes_mentioning(prefix)
+        .into_iter()
+        .filter(|l| {
+            l.split_once(": ")
+                .is_some_and(|(_, c)| c.starts_with(prefix))
+        })
+        .collect()
+}
+
+/// `clan nodes` from `from`: (node, state) pairs.
+fn node_states(c: &Cluster, from: u32) -> Vec<(u32, String)> {
+    c.clan_ok(&["--from", &from.to_string(), "nodes"])
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            Some((f.first()?.parse().ok()?, f.get(1)?.to_string()))
+        })
+        .collect()
+}
+
+fn stub(c: &Cluster, from: u32, node: u32, argv: &[&str]) -> std::process::Child {
+    c.cmd()
+        .args([
+            "--from",
+            &from.to_string(),
+            "run",
+            "--node",
+            &node.to_string(),
+            "--",
+        ])
+        .args(argv)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+#[test]
+fn a_cut_off_node_is_declared_dead_fences_itself_and_rejoins() {
+    root_or_skip!("a_cut_off_node_is_declared_dead_fences_itself_and_rejoins");
+    use std::os::unix::process::ExitStatusExt;
+    let net = Net::new(3);
+    let mut args: Vec<String> = net.up_args();
+    args.extend(["--heartbeat-ms", "200", "--dead-after-ms", "1500"].map(String::from));
+    let c = Cluster::up_with(3, &args.iter().map(String::as_str).collect::<Vec<_>>());
+    // Node 3 holds: a process with its stub on node 1, a detached one whose parent is on
+    // node 1, one with its stub on node 3; and node 3 holds a stub of a process on node 2.
+    let across = stub(&c, 1, 3, &["sleep", "2001"]);
+    let d = c.spawn(3, &["sleep", "2002"]);
+    let waiter = c
+        .cmd()
+        .args(["--from", "1", "wait", &d.to_string()])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let at_home = stub(&c, 3, 3, &["sleep", "2003"]);
+    let outward = stub(&c, 3, 2, &["sleep", "2004"]);
+    eventually("the four sleeps", Duration::from_secs(20), || {
+        (host_running("sleep 200").len() == 4).then_some(())
+    });
+
+    net.cut(3);
+    // The majority (nodes 1 and 2) declares node 3 dead: the stub and the waiter hear
+    // SIGKILL, node 2's process whose stub was on node 3 is hung up.
+    let st = across.wait_with_output().unwrap().status;
+    assert_eq!(st.signal(), Some(libc::SIGKILL), "{st:?}");
+    let o = waiter.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(128 + 9), "{o:?}");
+    // Node 3 loses quorum and fences itself: every process it ran is killed, its stubs
+    // end as their processes were (killed), and it says it has no quorum.
+    for s in [at_home, outward] {
+        let st = s.wait_with_output().unwrap().status;
+        assert_eq!(st.signal(), Some(libc::SIGKILL), "{st:?}");
+    }
+    eventually("no sleep left anywhere", Duration::from_secs(20), || {
+        host_running("sleep 200").is_empty().then_some(())
+    });
+    let seen = node_states(&c, 3);
+    assert!(
+        seen.contains(&(3, "no-quorum".into())) && seen.contains(&(1, "dead".into())),
+        "{seen:?}"
+    );
+    // The majority keeps working and lists no process of node 3.
+    let o = c.clan(&["run", "--node", "2", "--", "sh", "-c", "exit 3"]);
+    assert_eq!(o.status.code(), Some(3));
+    assert!(node_states(&c, 1).contains(&(3, "dead".into())));
+    let o = c.clan(&["ps"]);
+    assert_eq!(o.status.code(), Some(5), "{o:?}");
+    assert!(!String::from_utf8_lossy(&o.stdout).contains("sleep 200"));
+
+    // The link comes back: node 3 rejoins as a new incarnation, with nothing stale.
+    net.mend(3);
+    eventually("node 3 back everywhere", Duration::from_secs(20), || {
+        (1..=3)
+            .all(|from| node_states(&c, from).iter().all(|(_, s)| s == "up"))
+            .then_some(())
+    });
+    let o = c.clan(&["run", "--node", "3", "--", "sh", "-c", "hostname; exit 5"]);
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "node3");
+    assert_eq!(o.status.code(), Some(5));
+    let o = c.clan(&["--from", "3", "run", "--node", "1", "--", "true"]);
+    assert_eq!(o.status.code(), Some(0));
+    assert!(!c.clan_ok(&["ps"]).contains("sleep 200"));
+}
+
+#[test]
+fn a_frozen_node_declared_dead_fences_itself_when_it_wakes() {
+    root_or_skip!("a_frozen_node_declared_dead_fences_itself_when_it_wakes");
+    use std::os::unix::process::ExitStatusExt;
+    let c = Cluster::up(3);
+    let across = stub(&c, 1, 3, &["sleep", "2011"]);
+    let d = c.spawn(3, &["sleep", "2012"]);
+    eventually("both sleeps", Duration::from_secs(20), || {
+        (host_running("sleep 201").len() == 2).then_some(())
+    });
+    let pid = nix::unistd::Pid::from_raw(c.cland_pid(3));
+    let inc = |from: u32| -> u64 {
+        let v: serde_json::Value =
+            serde_json::from_str(&c.clan_ok(&["--from", &from.to_string(), "nodes", "-o", "json"]))
+                .unwrap();
+        v.as_array().unwrap()[2]["incarnation"].as_u64().unwrap()
+    };
+    let before = inc(1);
+    // Node 3's daemon stops (its processes keep running): the others declare it dead and
+    // tell the stub and parent their processes were killed.
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let st = across.wait_with_output().unwrap().status;
+    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT);
+    assert_eq!(st.signal(), Some(libc::SIGKILL), "{st:?}");
+    // When it runs again, the others tell it it was declared dead: it kills what they
+    // gave up for dead and comes back as a new incarnation.
+    eventually(
+        "the sleeps killed by the fence",
+        Duration::from_secs(20),
+        || host_running("sleep 201").is_empty().then_some(()),
+    );
+    eventually(
+        "node 3 up again everywhere",
+        Duration::from_secs(20),
+        || {
+            (1..=3)
+                .all(|from| node_states(&c, from).iter().all(|(_, s)| s == "up"))
+                .then_some(())
+        },
+    );
+    assert_ne!(inc(1), before, "node 3 rejoined as a new incarnation");
+    let o = c.clan(&["wait", &d.to_string()]);
+    assert_eq!(o.status.code(), Some(128 + 9), "{o:?}");
+    let o = c.clan(&["run", "--node", "3", "--", "true"]);
+    assert_eq!(o.status.code(), Some(0));
+}
+
+#[test]
+fn a_cland_restarted_after_its_node_was_declared_dead_fences_what_it_took_over() {
+    root_or_skip!("a_cland_restarted_after_its_node_was_declared_dead_fences_what_it_took_over");
+    let c = Cluster::up(3);
+    let d = c.spawn(3, &["sleep", "2021"]);
+    eventually("the sleep", Duration::from_secs(20), || {
+        (host_running("sleep 2021").len() == 1).then_some(())
+    });
+    // Node 3's daemon dies; its process keeps running under its shepherd, but the others
+    // declare the node dead and its parent hears SIGKILL.
+    let pid = nix::unistd::Pid::from_raw(c.cland_pid(3));
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).unwrap();
+    let o = c.clan(&["wait", &d.to_string()]);
+    assert_eq!(o.status.code(), Some(128 + 9), "{o:?}");
+    assert!(
+        !host_running("sleep 2021").is_empty(),
+        "still running, stale"
+    );
+    // A new cland takes the process over, then hears that its predecessor was declared
+    // dead: what the cluster reported killed is killed.
+    let mut daemon = c.restart_cland(3);
+    eventually("the stale sleep fenced", Duration::from_secs(20), || {
+        host_running("sleep 2021").is_empty().then_some(())
+    });
+    eventually(
+        "node 3 up again everywhere",
+        Duration::from_secs(20),
+        || {
+            (1..=3)
+                .all(|from| node_states(&c, from).iter().all(|(_, s)| s == "up"))
+                .then_some(())
+        },
+    );
+    let o = c.clan(&["run", "--node", "3", "--", "sh", "-c", "exit 6"]);
+    assert_eq!(o.status.code(), Some(6));
+    drop(c); // clan down stops the daemon we started
+    assert!(daemon.wait().unwrap().success());
+}
+
+/// `clan --from N stats tables`: the size of `table` on `node`, if it answered.
+fn table_at(c: &Cluster, from: u32, node: u32, table: &str) -> Option<u64> {
+    let o = c.clan(&["--from", &from.to_string(), "stats", "tables"]);
+    String::from_utf8_lossy(&o.stdout).lines().find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        (f.first()? == &node.to_string().as_str() && f.get(1)? == &table)
+            .then(|| f.get(2)?.parse().ok())
+            .flatten()
+    })
+}
+
+#[test]
+fn a_dead_homes_member_lists_move_to_the_next_node_and_back() {
+    root_or_skip!("a_dead_homes_member_lists_move_to_the_next_node_and_back");
+    let c = Cluster::up(4);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    // A group whose home is node 1, with members on nodes 3 and 4.
+    let script = "clan run -d --node 3 -- sleep 2031 >/dev/null; \
+                  clan run -d --node 4 -- sleep 2032 >/dev/null; exec sleep 2033";
+    let g = c.spawn(1, &["sh", "-c", script]).raw();
+    one(&c, "sleep 2033");
+    assert_eq!(table_at(&c, 2, 2, "group.members"), Some(0));
+    let reach = |from: u32| -> Vec<u64> {
+        let r = rt
+            .block_on(c.client(from).sigsend(&format!("pgid={g}"), libc::SIGCONT))
+            .expect("sigsend");
+        let mut v: Vec<u64> = r
+            .into_iter()
+            .filter_map(|(g, res)| res.is_ok().then_some(g?.raw()))
+            .collect();
+        v.sort();
+        v
+    };
+
+    // The home dies: node 2, next in order, keeps the list (group and session), and a
+    // group signal from node 4 still reaches both members through it.
+    let members: Vec<u64> = ["sleep 2031", "sleep 2032"]
+        .iter()
+        .map(|cmd| one(&c, cmd)["gpid"].as_u64().unwrap())
+        .collect();
+    c.power_cut(1);
+    eventually("node 2 keeps the lists", Duration::from_secs(20), || {
+        (table_at(&c, 2, 2, "group.members") == Some(2)).then_some(())
+    });
+    assert_eq!(reach(4), members);
+
+    // The home comes back: the lists return to it and leave node 2.
+    c.node_start(1);
+    eventually("the lists back at node 1", Duration::from_secs(20), || {
+        (table_at(&c, 1, 1, "group.members") == Some(2)
+            && table_at(&c, 2, 2, "group.members") == Some(0))
+        .then_some(())
+    });
+    assert_eq!(reach(3), members);
+    c.clan_ok(&["--from", "2", "kill", "-g", &g.to_string()]);
+    for cmd in ["sleep 2031", "sleep 2032"] {
+        eventually(cmd, Duration::from_secs(20), || {
+            live(&c, cmd).is_empty().then_some(())
+        });
+    }
+}

@@ -32,8 +32,9 @@ enum Cmd {
     Up(cmd::up::Args),
     /// Stop the local cluster and remove everything it left.
     Down,
-    /// List the nodes with state, address, load, processes and memory.
-    Nodes,
+    /// List the nodes with state (up, suspect, dead, no-quorum), address, load, processes
+    /// and memory.
+    Nodes(cmd::nodes::Args),
     /// Crash or start one node of a local cluster (for tests and demos).
     #[command(subcommand)]
     Node(cmd::node::Args),
@@ -98,7 +99,7 @@ fn main() -> ExitCode {
         match cli.cmd {
             Cmd::Up(a) => cmd::up::run(a, cli.dir.clone()).await,
             Cmd::Down => cmd::up::down(cli.dir.clone()),
-            Cmd::Nodes => with(client(), cmd::nodes::run).await,
+            Cmd::Nodes(a) => with(client(), |c| cmd::nodes::run(c, a)).await,
             Cmd::Node(a) => cmd::node::run(a, cli.dir.clone()).await,
             Cmd::Run(a) => match client() {
                 Ok(c) => cmd::run::run(c, a).await,

@@ -43,6 +43,10 @@ pub enum ConfigError {
 pub struct NodeEntry {
     pub id: u32,
     pub addr: SocketAddr,
+    /// Local clusters: the named network namespace (`/run/netns/NAME`, as `ip netns add`
+    /// makes) the node's daemon and processes run in, for tests that cut links.
+    #[serde(default)]
+    pub netns: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

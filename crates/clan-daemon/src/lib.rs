@@ -10,6 +10,7 @@ pub mod cgroup;
 pub mod error;
 pub mod local;
 pub mod localcluster;
+pub mod membership;
 pub mod node;
 pub mod peer;
 pub mod placement;
@@ -176,6 +177,12 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
         placement,
     ));
     node.recover().await;
+    node.set_incarnation(node.incarnation());
+    if node.vprocs.read().is_empty() {
+        // Nothing taken over from the previous cland: nothing of it to fence.
+        node.prev_incarnation
+            .store(0, std::sync::atomic::Ordering::Release);
+    }
     {
         let node = node.clone();
         tokio::spawn(async move { node.refill_pool().await });
@@ -206,7 +213,12 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
     }
     let sock = socket_path(&state);
     node.serve_local(&sock).await?;
-    info!(node = %opts.node, incarnation = node.incarnation, "cland ready");
+    info!(
+        node = %opts.node,
+        incarnation = node.incarnation(),
+        previous = node.prev_incarnation.load(std::sync::atomic::Ordering::Relaxed),
+        "cland ready"
+    );
 
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;

@@ -31,6 +31,8 @@ pub struct UpOptions {
     pub dead_after_ms: u64,
     /// Directory holding `cland` and `clan-shepherd`.
     pub bin_dir: PathBuf,
+    /// Run node N in the network namespace `PREFIX<N>`, listening on `ip_base` + N.
+    pub netns: Option<(String, std::net::Ipv4Addr)>,
 }
 
 fn pid_of(file: &Path) -> Option<i32> {
@@ -86,10 +88,28 @@ pub fn up(o: &UpOptions) -> anyhow::Result<ClusterConfig> {
     if u32::from(o.base_port) + o.nodes > 65535 {
         bail!("ports {}+{} do not fit", o.base_port, o.nodes);
     }
-    for i in 1..=o.nodes {
+    let addr = |i: u32| -> anyhow::Result<std::net::SocketAddrV4> {
         let port = o.base_port + i as u16;
-        std::net::TcpListener::bind(("127.0.0.1", port))
-            .with_context(|| format!("port {port} is in use (choose another --base-port)"))?;
+        Ok(match &o.netns {
+            None => std::net::SocketAddrV4::new(std::net::Ipv4Addr::LOCALHOST, port),
+            Some((prefix, base)) => {
+                let ns = format!("{prefix}{i}");
+                if !Path::new("/run/netns").join(&ns).exists() {
+                    bail!("network namespace {ns} does not exist (create it with `ip netns add {ns}`)");
+                }
+                let ip = u32::from(*base)
+                    .checked_add(i)
+                    .context("--ip-base + node overflows")?;
+                std::net::SocketAddrV4::new(ip.into(), port)
+            }
+        })
+    };
+    if o.netns.is_none() {
+        for i in 1..=o.nodes {
+            let port = o.base_port + i as u16;
+            std::net::TcpListener::bind(("127.0.0.1", port))
+                .with_context(|| format!("port {port} is in use (choose another --base-port)"))?;
+        }
     }
     let cland = o.bin_dir.join("cland");
     if !cland.exists() {
@@ -110,10 +130,10 @@ pub fn up(o: &UpOptions) -> anyhow::Result<ClusterConfig> {
         o.dead_after_ms
     );
     for i in 1..=o.nodes {
-        toml.push_str(&format!(
-            "\n[[node]]\nid = {i}\naddr = \"127.0.0.1:{}\"\n",
-            o.base_port + i as u16
-        ));
+        toml.push_str(&format!("\n[[node]]\nid = {i}\naddr = \"{}\"\n", addr(i)?));
+        if let Some((prefix, _)) = &o.netns {
+            toml.push_str(&format!("netns = \"{prefix}{i}\"\n"));
+        }
     }
     let cfg_path = o.dir.join("cluster.toml");
     std::fs::write(&cfg_path, toml)?;
@@ -136,6 +156,13 @@ fn spawn_cland(
         .create(true)
         .append(true)
         .open(state.join("cland.log"))?;
+    let netns = match &cfg.node(n)?.netns {
+        Some(name) => {
+            let p = Path::new("/run/netns").join(name);
+            Some(std::fs::File::open(&p).with_context(|| format!("network namespace {name}"))?)
+        }
+        None => None,
+    };
     let mut cmd = std::process::Command::new(cland);
     cmd.arg("--config")
         .arg(cfg_path)
@@ -144,10 +171,15 @@ fn spawn_cland(
     cmd.stdin(std::process::Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log);
-    // SAFETY: setsid in the child before exec only detaches it from our terminal.
+    // SAFETY: setsid and setns in the child before exec only detach it from our terminal
+    // and move it into the node's network namespace (both async-signal-safe syscalls).
     unsafe {
-        cmd.pre_exec(|| {
+        cmd.pre_exec(move || {
             nix::unistd::setsid().map_err(std::io::Error::from)?;
+            if let Some(ns) = &netns {
+                nix::sched::setns(ns, nix::sched::CloneFlags::CLONE_NEWNET)
+                    .map_err(std::io::Error::from)?;
+            }
             Ok(())
         });
     }

@@ -32,7 +32,16 @@ pub struct LocalLoad {
 pub struct Node {
     pub id: NodeId,
     pub cfg: ClusterConfig,
-    pub incarnation: u64,
+    /// Random, taken at start and again each time the node fences itself (membership.rs).
+    incarnation: std::sync::atomic::AtomicU64,
+    /// The incarnation of the cland that ran before this one on this node (0: none, or
+    /// its processes were fenced since): if the others declared it dead, the processes it
+    /// left behind must go (membership.rs).
+    pub prev_incarnation: std::sync::atomic::AtomicU64,
+    /// Whether this node sees a majority of the cluster (membership.rs).
+    pub quorum: std::sync::atomic::AtomicBool,
+    /// Set while the node is fencing itself.
+    pub fencing: std::sync::atomic::AtomicBool,
     pub started: Instant,
     pub state_dir: PathBuf,
     pub view: ProcView,
@@ -73,8 +82,6 @@ impl Node {
         shepherd_bin: PathBuf,
         placement: Placement,
     ) -> Node {
-        let mut inc = [0u8; 8];
-        getrandom::getrandom(&mut inc).expect("kernel random");
         let write_timeout = std::time::Duration::from_millis(cfg.dead_after_ms);
         let peers = cfg
             .nodes
@@ -94,7 +101,14 @@ impl Node {
         Node {
             id,
             cfg,
-            incarnation: u64::from_le_bytes(inc) >> 1,
+            prev_incarnation: std::fs::read_to_string(state_dir.join("incarnation"))
+                .ok()
+                .and_then(|s| s.trim().parse().ok())
+                .unwrap_or(0)
+                .into(),
+            incarnation: crate::membership::fresh_incarnation().into(),
+            quorum: true.into(),
+            fencing: false.into(),
             started: Instant::now(),
             state_dir,
             view,
@@ -114,6 +128,24 @@ impl Node {
             aliases: NamedRwLock::new("group.aliases", Aliases::default()),
             members: NamedMutex::new("group.members", Members::default()),
             shutdown: watch::channel(None).0,
+        }
+    }
+
+    /// The incarnation this node runs as now.
+    pub fn incarnation(&self) -> u64 {
+        self.incarnation.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Takes a new incarnation (at start, and after fencing) and records it in the state
+    /// directory for the next cland.
+    pub fn set_incarnation(&self, inc: u64) {
+        self.incarnation
+            .store(inc, std::sync::atomic::Ordering::Release);
+        let tmp = self.state_dir.join("incarnation.tmp");
+        if let Err(e) = std::fs::write(&tmp, inc.to_string())
+            .and_then(|_| std::fs::rename(&tmp, self.state_dir.join("incarnation")))
+        {
+            tracing::warn!("record incarnation: {e}");
         }
     }
 
@@ -177,13 +209,17 @@ impl Node {
             .unwrap_or_default();
         pb::NodeInfo {
             id: self.id.get(),
-            state: "up".into(),
+            state: if self.quorum.load(std::sync::atomic::Ordering::Relaxed) {
+                "up".into()
+            } else {
+                "no-quorum".into()
+            },
             addr,
             load: l.load,
             procs: l.procs,
             mem_used_kb: l.mem_used_kb,
             mem_total_kb: l.mem_total_kb,
-            incarnation: self.incarnation,
+            incarnation: self.incarnation(),
         }
     }
 

@@ -27,6 +27,9 @@ pub struct PeerState {
     pub info: Option<pb::NodeInfo>,
     pub goodbye: bool,
     pub declared_dead: bool,
+    /// The incarnation this node declared dead with quorum: refused until it fences
+    /// itself and comes back as another (membership.rs).
+    pub fenced: Option<u64>,
     /// Placements sent there since its last heartbeat (least-loaded counts them as load).
     pub placed_since: u32,
 }
@@ -70,6 +73,16 @@ impl Peer {
         state_of(&st, cfg, started)
     }
 
+    /// [`Peer::state_name`] with the state already locked.
+    pub fn state_of_locked(
+        &self,
+        st: &PeerState,
+        cfg: &ClusterConfig,
+        started: Instant,
+    ) -> &'static str {
+        state_of(st, cfg, started)
+    }
+
     pub fn info(&self, cfg: &ClusterConfig, started: Instant) -> pb::NodeInfo {
         let st = self.state.lock();
         let mut i = st.info.clone().unwrap_or_default();
@@ -79,7 +92,7 @@ impl Peer {
         i
     }
 
-    fn fail_pending(&self, e: Error) {
+    pub fn fail_pending(&self, e: Error) {
         let drained: Vec<_> = self.pending.lock().drain().collect();
         for (_, tx) in drained {
             let _ = tx.send(Err(e.clone()));
@@ -119,7 +132,7 @@ impl Node {
     pub fn identity(&self, kind: pb::ConnKind) -> Identity {
         Identity {
             node: self.id.get(),
-            incarnation: self.incarnation,
+            incarnation: self.incarnation(),
             cluster: self.cfg.name.clone(),
             kind,
         }
@@ -182,13 +195,7 @@ impl Node {
             let mut tick = tokio::time::interval(Duration::from_millis(node.cfg.heartbeat_ms));
             loop {
                 tick.tick().await;
-                let hb = pb::Heartbeat {
-                    info: Some(node.self_info()),
-                    dead: vec![],
-                };
-                let frame = pb::PeerFrame {
-                    frame: Some(Frame::Heartbeat(hb)),
-                };
+                let frame = node.heartbeat();
                 // One task per peer, so a peer that does not read delays nobody else.
                 for p in node.peers.values() {
                     let (p, f) = (p.clone(), frame.clone());
@@ -196,44 +203,42 @@ impl Node {
                 }
             }
         });
-        let node = self.clone();
-        tokio::spawn(async move {
-            let mut tick =
-                tokio::time::interval(Duration::from_millis((node.cfg.heartbeat_ms / 4).max(20)));
-            loop {
-                tick.tick().await;
-                node.detect_failures();
-            }
-        });
+        tokio::spawn(self.clone().run_failure_detector());
         Ok(())
     }
 
-    fn detect_failures(self: &Arc<Self>) {
-        for p in self.peers.values() {
-            let newly_dead = {
-                let mut st = p.state.lock();
-                let dead = state_of(&st, &self.cfg, self.started) == "dead";
-                let newly = dead && !st.declared_dead && (st.last_heard.is_some() || st.goodbye);
-                if newly {
-                    st.declared_dead = true;
-                }
-                newly
-            };
-            if newly_dead {
-                warn!(node = %p.id, "node declared dead");
-                p.fail_pending(Error::NodeDead(p.id));
-                p.spare_sessions.lock().clear();
-                p.deaths.send_modify(|n| *n += 1);
-                self.children_of_dead_node(p.id);
-                let groups = self.members_of_dead_node(p.id);
-                self.orphan_checks_after_death(groups);
-            }
+    fn heartbeat(&self) -> pb::PeerFrame {
+        pb::PeerFrame {
+            frame: Some(Frame::Heartbeat(pb::Heartbeat {
+                info: Some(self.self_info()),
+                fenced: self.fenced_list(),
+            })),
         }
     }
 
-    fn heard(&self, from: NodeId, info: Option<pb::NodeInfo>) {
-        if let Some(p) = self.peers.get(&from) {
+    /// Whether `peer` runs as an incarnation this node fenced.
+    fn is_fenced(&self, peer: NodeId, incarnation: u64) -> bool {
+        self.peers
+            .get(&peer)
+            .is_some_and(|p| p.state.lock().fenced == Some(incarnation))
+    }
+
+    /// A frame from `from`, on a connection it opened as `incarnation`. False when that
+    /// incarnation is fenced: the frame is ignored and the connection dropped.
+    fn heard(self: &Arc<Self>, from: NodeId, incarnation: u64, info: Option<pb::NodeInfo>) -> bool {
+        let Some(p) = self.peers.get(&from) else {
+            return false;
+        };
+        let mut rejoined = false;
+        {
             let mut st = p.state.lock();
+            if st.fenced == Some(incarnation)
+                || info
+                    .as_ref()
+                    .is_some_and(|i| st.fenced == Some(i.incarnation))
+            {
+                return false;
+            }
             let was_dead = st.declared_dead || st.goodbye;
             if let Some(i) = info {
                 if st
@@ -242,7 +247,10 @@ impl Node {
                     .is_some_and(|old| old.incarnation != i.incarnation)
                 {
                     info!(node = %from, "node restarted");
+                    rejoined = true;
                 }
+                // A fenced incarnation stays listed (a restarted cland that took over
+                // its processes must learn of it); a new one is accepted.
                 st.info = Some(i);
                 st.placed_since = 0;
             }
@@ -251,8 +259,14 @@ impl Node {
             st.declared_dead = false;
             if was_dead {
                 info!(node = %from, "node is up again");
+                rejoined = true;
             }
         }
+        if rejoined {
+            // Its member lists went with its old incarnation: tell it again.
+            self.peer_rejoined(from);
+        }
+        true
     }
 
     async fn dial_loop(self: Arc<Self>, p: Arc<Peer>) {
@@ -286,14 +300,7 @@ impl Node {
         *p.out.lock().await = Some(wr);
         debug!(node = %p.id, "linked");
         // Tell the peer who we are at once, not one heartbeat period later.
-        let hb = pb::Heartbeat {
-            info: Some(self.self_info()),
-            dead: vec![],
-        };
-        p.send(&pb::PeerFrame {
-            frame: Some(Frame::Heartbeat(hb)),
-        })
-        .await;
+        p.send(&self.heartbeat()).await;
         loop {
             match rd.read().await {
                 Ok(Some(pb::PeerFrame {
@@ -327,18 +334,35 @@ impl Node {
             warn!(peer = %from, node = hello.node, "refused: not a node of this cluster");
             return;
         };
+        if self.is_fenced(peer, hello.incarnation) {
+            warn!(
+                node = %peer,
+                incarnation = hello.incarnation,
+                "refused: this incarnation was declared dead; it must fence itself to rejoin"
+            );
+            return;
+        }
         if hello.kind == pb::ConnKind::Session as i32 {
             crate::session::serve_remote(self, peer, rd, wr).await;
             return;
         }
-        self.heard(peer, None);
+        if !self.heard(peer, hello.incarnation, None) {
+            return;
+        }
         let wr = Arc::new(NamedAsyncMutex::new("peer.reply", wr));
         loop {
             match rd.read().await {
                 Ok(Some(pb::PeerFrame { frame: Some(f) })) => match f {
-                    Frame::Heartbeat(hb) => self.heard(peer, hb.info),
+                    Frame::Heartbeat(hb) => {
+                        self.check_fenced(peer, &hb);
+                        if !self.heard(peer, hello.incarnation, hb.info) {
+                            return;
+                        }
+                    }
                     Frame::Request(req) => {
-                        self.heard(peer, None);
+                        if !self.heard(peer, hello.incarnation, None) {
+                            return;
+                        }
                         // Quick requests are served here, with no task between the socket
                         // and the kernel (a remote signal's critical path); the others get
                         // a task so they do not hold up the connection.

@@ -346,10 +346,18 @@ pub async fn serve_remote(
             }
         }
     });
-    loop {
+    // The stub's node declared dead (a partition leaves the connection open but silent).
+    let mut deaths = match node.peer(from) {
+        Ok(p) => p.deaths.subscribe(),
+        Err(_) => return,
+    };
+    let mut dead = !node.node_alive(from).unwrap_or(false);
+    while !dead {
         tokio::select! {
-            // Both branches are cancel safe: a JoinHandle and mpsc::Receiver::recv.
+            // All branches are cancel safe: a JoinHandle, mpsc::Receiver::recv and
+            // watch::Receiver::changed.
             _ = &mut input => break,
+            _ = deaths.changed() => dead = true,
             o = rx.recv() => match o {
                 Some(o) => {
                     if wr.write(&pb::PeerFrame { frame: Some(Frame::Output(o)) }).await.is_err() {
@@ -364,6 +372,9 @@ pub async fn serve_remote(
                 }
             },
         }
+    }
+    if dead {
+        input.abort();
     }
     if released.load(std::sync::atomic::Ordering::SeqCst) {
         vp.detach_subscriber();

@@ -19,6 +19,13 @@ pub struct Args {
     /// A node not heard from for this long is dead.
     #[arg(long, default_value_t = 3000)]
     dead_after_ms: u64,
+    /// Run node N in the existing network namespace `PREFIX<N>` (e.g. made with
+    /// `ip netns add`), listening on --ip-base + N; for testing partitions.
+    #[arg(long, value_name = "PREFIX", requires = "ip_base")]
+    netns: Option<String>,
+    /// With --netns: node N listens on this IPv4 address + N.
+    #[arg(long, value_name = "IPV4", requires = "netns")]
+    ip_base: Option<std::net::Ipv4Addr>,
 }
 
 fn dir_or_default(dir: Option<PathBuf>) -> PathBuf {
@@ -41,6 +48,7 @@ pub async fn run(a: Args, dir: Option<PathBuf>) -> ExitCode {
         heartbeat_ms: a.heartbeat_ms,
         dead_after_ms: a.dead_after_ms,
         bin_dir,
+        netns: a.netns.zip(a.ip_base),
     };
     let cfg = match localcluster::up(&opts) {
         Ok(c) => c,

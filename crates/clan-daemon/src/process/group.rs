@@ -8,7 +8,9 @@
 //! of any local group is its alias, or else its own gpid. A group's *home* is the node its
 //! gpid names; it keeps the set of other nodes that hold aliases of it (Solaris MC's group
 //! object with its member list), so signalling a group asks its home and the nodes on that
-//! list, never the whole cluster. If the home is dead, every live node is asked.
+//! list, never the whole cluster. While the home is dead, the next live node after it in id
+//! order keeps the list: the member nodes register with it (membership.rs), and they
+//! register with the home again when it is back.
 
 use crate::error::{Error, Result};
 use crate::node::Node;
@@ -169,11 +171,48 @@ impl Node {
                 Kind::Group => a.pg.insert(ns_pid, g),
                 Kind::Session => a.sid.insert(ns_pid, g),
             };
-            if g.node() != self.id && g.node().get() != creds.node {
+            let reg = self.registry_of(g);
+            if reg.is_some_and(|r| r != self.id && r.get() != creds.node) {
                 homes.push((kind, g));
             }
         }
         homes
+    }
+
+    /// Where the member list of `g` lives: its home node, or while the home is dead the next
+    /// live node after it in id order, which takes the list over (the members tell it).
+    pub fn registry_of(&self, g: Gpid) -> Option<NodeId> {
+        let ids: Vec<NodeId> = self.cfg.node_ids().collect();
+        let start = ids.iter().position(|n| *n == g.node())?;
+        (0..ids.len())
+            .map(|k| ids[(start + k) % ids.len()])
+            .find(|n| self.node_alive(*n).unwrap_or(false))
+    }
+
+    /// After a membership change: tells the registry of every foreign group and session
+    /// this node holds members of that it does (joins are idempotent).
+    pub fn reregister_groups(self: &Arc<Self>) {
+        let held: BTreeSet<(u8, Gpid)> = {
+            let a = self.aliases.read();
+            a.pg.values()
+                .map(|g| (0, *g))
+                .chain(a.sid.values().map(|g| (1, *g)))
+                .collect()
+        };
+        for (k, g) in held {
+            let kind = if k == 0 { Kind::Group } else { Kind::Session };
+            if self.registry_of(g).is_some_and(|r| r != self.id) {
+                let node = self.clone();
+                tokio::spawn(async move { node.send_join(kind, g, false).await });
+            }
+        }
+    }
+
+    /// A peer is up again (or restarted): member lists this node kept for its groups while
+    /// it was dead go back to it, and it learns again which groups we hold members of.
+    pub fn peer_rejoined(self: &Arc<Self>, peer: NodeId) {
+        self.members.lock().map.retain(|(_, g), _| g.node() != peer);
+        self.reregister_groups();
     }
 
     /// Tells the homes of `homes` that this node holds members.
@@ -192,7 +231,9 @@ impl Node {
         {
             let mut m = self.members.lock();
             for (kind, raw) in [(Kind::Group, creds.pgid), (Kind::Session, creds.sid)] {
-                if let Some(g) = Gpid::from_raw(raw).filter(|g| g.node() == self.id) {
+                if let Some(g) =
+                    Gpid::from_raw(raw).filter(|g| self.registry_of(*g) == Some(self.id))
+                {
                     m.map.entry((kind, g)).or_default().insert(target);
                 }
             }
@@ -219,8 +260,23 @@ impl Node {
             node: self.id.get(),
             leave,
         });
-        if let Err(e) = self.call(g.node(), self.own_creds(), op).await {
-            debug!(%g, "group join/leave at its home: {e}");
+        // A node just heard again may not have our connection yet: retry while it is
+        // unreachable but not dead, and while it is still the list's keeper.
+        for _ in 0..50 {
+            let Some(reg) = self.registry_of(g).filter(|r| *r != self.id) else {
+                return;
+            };
+            match self.call(reg, self.own_creds(), op.clone()).await {
+                Ok(_) => return,
+                Err(Error::NodeDown(e)) => {
+                    debug!(%g, registry = %reg, "group join/leave, retrying: {e}");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                }
+                Err(e) => {
+                    debug!(%g, registry = %reg, "group join/leave: {e}");
+                    return;
+                }
+            }
         }
     }
 
@@ -333,13 +389,12 @@ impl Node {
         let canon = e.to_string();
         match e.route() {
             Route::Node(n) => Ok(self.sigsend_on(vec![n], &canon, sig, creds).await),
-            Route::Group(g) | Route::Session(g) if self.node_alive(g.node()).unwrap_or(false) => {
-                if g.node() == self.id {
-                    self.sigsend_fan_out(&e, &canon, sig, creds).await
-                } else {
-                    Ok(self
-                        .sigsend_remote(g.node(), &canon, sig, true, creds)
-                        .await)
+            Route::Group(g) | Route::Session(g) if self.registry_of(g).is_some() => {
+                match self.registry_of(g) {
+                    Some(r) if r != self.id => {
+                        Ok(self.sigsend_remote(r, &canon, sig, true, creds).await)
+                    }
+                    _ => self.sigsend_fan_out(&e, &canon, sig, creds).await,
                 }
             }
             _ => {
