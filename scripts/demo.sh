@@ -45,9 +45,10 @@ echo 'stdin crosses nodes too' | clan run --node 4 -- tr a-z A-Z
 run clan stats locks --node 1
 
 say "clan run -d --node 1 -- sh -c 'clan run -d --node 2 -- sleep 601; clan run -d --node 3 -- sleep 602; exec sleep 603'"
-leader=$(clan run -d --node 1 -- sh -c 'clan run -d --node 2 -- sleep 601 >/dev/null; clan run -d --node 3 -- sleep 602 >/dev/null; exec sleep 603')
-for _ in $(seq 100); do clan ps | grep -q 'sleep 603' && break; sleep 0.1; done
-say "clan ps | grep 'sleep 60[123]'      # one process group across three nodes (PGID $leader)"
+leader=$(clan run -d --node 1 -- sh -c 'clan run -d --node 2 -- sleep 601 >/dev/null; clan run -d --node 3 -- sleep 602 >/dev/null; exec sleep 603' 2>/dev/null)
+has_603() { clan ps -o json | python3 -c 'import json,sys; sys.exit(not any(p["cmd"] == "sleep 603" for p in json.load(sys.stdin)))'; }
+for _ in $(seq 100); do has_603 && break; sleep 0.1; done
+say "clan ps -o json   # (filtered) one process group across three nodes: PGID $leader"
 clan ps -o json | python3 -c 'import json,sys
 for p in json.load(sys.stdin):
     if p["cmd"].startswith("sleep 60") and p["cmd"] != "sleep 600":
@@ -59,7 +60,7 @@ say "clan kill -g $leader                  # the whole group, on every node that
 clan kill -g "$leader"
 
 say "clan run -d --node 4 -- sleep 604; clan node crash 4; clan wait ...   # a power cut looks like a kill"
-victim=$(clan run -d --node 4 -- sleep 604)
+victim=$(clan run -d --node 4 -- sleep 604 2>/dev/null)
 clan node crash 4
 clan wait "$victim" || true
 run clan nodes
