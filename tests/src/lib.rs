@@ -74,26 +74,38 @@ impl Cluster {
     pub fn up_with(n: u32, extra: &[&str]) -> Cluster {
         let seq = SEQ.fetch_add(1, Ordering::SeqCst);
         let dir = std::env::temp_dir().join(format!("clan-test-{}-{seq}", std::process::id()));
-        let base = free_ports(n);
         let mut c = Cluster {
             dir: dir.clone(),
             nodes: n,
-            base_port: base,
+            base_port: 0,
             cgroup: None,
         };
-        let out = c.clan(
-            &[
-                "up",
-                "--nodes",
-                &n.to_string(),
-                "--base-port",
-                &base.to_string(),
-            ]
-            .iter()
-            .chain(extra)
-            .copied()
-            .collect::<Vec<_>>(),
-        );
+        // A port found free can be taken before `clan up` binds it: then take others.
+        let mut out;
+        let mut tries = 0;
+        loop {
+            c.base_port = free_ports(n);
+            out = c.clan(
+                &[
+                    "up",
+                    "--nodes",
+                    &n.to_string(),
+                    "--base-port",
+                    &c.base_port.to_string(),
+                ]
+                .iter()
+                .chain(extra)
+                .copied()
+                .collect::<Vec<_>>(),
+            );
+            tries += 1;
+            if out.status.success()
+                || tries == 5
+                || !String::from_utf8_lossy(&out.stderr).contains("is in use")
+            {
+                break;
+            }
+        }
         assert!(
             out.status.success(),
             "clan up failed: {}",

@@ -44,6 +44,9 @@ enum Cmd {
     Ps(cmd::ps::Args),
     /// Send a signal to processes on any node.
     Kill(cmd::kill::Args),
+    /// Jobs: list, show, suspend, resume, kill (every task of the job on every node).
+    #[command(subcommand)]
+    Job(cmd::job::Args),
     /// Signal the set of processes an expression describes (sigsendset).
     Sigsend(cmd::sigsend::Args),
     /// Wait for processes you started and print how they ended.
@@ -99,6 +102,7 @@ fn main() -> ExitCode {
         match cli.cmd {
             Cmd::Up(a) => cmd::up::run(a, cli.dir.clone()).await,
             Cmd::Down => cmd::up::down(cli.dir.clone()),
+            Cmd::Job(a) => with(client(), |c| cmd::job::run(c, a)).await,
             Cmd::Nodes(a) => with(client(), |c| cmd::nodes::run(c, a)).await,
             Cmd::Node(a) => cmd::node::run(a, cli.dir.clone()).await,
             Cmd::Run(a) => match client() {

@@ -510,6 +510,29 @@ impl Client {
         }
     }
 
+    /// A job operation (list, suspend, resume, kill) on the tasks of a job on `nodes`
+    /// (empty: every node), answered per node.
+    pub async fn job(
+        &self,
+        action: pb::JobAction,
+        job: u64,
+        nodes: &[NodeId],
+        signal: i32,
+        method: &str,
+    ) -> Result<Vec<pb::NodeJobs>> {
+        let op = Op::Job(pb::JobRequest {
+            action: action as i32,
+            job,
+            nodes: nodes.iter().map(|n| n.get()).collect(),
+            signal,
+            method: method.to_string(),
+        });
+        match self.request(op).await? {
+            Reply::Job(j) => Ok(j.nodes),
+            other => Err(unexpected(other)),
+        }
+    }
+
     /// The nodes of the cluster with their state and load.
     pub async fn nodes(&self) -> Result<Vec<pb::NodeInfo>> {
         match self.request(Op::Nodes(pb::NodesRequest {})).await? {

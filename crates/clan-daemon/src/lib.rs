@@ -8,6 +8,7 @@
 
 pub mod cgroup;
 pub mod error;
+pub mod job;
 pub mod local;
 pub mod localcluster;
 pub mod membership;
@@ -206,6 +207,7 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
                     n.prune_jobs();
                     n.prune_group_aliases();
                     n.check_link_holders();
+                    n.sample_task_peaks();
                 })
                 .await;
             }

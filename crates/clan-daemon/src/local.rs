@@ -377,6 +377,7 @@ impl Node {
                 }))
             }
             Op::Ps(p) => Ok(Reply::Ps(self.ps_cluster(p).await?)),
+            Op::Job(j) => Ok(Reply::Job(self.job_cluster(j, creds.clone()).await?)),
             Op::Nodes(_) => Ok(Reply::Nodes(pb::NodesReply {
                 nodes: self.nodes(),
             })),
@@ -451,7 +452,7 @@ impl Node {
         }))
     }
 
-    fn target_nodes(&self, asked: &[u32]) -> Result<Vec<NodeId>> {
+    pub(crate) fn target_nodes(&self, asked: &[u32]) -> Result<Vec<NodeId>> {
         if asked.is_empty() {
             return Ok(self.cfg.node_ids().collect());
         }

@@ -66,6 +66,8 @@ pub struct Node {
     pub aliases: NamedRwLock<Aliases>,
     /// At a home node: nodes holding members of its groups and sessions.
     pub members: NamedMutex<Members>,
+    /// The highest process count seen in each task (job.rs).
+    pub task_peaks: NamedMutex<HashMap<u64, u32>>,
     /// Shepherds started ahead of time, waiting for a spec.
     pub pool: NamedMutex<Vec<crate::process::vproc::Waiting>>,
     pub shutdown: watch::Sender<Option<bool>>,
@@ -125,6 +127,7 @@ impl Node {
             job_seq: NamedMutex::new("jobs", (job_seq, job_seq)),
             spawning: NamedMutex::new("spawning", HashMap::new()),
             pool: NamedMutex::new("shepherd.pool", Vec::new()),
+            task_peaks: NamedMutex::new("task.peaks", HashMap::new()),
             aliases: NamedRwLock::new("group.aliases", Aliases::default()),
             members: NamedMutex::new("group.members", Members::default()),
             shutdown: watch::channel(None).0,

@@ -465,6 +465,17 @@ impl Node {
                 };
                 Ok(Reply::Kill(pb::KillReply { results }))
             }
+            Op::Job(j) => {
+                let node = self.clone();
+                let tasks = tokio::task::spawn_blocking(move || node.job_local(&j, &creds))
+                    .await
+                    .map_err(|e| Error::Internal(e.to_string()))??;
+                Ok(Reply::Job(pb::NodeJobs {
+                    node: self.id.get(),
+                    tasks,
+                    error: None,
+                }))
+            }
             Op::Join(j) => {
                 self.member_join(&j)?;
                 Ok(Reply::Ok(pb::Ok {}))

@@ -1,4 +1,5 @@
 //! One module per `clan` subcommand.
+pub mod job;
 pub mod kill;
 pub mod loadmgr;
 pub mod logs;

@@ -1,0 +1,212 @@
+//! `clan job`: list, show, suspend, resume and kill jobs; each acts on the job's task on
+//! every node (or the nodes given) and reports per node.
+
+use clan_client::pb::{self, JobAction as A};
+use clan_client::{Client, ClientError};
+use clan_core::{ExitCode as X, JobId, NodeId};
+use std::process::ExitCode;
+
+#[derive(clap::Subcommand)]
+pub enum Args {
+    /// List the jobs with a task on some node: per node, processes, state, CPU time.
+    Ls(Where),
+    /// One job per node: processes, state, CPU time, peak process count, memory.
+    Show(Target),
+    /// Stop every process of the job (cgroup freeze; invisible to their parents) and
+    /// return once they all are.
+    Suspend(Target),
+    /// Continue a suspended job.
+    Resume(Target),
+    /// Send a signal to every process of the job (SIGKILL by default: none is left).
+    Kill(KillArgs),
+}
+
+#[derive(clap::Args)]
+pub struct Where {
+    /// Only these nodes (repeatable).
+    #[arg(long = "node", value_name = "N")]
+    nodes: Vec<NodeId>,
+}
+
+#[derive(clap::Args)]
+pub struct Target {
+    /// The job id (as `clan run` prints it).
+    job: JobId,
+    /// Only the job's tasks on these nodes (repeatable).
+    #[arg(long = "node", value_name = "N")]
+    nodes: Vec<NodeId>,
+    /// How to suspend and resume: freeze (cgroup v2 freezer).
+    #[arg(long, default_value = "freeze")]
+    method: String,
+}
+
+#[derive(clap::Args)]
+pub struct KillArgs {
+    /// Signal name or number.
+    #[arg(short, long, default_value = "KILL")]
+    signal: String,
+    #[command(flatten)]
+    target: Target,
+}
+
+fn cpu(usec: u64) -> String {
+    let s = usec / 1_000_000;
+    format!(
+        "{}:{:02}.{:02}",
+        s / 60,
+        s % 60,
+        (usec % 1_000_000) / 10_000
+    )
+}
+
+fn user(uid: u32) -> String {
+    nix::unistd::User::from_uid(uid.into())
+        .ok()
+        .flatten()
+        .map(|u| u.name)
+        .unwrap_or_else(|| uid.to_string())
+}
+
+/// Prints node errors; returns the worst exit code among them.
+fn node_errors(nodes: &[pb::NodeJobs]) -> u8 {
+    let mut code = X::OK;
+    for n in nodes {
+        if let Some(e) = &n.error {
+            crate::fail(&format!("node {}: {}", n.node, e.message));
+            code = code.max(ClientError::Remote(e.clone()).exit_code());
+        }
+    }
+    code
+}
+
+pub async fn run(c: Client, a: Args) -> ExitCode {
+    match a {
+        Args::Ls(w) => list(&c, 0, &w.nodes, false).await,
+        Args::Show(t) => list(&c, t.job.raw(), &t.nodes, true).await,
+        Args::Suspend(t) => act(&c, A::JobSuspend, &t, 0).await,
+        Args::Resume(t) => act(&c, A::JobResume, &t, 0).await,
+        Args::Kill(k) => match clan_core::parse_signal(&k.signal) {
+            Some(sig) => act(&c, A::JobKill, &k.target, sig).await,
+            None => {
+                crate::fail(&format!("invalid signal {:?}", k.signal));
+                ExitCode::from(X::USAGE)
+            }
+        },
+    }
+}
+
+async fn list(c: &Client, job: u64, nodes: &[NodeId], show: bool) -> ExitCode {
+    let answers = match c.job(A::JobList, job, nodes, 0, "").await {
+        Ok(a) => a,
+        Err(e) => return crate::client_error(&e),
+    };
+    let code = node_errors(&answers);
+    let tasks: Vec<&pb::TaskInfo> = answers.iter().flat_map(|n| n.tasks.iter()).collect();
+    if show && tasks.is_empty() && code == X::OK {
+        crate::fail(&format!("no such job {job}"));
+        return ExitCode::from(X::NOT_FOUND);
+    }
+    if show {
+        println!(
+            "{:>9} {:>4} {:<8} {:<10} {:>5} {:>5} {:>10} {:>8}",
+            "JOB", "NODE", "USER", "STATE", "PROCS", "PEAK", "TIME", "MEM"
+        );
+    } else {
+        println!(
+            "{:>9} {:>4} {:<8} {:<10} {:>5} {:>10}",
+            "JOB", "NODE", "USER", "STATE", "PROCS", "TIME"
+        );
+    }
+    for t in &tasks {
+        if show {
+            let mem = if t.mem_bytes == 0 {
+                "-".to_string()
+            } else {
+                super::human_kb(t.mem_bytes / 1024)
+            };
+            println!(
+                "{:>9} {:>4} {:<8} {:<10} {:>5} {:>5} {:>10} {:>8}",
+                t.job,
+                t.node,
+                user(t.uid),
+                t.state,
+                t.procs,
+                t.peak_procs,
+                cpu(t.cpu_usec),
+                mem
+            );
+        } else {
+            println!(
+                "{:>9} {:>4} {:<8} {:<10} {:>5} {:>10}",
+                t.job,
+                t.node,
+                user(t.uid),
+                t.state,
+                t.procs,
+                cpu(t.cpu_usec)
+            );
+        }
+    }
+    if show && tasks.len() > 1 {
+        let procs: u32 = tasks.iter().map(|t| t.procs).sum();
+        let cpu_usec: u64 = tasks.iter().map(|t| t.cpu_usec).sum();
+        println!(
+            "{:>9} {:>4} {:<8} {:<10} {:>5} {:>5} {:>10}",
+            "total",
+            tasks.len(),
+            "",
+            "",
+            procs,
+            "",
+            cpu(cpu_usec)
+        );
+    }
+    ExitCode::from(code)
+}
+
+async fn act(c: &Client, action: A, t: &Target, sig: i32) -> ExitCode {
+    let answers = match c.job(action, t.job.raw(), &t.nodes, sig, &t.method).await {
+        Ok(a) => a,
+        Err(e) => return crate::client_error(&e),
+    };
+    let mut code = node_errors(&answers);
+    let mut any = false;
+    for task in answers.iter().flat_map(|n| n.tasks.iter()) {
+        any = true;
+        let (done, already) = match action {
+            A::JobSuspend if task.procs == 0 => ("", "has no process left"),
+            A::JobResume if task.procs == 0 => ("", "has no process left"),
+            A::JobSuspend => ("suspended", "already suspended"),
+            A::JobResume => ("resumed", "not suspended"),
+            _ if sig == libc::SIGKILL => ("killed", "had no process"),
+            _ => ("signalled", "had no process"),
+        };
+        if task.procs == 0 {
+            println!("job {} on node {}: {already}", task.job, task.node);
+        } else {
+            println!(
+                "job {} on node {}: {} ({} process{})",
+                task.job,
+                task.node,
+                if task.changed { done } else { already },
+                task.procs,
+                if task.procs == 1 { "" } else { "es" }
+            );
+        }
+        if !task.pids.is_empty() {
+            crate::fail(&format!(
+                "job {} on node {}: processes still there after the kill: {:?}",
+                task.job, task.node, task.pids
+            ));
+            code = code.max(X::FAILURE);
+        }
+    }
+    if !any && code == X::OK {
+        crate::fail(&format!(
+            "no such job {} (no process of it on any node: finished, or never started)",
+            t.job
+        ));
+        return ExitCode::from(X::NOT_FOUND);
+    }
+    ExitCode::from(code)
+}

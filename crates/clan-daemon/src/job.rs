@@ -1,0 +1,315 @@
+//! Jobs and their tasks (DESIGN.md 12; the process tracking paper's M1 to M5).
+//!
+//! A job's task on a node is the job's cgroup there (`job<J>/`): every process clan starts
+//! for the job is born in it (`CLONE_INTO_CGROUP`), and every descendant stays in it however
+//! it was created (double forks, setsid, daemon(3)); a non-root process can not leave it.
+//! The operations act on the cgroup, so they reach every process of the task, known to clan
+//! or not:
+//!
+//! - suspend: `cgroup.freeze` = 1, then wait until the kernel reports the cgroup `frozen`
+//!   in `cgroup.events` (every process really stopped, verified by the kernel); frozen
+//!   processes are not *stopped* in the job-control sense, so their parents see nothing
+//!   (no SIGCHLD, no WUNTRACED report) and shells inside the job are not confused;
+//! - resume: `cgroup.freeze` = 0 and wait until `frozen 0`;
+//! - kill: `cgroup.kill` for SIGKILL (the kernel kills every process, also frozen ones,
+//!   also ones forking), then wait until the cgroup is empty and check the node's /proc
+//!   for any process still in it; other signals go to each process of the task.
+//!
+//! The job is cluster-wide: the node a request reaches asks every node for its task at once
+//! and reports per node.
+
+use crate::error::{Error, Result};
+use crate::node::Node;
+use clan_proto::pb;
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How long a freeze, thaw or kill may take before it is reported as failed.
+const SETTLE: Duration = Duration::from_secs(10);
+
+/// A `cgroup.events` key ("populated", "frozen").
+fn event(dir: &Path, key: &str) -> Option<bool> {
+    let text = std::fs::read_to_string(dir.join("cgroup.events")).ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(key)?.trim().parse::<u8>().ok())
+        .map(|v| v == 1)
+}
+
+/// Waits until `cgroup.events` says `key` is `want`, woken by the kernel's notification on
+/// the file (poll(2) with POLLPRI), not by sleeping.
+fn wait_event(dir: &Path, key: &str, want: bool, limit: Duration) -> Result<()> {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    let f = std::fs::File::open(dir.join("cgroup.events"))
+        .map_err(|e| Error::internal("open cgroup.events", e))?;
+    let deadline = Instant::now() + limit;
+    loop {
+        if event(dir, key) == Some(want) {
+            return Ok(());
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(Error::Internal(format!(
+                "{}: {key} is not {} after {:?}",
+                dir.display(),
+                u8::from(want),
+                limit
+            )));
+        }
+        let mut fds = [PollFd::new(f.as_fd(), PollFlags::POLLPRI)];
+        // A bounded wait: a notification missed between the read and the poll costs
+        // 50 ms at most.
+        let ms = left.min(Duration::from_millis(50)).as_millis() as u16;
+        let _ = poll(&mut fds, PollTimeout::from(ms));
+    }
+}
+
+/// The host pids in a cgroup (not its descendants: a task has none).
+fn procs(dir: &Path) -> Vec<u32> {
+    std::fs::read_to_string(dir.join("cgroup.procs"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
+}
+
+/// Real uid of a host process.
+fn uid_of(pid: u32) -> Option<u32> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    s.lines()
+        .find_map(|l| l.strip_prefix("Uid:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+fn cpu_usec(dir: &Path) -> u64 {
+    std::fs::read_to_string(dir.join("cpu.stat"))
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("usage_usec "))
+                .and_then(|v| v.trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+fn mem_bytes(dir: &Path) -> u64 {
+    std::fs::read_to_string(dir.join("memory.current"))
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+impl Node {
+    /// The cgroup of job `job`'s task here, if the node has cgroups and the task exists.
+    fn task_dir(&self, job: u64) -> Option<PathBuf> {
+        let d = self.cgroup.as_ref()?.root.join(format!("job{job}"));
+        d.is_dir().then_some(d)
+    }
+
+    /// Every task of this node (or only `job`'s), with what the kernel says of it.
+    fn tasks_local(&self, job: u64) -> Vec<pb::TaskInfo> {
+        let Some(cg) = &self.cgroup else {
+            return Vec::new();
+        };
+        let Ok(rd) = std::fs::read_dir(&cg.root) else {
+            return Vec::new();
+        };
+        let mut out: Vec<pb::TaskInfo> = rd
+            .flatten()
+            .filter_map(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                let j: u64 = name.strip_prefix("job")?.parse().ok()?;
+                (job == 0 || j == job).then(|| self.task_info(j, &e.path()))
+            })
+            .collect();
+        out.sort_by_key(|t| t.job);
+        out
+    }
+
+    fn task_info(&self, job: u64, dir: &Path) -> pb::TaskInfo {
+        let pids = procs(dir);
+        let state = if pids.is_empty() {
+            "empty"
+        } else if event(dir, "frozen") == Some(true) {
+            "suspended"
+        } else if std::fs::read_to_string(dir.join("cgroup.freeze")).is_ok_and(|v| v.trim() == "1")
+        {
+            "suspending"
+        } else {
+            "running"
+        };
+        let peak = self.task_peaks.lock().get(&job).copied().unwrap_or(0);
+        pb::TaskInfo {
+            job,
+            node: self.id.get(),
+            procs: pids.len() as u32,
+            state: state.into(),
+            cpu_usec: cpu_usec(dir),
+            peak_procs: peak.max(pids.len() as u32),
+            mem_bytes: mem_bytes(dir),
+            uid: pids.iter().filter_map(|p| uid_of(*p)).min().unwrap_or(0),
+            ..Default::default()
+        }
+    }
+
+    /// Records each task's process count for its peak (the sampler calls this).
+    pub fn sample_task_peaks(&self) {
+        let tasks = self.tasks_local(0);
+        let mut peaks = self.task_peaks.lock();
+        peaks.retain(|j, _| tasks.iter().any(|t| t.job == *j));
+        for t in tasks {
+            let p = peaks.entry(t.job).or_default();
+            *p = (*p).max(t.procs);
+        }
+    }
+
+    /// May `creds` act on the processes `pids`? Root, or the owner of every one of them.
+    fn may_act(&self, creds: &pb::Creds, job: u64, pids: &[u32]) -> Result<()> {
+        if creds.uid == 0 {
+            return Ok(());
+        }
+        if pids
+            .iter()
+            .filter_map(|p| uid_of(*p))
+            .all(|u| u == creds.uid)
+        {
+            Ok(())
+        } else {
+            Err(Error::Permission(format!(
+                "job {job} on node {}: permission denied (not all its processes are yours)",
+                self.id
+            )))
+        }
+    }
+
+    /// This node's part of a job request (runs on a blocking thread).
+    pub fn job_local(&self, req: &pb::JobRequest, creds: &pb::Creds) -> Result<Vec<pb::TaskInfo>> {
+        use pb::JobAction as A;
+        let action = A::try_from(req.action)
+            .map_err(|_| Error::Invalid(format!("unknown job action {}", req.action)))?;
+        if action == A::JobList {
+            return Ok(self.tasks_local(req.job));
+        }
+        if !req.method.is_empty() && req.method != "freeze" {
+            return Err(Error::Invalid(format!(
+                "method {:?} is not available on node {} (freeze is)",
+                req.method, self.id
+            )));
+        }
+        let Some(dir) = self.task_dir(req.job) else {
+            return Ok(Vec::new()); // no task of the job here
+        };
+        self.may_act(creds, req.job, &procs(&dir))?;
+        let before = self.task_info(req.job, &dir);
+        let changed;
+        match action {
+            A::JobSuspend => {
+                changed = before.state != "suspended";
+                std::fs::write(dir.join("cgroup.freeze"), "1")
+                    .map_err(|e| Error::internal("cgroup.freeze", e))?;
+                wait_event(&dir, "frozen", true, SETTLE)?;
+            }
+            A::JobResume => {
+                changed = before.state != "running";
+                std::fs::write(dir.join("cgroup.freeze"), "0")
+                    .map_err(|e| Error::internal("cgroup.freeze", e))?;
+                wait_event(&dir, "frozen", false, SETTLE)?;
+            }
+            A::JobKill => {
+                let sig = if req.signal == 0 {
+                    libc::SIGKILL
+                } else {
+                    req.signal
+                };
+                if sig == libc::SIGKILL {
+                    std::fs::write(dir.join("cgroup.kill"), "1")
+                        .map_err(|e| Error::internal("cgroup.kill", e))?;
+                    wait_event(&dir, "populated", false, SETTLE)?;
+                } else {
+                    let sig = nix::sys::signal::Signal::try_from(sig)
+                        .map_err(|_| Error::Invalid(format!("invalid signal {sig}")))?;
+                    for p in procs(&dir) {
+                        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(p as i32), sig);
+                    }
+                }
+                changed = before.procs > 0;
+            }
+            A::JobList => unreachable!("handled above"),
+        }
+        let mut after = self.task_info(req.job, &dir);
+        after.changed = changed;
+        if action == A::JobKill {
+            after.procs = before.procs; // how many it reached
+        }
+        if action == A::JobKill && (req.signal == 0 || req.signal == libc::SIGKILL) {
+            // Verified, not assumed: no process of the node's view is still in the job.
+            after.pids = self
+                .view
+                .pids()
+                .into_iter()
+                .filter(|p| {
+                    // Zombies are dead: they wait for their parent's wait, out of the cgroup.
+                    self.view
+                        .attrs(*p, true)
+                        .is_some_and(|a| a.job == req.job && a.state != 'Z')
+                })
+                .collect();
+        }
+        Ok(vec![after])
+    }
+
+    /// A job request from a local caller: every target node at once, reported per node.
+    pub async fn job_cluster(
+        self: &Arc<Self>,
+        req: pb::JobRequest,
+        creds: pb::Creds,
+    ) -> Result<pb::JobReply> {
+        let targets = self.target_nodes(&req.nodes)?;
+        let mut set = tokio::task::JoinSet::new();
+        for n in targets {
+            let (node, mut req, creds) = (self.clone(), req.clone(), creds.clone());
+            req.nodes.clear();
+            set.spawn(async move {
+                let res = if n == node.id {
+                    let node2 = node.clone();
+                    tokio::task::spawn_blocking(move || node2.job_local(&req, &creds))
+                        .await
+                        .unwrap_or_else(|e| Err(Error::Internal(e.to_string())))
+                } else {
+                    let limit = Duration::from_millis(node.cfg.dead_after_ms) + SETTLE;
+                    let op = pb::peer_request::Op::Job(req);
+                    match tokio::time::timeout(limit, node.call(n, creds, op)).await {
+                        Ok(Ok(pb::peer_reply::Reply::Job(j))) => match j.error {
+                            None => Ok(j.tasks),
+                            Some(e) => Err(e.into()),
+                        },
+                        Ok(Ok(other)) => {
+                            Err(Error::Internal(format!("unexpected reply {other:?}")))
+                        }
+                        Ok(Err(e)) => Err(e),
+                        Err(_) => Err(Error::NodeDown(format!("node {n} did not answer"))),
+                    }
+                };
+                match res {
+                    Ok(tasks) => pb::NodeJobs {
+                        node: n.get(),
+                        tasks,
+                        error: None,
+                    },
+                    Err(e) => pb::NodeJobs {
+                        node: n.get(),
+                        tasks: vec![],
+                        error: Some(e.into()),
+                    },
+                }
+            });
+        }
+        let mut nodes = set.join_all().await;
+        nodes.sort_by_key(|n| n.node);
+        Ok(pb::JobReply { nodes })
+    }
+}

@@ -1,0 +1,167 @@
+//! Jobs and tasks on real local clusters (issue 4): suspend, resume and kill of every task
+//! of a job on every node, verified against the kernel.
+
+use clan_tests::*;
+use std::time::Duration;
+
+macro_rules! root_or_skip {
+    ($name:expr) => {
+        if !need_root($name) {
+            return;
+        }
+    };
+}
+
+/// The job id a `clan run -d` printed on stderr ("job J on node(s) ...").
+fn job_of(o: &std::process::Output) -> String {
+    let e = String::from_utf8_lossy(&o.stderr);
+    e.split_whitespace()
+        .nth(1)
+        .unwrap_or_else(|| panic!("no job in {e:?}"))
+        .to_string()
+}
+
+/// `cgroup.events` key `key` of job `job`'s task on `node`.
+fn task_event(c: &Cluster, node: u32, job: &str, key: &str) -> Option<String> {
+    let dir = c.cgroup()?.join(format!("node{node}/job{job}"));
+    let text = std::fs::read_to_string(dir.join("cgroup.events")).ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{key} ")).map(str::to_string))
+}
+
+/// A parent that reports what waitpid(WUNTRACED) told it about its child.
+const PARENT: &str = r#"
+import os, sys
+pid = os.fork()
+if pid == 0:
+    os.execvp('sleep', ['sleep', '1041'])
+_, st = os.waitpid(pid, os.WUNTRACED)
+open(sys.argv[1], 'w').write('stopped' if os.WIFSTOPPED(st) else 'ended')
+"#;
+
+#[test]
+fn a_job_is_suspended_resumed_and_killed_on_every_node() {
+    root_or_skip!("a_job_is_suspended_resumed_and_killed_on_every_node");
+    let c = Cluster::up(3);
+    let dir = std::env::temp_dir().join(format!("clan-jobs-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let report = dir.join("report");
+    // One job over three nodes: CPU-busy processes on each, and on node 2 a parent that
+    // watches its child with WUNTRACED.
+    let o = c.clan(&[
+        "run",
+        "-N",
+        "3",
+        "-d",
+        "--",
+        "sh",
+        "-c",
+        "yes >/dev/null & yes >/dev/null & exec sleep 1040",
+    ]);
+    assert!(o.status.success(), "{o:?}");
+    let job = job_of(&o);
+    let o = c.clan(&[
+        "run",
+        "--job",
+        &job,
+        "--node",
+        "2",
+        "-d",
+        "--",
+        "python3",
+        "-c",
+        PARENT,
+        report.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{o:?}");
+    let child = eventually("the watched child", Duration::from_secs(20), || {
+        c.ps(&["--node", "2"])
+            .into_iter()
+            .find(|p| p["cmd"] == "sleep 1041")
+    });
+    eventually("the job's sleeps", Duration::from_secs(20), || {
+        (c.ps(&["--job", &job])
+            .iter()
+            .filter(|p| p["cmd"] == "sleep 1040")
+            .count()
+            == 3)
+            .then_some(())
+    });
+
+    // Suspend returns once every task is frozen (the kernel says so), on every node.
+    let out = c.clan_ok(&["job", "suspend", &job]);
+    for n in 1..=3 {
+        assert!(
+            out.contains(&format!("job {job} on node {n}: suspended")),
+            "{out}"
+        );
+        assert_eq!(task_event(&c, n, &job, "frozen").as_deref(), Some("1"));
+    }
+    let again = c.clan_ok(&["job", "suspend", &job]);
+    assert!(again.contains("already suspended"), "{again}");
+    let show = c.clan_ok(&["job", "show", &job]);
+    assert_eq!(show.matches("suspended").count(), 3, "{show}");
+
+    // Resume: every task runs again; the parent never saw its child stopped.
+    let out = c.clan_ok(&["job", "resume", &job]);
+    assert_eq!(out.matches("resumed").count(), 3, "{out}");
+    for n in 1..=3 {
+        assert_eq!(task_event(&c, n, &job, "frozen").as_deref(), Some("0"));
+    }
+    c.clan_ok(&["kill", &child["gpid"].to_string()]);
+    let seen = eventually("the parent's report", Duration::from_secs(20), || {
+        std::fs::read_to_string(&report).ok()
+    });
+    assert_eq!(
+        seen, "ended",
+        "a suspended job must not look stopped to parents"
+    );
+
+    // Kill: nothing of the job is left on any node.
+    let out = c.clan_ok(&["job", "kill", &job]);
+    assert_eq!(out.matches("killed").count(), 3, "{out}");
+    assert!(host_processes_mentioning("sleep 1040").is_empty());
+    assert!(c.ps(&["--job", &job]).iter().all(|p| p["state"] == "Z"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn job_operations_report_bad_input_and_dead_nodes() {
+    root_or_skip!("job_operations_report_bad_input_and_dead_nodes");
+    let c = Cluster::up(3);
+    let o = c.clan(&["job", "suspend", "1000777"]);
+    assert_eq!(o.status.code(), Some(3), "{o:?}");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("no such job 1000777"));
+    let o = c.clan(&["job", "kill", "banana"]);
+    assert_eq!(o.status.code(), Some(2), "{o:?}");
+
+    let o = c.clan(&["run", "-N", "3", "-d", "--", "sleep", "1050"]);
+    let job = job_of(&o);
+    // Not the owner: refused on every node, nothing suspended.
+    let user = test_user("clantesta");
+    let o = std::process::Command::new("setpriv")
+        .args([
+            &format!("--reuid={user}"),
+            &format!("--regid={user}"),
+            "--clear-groups",
+        ])
+        .arg(bin("clan"))
+        .args(["job", "suspend", &job])
+        .env("CLAN_DIR", &c.dir)
+        .current_dir("/tmp")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(4), "{o:?}");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("permission denied"));
+    assert_eq!(task_event(&c, 1, &job, "frozen").as_deref(), Some("0"));
+
+    // A dead node is reported; the job is suspended on the others.
+    c.power_cut(3);
+    let o = c.clan(&["job", "suspend", &job]);
+    assert_eq!(o.status.code(), Some(5), "{o:?}");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("node 3"));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(out.matches("suspended").count(), 2, "{out}");
+    c.clan_ok(&["job", "kill", &job, "--node", "1", "--node", "2"]);
+    assert!(host_processes_mentioning("sleep 1050").is_empty());
+}
