@@ -262,6 +262,18 @@ impl Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            // What the daemons said last, for whoever reads the failure.
+            for n in 1..=self.nodes {
+                let log =
+                    std::fs::read_to_string(self.node_dir(n).join("cland.log")).unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(12).collect();
+                eprintln!("--- node {n} cland.log (last lines)");
+                for l in tail.into_iter().rev() {
+                    eprintln!("{l}");
+                }
+            }
+        }
         let out = self.clan(&["down"]);
         let down_ok = out.status.success();
         // Whatever happened, leave nothing behind.

@@ -309,6 +309,17 @@ fn node_failure_looks_like_a_kill_and_the_node_rejoins() {
         Duration::from_secs(20),
         || (live(&c, "sleep 1022").len() == 2).then_some(()),
     );
+    // A parent on node 3 with a child on node 2: once node 3 is gone, nobody waits for
+    // the child, so it leaves no zombie, even after node 3 is back.
+    c.spawn(
+        3,
+        &[
+            "sh",
+            "-c",
+            "clan run -d --node 2 -- sleep 1091 >/dev/null 2>&1; exec sleep 1092",
+        ],
+    );
+    let orphan = one(&c, "sleep 1091")["gpid"].to_string();
     // ps listings keep going on node 2 while node 3 dies.
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let lister = {
@@ -374,6 +385,13 @@ fn node_failure_looks_like_a_kill_and_the_node_rejoins() {
     c.clan_ok(&["--from", "2", "kill", "-9", &g.to_string()]);
     let o = c.clan(&["wait", &g.to_string()]);
     assert_eq!(o.status.code(), Some(128 + 9));
+    c.clan_ok(&["kill", &orphan]);
+    eventually("the orphan reaped", Duration::from_secs(20), || {
+        c.ps(&["--node", "2"])
+            .iter()
+            .all(|p| p["gpid"].to_string() != orphan)
+            .then_some(())
+    });
 }
 
 /// Every node's table sizes, by (node, table).
@@ -423,6 +441,21 @@ fn waits_follow_the_zombie_state_machine() {
         "{o:?}"
     );
     assert!(c.ps_one(g).is_none(), "reaped once waited for");
+
+    // A wait whose caller goes away collects nothing: the next wait gets the status.
+    let g = c.spawn(2, &["sleep", "1"]);
+    let o = std::process::Command::new("timeout")
+        .args(["0.2", bin("clan").to_str().unwrap(), "wait", &g.to_string()])
+        .env("CLAN_DIR", &c.dir)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(124), "{o:?}");
+    // Only the parent's node collects it: a wait from another node is refused.
+    let o = c.clan(&["--from", "3", "wait", &g.to_string()]);
+    assert_eq!(o.status.code(), Some(127), "{o:?}");
+    assert!(stderr(&o).contains("not a child"), "{}", stderr(&o));
+    let o = c.clan(&["wait", &g.to_string()]);
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
 
     // A parent inside the cluster that exits without waiting releases its children: their
     // zombies go (the ones that exited before it, and the one that exits after it).

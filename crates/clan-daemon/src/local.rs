@@ -22,7 +22,16 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
-/// Supplementary groups of a local process.
+/// Resolves when the client's side of the connection has something to say: true at EOF
+/// (it closed or died), false when it sent more (which stays buffered for the next read).
+async fn client_gone(rd: &mut BufReader<OwnedReadHalf>) -> bool {
+    use tokio::io::AsyncBufReadExt;
+    match rd.fill_buf().await {
+        Ok(b) => b.is_empty(),
+        Err(_) => true,
+    }
+}
+
 impl Node {
     /// Serves the local API on `path` until the daemon stops.
     pub async fn serve_local(self: &Arc<Self>, path: &Path) -> anyhow::Result<()> {
@@ -87,7 +96,26 @@ impl Node {
                     return;
                 }
                 Some(op) => {
-                    let reply = match self.handle_local(op, &creds).await {
+                    let is_wait = matches!(op, Op::Wait(_));
+                    let handled = self.handle_local(op, &creds);
+                    let res = if is_wait {
+                        // A wait whose caller went away (killed, timed out) is abandoned
+                        // before it collects anything: the status stays for the next wait.
+                        tokio::pin!(handled);
+                        tokio::select! {
+                            r = &mut handled => r,
+                            eof = client_gone(&mut rd) => {
+                                if eof {
+                                    debug!("waiting client went away");
+                                    return;
+                                }
+                                handled.await
+                            }
+                        }
+                    } else {
+                        handled.await
+                    };
+                    let reply = match res {
                         Ok(r) => r,
                         Err(e) => Reply::Error(e.into()),
                     };

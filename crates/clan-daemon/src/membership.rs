@@ -142,6 +142,7 @@ impl Node {
         p.spare_sessions.lock().clear();
         p.deaths.send_modify(|n| *n += 1);
         self.children_of_dead_node(p.id);
+        self.parent_node_lost(p.id);
         let groups = self.members_of_dead_node(p.id);
         self.orphan_checks_after_death(groups);
         self.reregister_groups();

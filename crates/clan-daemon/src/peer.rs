@@ -502,7 +502,7 @@ impl Node {
                         .first()
                         .ok_or_else(|| Error::Invalid("wait for nothing".into()))?,
                 )?;
-                let ws = self.wait_home(g, &creds).await?;
+                let ws = self.wait_home(g, &creds, from).await?;
                 Ok(Reply::Wait(pb::WaitReply {
                     results: vec![pb::WaitResult {
                         gpid: g.raw(),

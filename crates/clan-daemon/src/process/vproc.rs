@@ -30,6 +30,8 @@ pub struct VProc {
     pub status: watch::Sender<Option<WaitStatus>>,
     /// `true` once the shepherd is gone and the record removed (the kernel pid reaped).
     pub gone: watch::Sender<bool>,
+    /// The node of its parent died: nobody will wait for it, its zombie is released at once.
+    pub parent_gone: std::sync::atomic::AtomicBool,
     /// Where output and the exit status of an attached process go.
     subscriber: NamedMutex<Option<mpsc::Sender<pb::SessionOutput>>>,
 }
@@ -290,6 +292,7 @@ impl Node {
             tx,
             status,
             gone: watch::channel(false).0,
+            parent_gone: false.into(),
             subscriber: NamedMutex::new("vproc.subscriber", None),
         });
         self.vprocs.write().insert(gpid, vp.clone());

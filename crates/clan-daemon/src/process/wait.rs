@@ -228,6 +228,11 @@ impl Node {
         if !vp.detached {
             return; // the stub collects it through its session
         }
+        if vp.parent_gone.load(std::sync::atomic::Ordering::Acquire) {
+            let (node, gpid) = (self.clone(), vp.gpid);
+            tokio::spawn(async move { node.release_local(gpid).await });
+            return;
+        }
         self.push_status(
             vp,
             pb::ChildStatus {
@@ -235,6 +240,27 @@ impl Node {
                 ..Default::default()
             },
         );
+    }
+
+    /// Home side: the node `dead` was declared dead; the detached processes started from
+    /// it have no parent any more (POSIX: reaped by init): zombies go now, the others when
+    /// they exit, even if that node is back by then (as a new incarnation, without them).
+    pub fn parent_node_lost(self: &Arc<Self>, dead: NodeId) {
+        let orphans: Vec<Arc<VProc>> = self
+            .vprocs
+            .read()
+            .values()
+            .filter(|v| v.detached && v.parent_node == dead)
+            .cloned()
+            .collect();
+        for vp in orphans {
+            vp.parent_gone
+                .store(true, std::sync::atomic::Ordering::Release);
+            if vp.exited().is_some() {
+                let (node, gpid) = (self.clone(), vp.gpid);
+                tokio::spawn(async move { node.release_local(gpid).await });
+            }
+        }
     }
 
     /// Home side: a detached process stopped or continued; its parent may wait for that.
@@ -315,13 +341,26 @@ impl Node {
     }
 
     /// Home side: the status of a local managed process, once it has one (the pull path).
-    pub async fn wait_home(&self, gpid: Gpid, creds: &pb::Creds) -> Result<WaitStatus> {
+    /// Only the node the process was started from may collect it this way (its parent is
+    /// there): a wait from elsewhere would take the status from under the parent.
+    pub async fn wait_home(
+        &self,
+        gpid: Gpid,
+        creds: &pb::Creds,
+        asker: NodeId,
+    ) -> Result<WaitStatus> {
         let vp = self
             .vprocs
             .read()
             .get(&gpid)
             .cloned()
             .ok_or(Error::NoSuchProcess(gpid))?;
+        if vp.parent_node != asker || !vp.detached {
+            return Err(Error::NotFound(format!(
+                "process {gpid} is not a child of the caller (its parent is on node {})",
+                vp.parent_node
+            )));
+        }
         may_wait(creds, vp.uid, gpid)?;
         let mut rx = vp.status.subscribe();
         let ws = rx
@@ -378,7 +417,7 @@ impl Node {
                     }
                 }
             }
-            None if gpid.node() == self.id => self.wait_home(gpid, creds).await?,
+            None if gpid.node() == self.id => self.wait_home(gpid, creds, self.id).await?,
             None => {
                 let op = pb::peer_request::Op::Wait(pb::WaitRequest {
                     gpids: vec![gpid.raw()],
