@@ -319,7 +319,7 @@ fn node_failure_looks_like_a_kill_and_the_node_rejoins() {
             "clan run -d --node 2 -- sleep 1091 >/dev/null 2>&1; exec sleep 1092",
         ],
     );
-    let orphan = one(&c, "sleep 1091")["gpid"].to_string();
+    let orphan = one(&c, "sleep 1091")["gpid"].clone();
     // ps listings keep going on node 2 while node 3 dies.
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let lister = {
@@ -385,11 +385,11 @@ fn node_failure_looks_like_a_kill_and_the_node_rejoins() {
     c.clan_ok(&["--from", "2", "kill", "-9", &g.to_string()]);
     let o = c.clan(&["wait", &g.to_string()]);
     assert_eq!(o.status.code(), Some(128 + 9));
-    c.clan_ok(&["kill", &orphan]);
+    c.clan_ok(&["kill", &orphan.to_string()]);
     eventually("the orphan reaped", Duration::from_secs(20), || {
         c.ps(&["--node", "2"])
             .iter()
-            .all(|p| p["gpid"].to_string() != orphan)
+            .all(|p| p["gpid"] != orphan)
             .then_some(())
     });
 }
