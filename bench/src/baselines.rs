@@ -1,5 +1,5 @@
 //! Native baselines, measured in the same run as clan: local fork/exec, local kill
-//! ping-pong, TCP loopback round trip, `ps -e`.
+//! ping-pong, TCP loopback round trip, `ps -e`, fork/exit/wait, signals to 100 processes.
 
 use crate::stats::Samples;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -20,6 +20,107 @@ pub fn spawn_sh_true(n: usize) -> Samples {
         assert!(st.success());
     }
     s
+}
+
+/// spawn+wait of `true` with std's Command (fork/exec/exit/wait; std spawns with
+/// posix_spawn, a vfork-like clone, when it can).
+pub fn spawn_true(n: usize) -> Samples {
+    let mut s = Samples::default();
+    for _ in 0..n {
+        let t = Instant::now();
+        let st = Command::new("true").status().expect("true");
+        s.push(t.elapsed());
+        assert!(st.success());
+    }
+    s
+}
+
+/// A bare fork(2) whose child calls _exit(0) at once, then waitpid(2): no exec.
+pub fn fork_exit_wait(n: usize) -> Samples {
+    let mut s = Samples::default();
+    for _ in 0..n {
+        let t = Instant::now();
+        // SAFETY: the child calls only _exit, which is async-signal-safe, so forking a
+        // multi-threaded process is fine.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            // SAFETY: as above.
+            unsafe { libc::_exit(0) };
+        }
+        assert!(pid > 0, "fork failed");
+        let mut status = 0;
+        // SAFETY: status is a live local.
+        let r = unsafe { libc::waitpid(pid, &mut status, 0) };
+        s.push(t.elapsed());
+        assert!(r == pid && libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0);
+    }
+    s
+}
+
+/// `k` local `sleep 3600` in a process group of their own (the first one's pid); killed
+/// and reaped on drop.
+pub struct LocalGroup {
+    children: Vec<std::process::Child>,
+    pub pgid: i32,
+}
+
+impl LocalGroup {
+    pub fn start(k: usize) -> LocalGroup {
+        use std::os::unix::process::CommandExt;
+        let mut g = LocalGroup {
+            children: Vec::new(),
+            pgid: 0,
+        };
+        for _ in 0..k {
+            let child = Command::new("sleep")
+                .arg("3600")
+                .process_group(g.pgid)
+                .spawn()
+                .expect("sleep");
+            if g.pgid == 0 {
+                g.pgid = child.id() as i32;
+            }
+            g.children.push(child);
+        }
+        g
+    }
+
+    /// One kill(2) of `sig` to each member, timed together.
+    pub fn kill_each(&self, n: usize, sig: i32) -> Samples {
+        let pids: Vec<i32> = self.children.iter().map(|c| c.id() as i32).collect();
+        let mut s = Samples::default();
+        for _ in 0..n {
+            let t = Instant::now();
+            for &p in &pids {
+                // SAFETY: kill has no memory-safety preconditions.
+                assert_eq!(unsafe { libc::kill(p, sig) }, 0, "kill {p}");
+            }
+            s.push(t.elapsed());
+        }
+        s
+    }
+
+    /// One killpg(2) of `sig` to the whole group.
+    pub fn killpg(&self, n: usize, sig: i32) -> Samples {
+        let mut s = Samples::default();
+        for _ in 0..n {
+            let t = Instant::now();
+            // SAFETY: as above.
+            let r = unsafe { libc::killpg(self.pgid, sig) };
+            s.push(t.elapsed());
+            assert_eq!(r, 0, "killpg {}", self.pgid);
+        }
+        s
+    }
+}
+
+impl Drop for LocalGroup {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
 }
 
 /// Blocks SIGUSR1 in the calling thread (and the threads it creates later), so it can be

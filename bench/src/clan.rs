@@ -225,16 +225,26 @@ pub fn ps_scale(c: &Cluster, r: &mut Report, per_node: usize, n: usize) {
         parents.push(c.spawn(node, &["sh", "-c", &script]).expect("sleepers"));
     }
     let want = c.nodes as usize * per_node;
-    let count = || {
+    // The sleeps of our shells (each shell leads the group of its sleeps).
+    let groups: Vec<u64> = parents.iter().map(|p| p.raw()).collect();
+    let sleepers = || {
         let out = c.cmd().args(["ps", "-o", "json"]).output().expect("ps");
         serde_json::from_slice::<serde_json::Value>(&out.stdout)
             .ok()
             .and_then(|v| {
-                v.as_array()
-                    .map(|a| a.iter().filter(|p| p["cmd"] == "sleep 3600").count())
+                v.as_array().map(|a| {
+                    a.iter()
+                        .filter(|p| {
+                            p["cmd"] == "sleep 3600"
+                                && p["pgid"].as_u64().is_some_and(|g| groups.contains(&g))
+                        })
+                        .cloned()
+                        .collect::<Vec<_>>()
+                })
             })
-            .unwrap_or(0)
+            .unwrap_or_default()
     };
+    let count = || sleepers().len();
     let deadline = Instant::now() + Duration::from_secs(120);
     while count() < want {
         assert!(Instant::now() < deadline, "sleepers did not start");
@@ -280,11 +290,33 @@ pub fn ps_scale(c: &Cluster, r: &mut Report, per_node: usize, n: usize) {
         &s,
         Some("ps -e (native, same processes)"),
     );
+    // The whole group of each shell: its sleeps too, so later measurements on this cluster
+    // do not run beside 4,000 leftover processes.
     for p in parents {
         let _ = c
             .cmd()
-            .args(["kill", "-s", "KILL", &p.to_string()])
+            .args(["kill", "-s", "KILL", "-g", &p.to_string()])
+            .stderr(Stdio::null())
             .status();
+        let _ = c
+            .cmd()
+            .args(["wait", &p.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut left = count();
+    while left > 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+        left = count();
+    }
+    if left > 0 {
+        let some: Vec<String> = sleepers().iter().take(5).map(|p| p.to_string()).collect();
+        println!(
+            "  ({left} sleepers still there after the kill: {})",
+            some.join(" ")
+        );
     }
 }
 
@@ -342,5 +374,18 @@ pub fn throughput_rows(fine: &Cluster, giant: Option<&Cluster>, r: &mut Report, 
             k,
             giant.map(|_| base.as_str()),
         );
+    }
+    for (c, t) in [(Some(fine), Some(t_fine)), (giant, t_giant)] {
+        if let (Some(c), Some(t)) = (c, t) {
+            let _ = c
+                .cmd()
+                .args(["kill", "-s", "KILL", &t.to_string()])
+                .status();
+            let _ = c
+                .cmd()
+                .args(["wait", &t.to_string()])
+                .stdout(Stdio::null())
+                .status();
+        }
     }
 }

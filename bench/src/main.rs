@@ -4,6 +4,7 @@
 mod baselines;
 mod clan;
 mod cluster;
+mod posix;
 mod report;
 mod stats;
 
@@ -30,6 +31,9 @@ struct Args {
     /// Seconds per throughput point.
     #[arg(long, global = true, default_value_t = 3.0)]
     seconds: f64,
+    /// Node crashes for the death-notice measurement.
+    #[arg(long, global = true, default_value_t = 5)]
+    crashes: usize,
     /// Write the results as JSON here.
     #[arg(long, global = true)]
     json: Option<PathBuf>,
@@ -52,12 +56,27 @@ enum Cmd {
     Ps,
     /// Throughput with concurrent clients.
     Rps,
+    /// Fork/exit/wait of a remote child, waited for by its parent (issue 3).
+    Fork,
+    /// A signal to a process group of 100 spread over 4 nodes (issue 3).
+    Group,
+    /// Time until waiting parents learn of a node's death, on a cluster of its own (issue 3).
+    Death,
     #[command(hide = true)]
     NativePong,
     #[command(hide = true)]
     Sigping {
         #[arg(long)]
         peer_file: PathBuf,
+        #[arg(long)]
+        out: PathBuf,
+        #[arg(long)]
+        iters: usize,
+    },
+    #[command(hide = true)]
+    Forkping {
+        #[arg(long)]
+        node: u32,
         #[arg(long)]
         out: PathBuf,
         #[arg(long)]
@@ -86,6 +105,7 @@ fn main() -> anyhow::Result<()> {
             iters,
         } => return clan::sigping(&peer_file, &out, iters),
         Cmd::Sigpong { peer } => return clan::sigpong(peer),
+        Cmd::Forkping { node, out, iters } => return posix::forkping(node, &out, iters),
         _ => {}
     }
     let bin = a.bin_dir.clone().unwrap_or_else(|| {
@@ -98,6 +118,7 @@ fn main() -> anyhow::Result<()> {
     let n = a.iterations;
     let mut r = report::Report::default();
     let all = matches!(cmd, Cmd::All);
+    let mut failed = None;
     if matches!(cmd, Cmd::Baselines) {
         println!("baselines:");
         r.latency(
@@ -120,25 +141,37 @@ fn main() -> anyhow::Result<()> {
         );
         r.latency("baselines", "ps -e", &baselines::ps_e(n / 10 + 1), None);
     } else {
-        let c = cluster::Cluster::up(&bin, "fine", 4, 7900)?;
-        if all || matches!(cmd, Cmd::Run) {
-            clan::run_latency(&c, &mut r, n);
+        if !matches!(cmd, Cmd::Death) {
+            let c = cluster::Cluster::up(&bin, "fine", 4, 7900)?;
+            if all || matches!(cmd, Cmd::Run) {
+                clan::run_latency(&c, &mut r, n);
+            }
+            if all || matches!(cmd, Cmd::Signal) {
+                clan::signal_latency(&c, &mut r, n);
+            }
+            if all || matches!(cmd, Cmd::Fork) {
+                posix::fork_wait(&c, &mut r, n);
+            }
+            if all || matches!(cmd, Cmd::Group) {
+                posix::group_signal(&c, &mut r, n);
+            }
+            if all || matches!(cmd, Cmd::Rps) {
+                let giant = match &a.giant_bin_dir {
+                    Some(d) => Some(cluster::Cluster::up(d, "giant", 4, 7950)?),
+                    None => {
+                        println!("  (no --giant-bin-dir: no one-big-lock comparison)");
+                        None
+                    }
+                };
+                clan::throughput_rows(&c, giant.as_ref(), &mut r, a.seconds);
+            }
+            if all || matches!(cmd, Cmd::Ps) {
+                clan::ps_scale(&c, &mut r, a.per_node, (n / 10).max(5));
+            }
         }
-        if all || matches!(cmd, Cmd::Signal) {
-            clan::signal_latency(&c, &mut r, n);
-        }
-        if all || matches!(cmd, Cmd::Rps) {
-            let giant = match &a.giant_bin_dir {
-                Some(d) => Some(cluster::Cluster::up(d, "giant", 4, 7950)?),
-                None => {
-                    println!("  (no --giant-bin-dir: no one-big-lock comparison)");
-                    None
-                }
-            };
-            clan::throughput_rows(&c, giant.as_ref(), &mut r, a.seconds);
-        }
-        if all || matches!(cmd, Cmd::Ps) {
-            clan::ps_scale(&c, &mut r, a.per_node, (n / 10).max(5));
+        // On a cluster of its own, after the others are down: it crashes a node.
+        if all || matches!(cmd, Cmd::Death) {
+            failed = posix::death_notice(&bin, &mut r, a.crashes, 8000).err();
         }
     }
     if let Some(p) = &a.json {
@@ -147,5 +180,5 @@ fn main() -> anyhow::Result<()> {
     if let Some(p) = &a.markdown {
         std::fs::write(p, r.markdown())?;
     }
-    Ok(())
+    failed.map_or(Ok(()), Err)
 }

@@ -18,6 +18,15 @@ pub struct Row {
     pub ratio: Option<f64>,
 }
 
+/// 5.26, 0.34, and small ratios with enough digits to tell them from 0: 0.0018.
+fn ratio(x: f64) -> String {
+    if x > 0.0 && x < 0.01 {
+        format!("{x:.4}")
+    } else {
+        format!("{x:.2}")
+    }
+}
+
 #[derive(Default)]
 pub struct Report {
     pub rows: Vec<Row>,
@@ -93,7 +102,7 @@ impl Report {
     fn ratio_text(&self) -> String {
         let r = self.rows.last().expect("just pushed");
         match (&r.baseline, r.ratio) {
-            (Some(b), Some(x)) => format!("   = {x:.2}x {b}"),
+            (Some(b), Some(x)) => format!("   = {}x {b}", ratio(x)),
             _ => String::new(),
         }
     }
@@ -109,8 +118,8 @@ impl Report {
                     format!("{x:.0} {}", r.unit)
                 }
             };
-            let ratio = match (&r.baseline, r.ratio) {
-                (Some(b), Some(x)) => format!("{x:.2}x {b}"),
+            let vs = match (&r.baseline, r.ratio) {
+                (Some(b), Some(x)) => format!("{}x {b}", ratio(x)),
                 _ => "baseline".into(),
             };
             s.push_str(&format!(
@@ -121,9 +130,19 @@ impl Report {
                 v(r.p10),
                 v(r.p90),
                 r.n,
-                ratio
+                vs
             ));
         }
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn ratios() {
+        assert_eq!(super::ratio(5.256), "5.26");
+        assert_eq!(super::ratio(0.0018), "0.0018");
+        assert_eq!(super::ratio(0.0), "0.00");
     }
 }

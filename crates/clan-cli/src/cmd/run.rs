@@ -243,6 +243,8 @@ fn die_like(st: &WaitStatus) -> ! {
 enum Cmd {
     Input(Gpid, Input),
     All(Input),
+    /// A process that is lost (its node died): nothing more to send it.
+    Forget(Gpid),
 }
 
 pub async fn run(c: Client, a: Args) -> ExitCode {
@@ -319,6 +321,10 @@ pub async fn run(c: Client, a: Args) -> ExitCode {
                 }
                 Cmd::Input(g, i) => vec![(g, i)],
                 Cmd::All(i) => live.iter().map(|g| (*g, i.clone())).collect(),
+                Cmd::Forget(g) => {
+                    live.retain(|x| *x != g);
+                    vec![]
+                }
             };
             for (g, i) in sends {
                 if wr.send(g, i).await.is_err() {
@@ -448,6 +454,7 @@ pub async fn run(c: Client, a: Args) -> ExitCode {
             }
             Some(Output::Lost(e)) => {
                 crate::fail(&e);
+                let _ = tx.send(Cmd::Forget(g));
                 ends.insert(
                     g,
                     WaitStatus {
