@@ -41,6 +41,30 @@ fn job_control_of_a_remote_process_from_an_interactive_bash() {
     });
     assert_eq!(state_of(&c, 2, "sleep 1001").as_deref(), Some("T"));
 
+    // A continue from elsewhere wakes the stub too: bash sees the job running.
+    let g = c
+        .ps(&["--node", "2"])
+        .into_iter()
+        .find(|p| p["cmd"] == "sleep 1001")
+        .expect("sleep 1001")["gpid"]
+        .to_string();
+    c.clan_ok(&["kill", "-s", "CONT", &g]);
+    t.clear();
+    t.line("jobs");
+    t.wait_for("bash to see the job running", |s| {
+        s.contains("Running                 clan run --node 2 -- sleep 1001")
+    });
+    // Stopped again from the terminal's side, as before.
+    t.clear();
+    t.line("kill -TSTP %1");
+    eventually("sleep stopped again", Duration::from_secs(20), || {
+        state_of(&c, 2, "sleep 1001").filter(|s| s == "T")
+    });
+    t.line("jobs");
+    t.wait_for("stopped again", |s| {
+        s.contains("Stopped                 clan run --node 2 -- sleep 1001")
+    });
+
     // bg continues it in the background.
     t.line("bg");
     t.wait_for("bg", |s| s.contains("clan run --node 2 -- sleep 1001 &"));
@@ -91,6 +115,18 @@ fn job_control_of_a_remote_process_from_an_interactive_bash() {
     t.line("echo status=$?");
     t.wait_for("cat's exit status", |s| s.contains("status=0"));
     assert_eq!(state_of(&c, 2, "cat"), None);
+
+    // Ctrl-C of a run with a copy on each node ends a shell loop around it.
+    t.clear();
+    t.line("for i in 1 2; do clan run -N 2 -- sleep 1003; echo next-$((i*10)); done");
+    eventually("both copies", Duration::from_secs(20), || {
+        (live(&c, "sleep 1003").len() == 2).then_some(())
+    });
+    t.keys(&["C-c"]);
+    t.line("echo after-$((2+3))");
+    let screen = t.wait_for("the loop to end", |s| s.contains("after-5"));
+    assert!(!screen.contains("next-10"), "{screen}");
+    assert!(live(&c, "sleep 1003").is_empty());
 }
 
 /// The processes whose command is `cmd`, as `clan ps` lists them (zombies excluded).

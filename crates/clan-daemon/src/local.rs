@@ -346,7 +346,10 @@ impl Node {
                 }
             }
         });
-        relay_stub(endpoints, out_rx, in_rx, to_stub).await;
+        // The stub, to wake it when its process is continued by someone else (a stopped
+        // stub can not read that news); a pidfd, so a reused pid is never signalled.
+        let stub = clan_core::sys::pidfd_open(creds.pid as i32).ok();
+        relay_stub(endpoints, out_rx, in_rx, to_stub, stub, creds.pid).await;
         let _ = writer.await;
         reader.abort();
         debug!(job, "session over");

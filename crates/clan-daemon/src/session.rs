@@ -384,12 +384,25 @@ pub async fn serve_remote(
     }
 }
 
+/// Whether a local process is stopped (state T in /proc/PID/stat).
+fn stub_stopped(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .map(|(_, rest)| rest.trim_start().starts_with('T'))
+        })
+        .unwrap_or(false)
+}
+
 /// The stub's side of a run with every process attached: relay until all are released.
 pub async fn relay_stub(
     endpoints: HashMap<Gpid, Endpoint>,
     mut out_rx: mpsc::Receiver<pb::SessionOutput>,
     mut from_stub: mpsc::Receiver<pb::SessionInput>,
     to_stub: mpsc::Sender<pb::SessionOutput>,
+    stub: Option<std::os::fd::OwnedFd>,
+    stub_pid: u32,
 ) {
     let mut endpoints = endpoints;
     let mut stub_gone = false;
@@ -413,6 +426,15 @@ pub async fn relay_stub(
                 Some(o) => {
                     let g = Gpid::from_raw(o.gpid);
                     let lost = matches!(o.output, Some(pb::session_output::Output::Lost(_)));
+                    if matches!(o.output, Some(pb::session_output::Output::Continued(_))) {
+                        // Continued from elsewhere (`clan kill -s CONT`): a stub stopped by
+                        // its shell must run again, and the shell sees the job continue.
+                        if let Some(fd) = &stub {
+                            if stub_stopped(stub_pid) {
+                                let _ = clan_core::sys::pidfd_send_signal(fd, libc::SIGCONT);
+                            }
+                        }
+                    }
                     if to_stub.send(o).await.is_err() {
                         stub_gone = true;
                     }

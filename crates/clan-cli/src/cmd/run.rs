@@ -473,6 +473,12 @@ pub async fn run(c: Client, a: Args) -> ExitCode {
     if gpids.len() == 1 {
         die_like(&ends[&gpids[0]]);
     }
+    // Every copy killed by the same signal (Ctrl-C of a -N run): die of it too, so that a
+    // shell loop around the run stops as it would for a local command.
+    let first = ends[&gpids[0]];
+    if first.signal != 0 && ends.values().all(|s| s.signal == first.signal) {
+        die_like(&first);
+    }
     let worst = ends.values().map(|s| s.shell_code()).max().unwrap_or(0);
     let _ = std::io::stdout().flush();
     std::process::exit(worst)
