@@ -247,17 +247,26 @@ impl Node {
         }
         if action == A::JobKill && (req.signal == 0 || req.signal == libc::SIGKILL) {
             // Verified, not assumed: no process of the node's view is still in the job.
-            after.pids = self
-                .view
-                .pids()
-                .into_iter()
-                .filter(|p| {
-                    // Zombies are dead: they wait for their parent's wait, out of the cgroup.
-                    self.view
-                        .attrs(*p, true)
-                        .is_some_and(|a| a.job == req.job && a.state != 'Z')
-                })
-                .collect();
+            // A task leaves its cgroup a moment before it becomes a zombie, so processes
+            // seen dying right after the cgroup emptied get a little time to finish.
+            let deadline = Instant::now() + Duration::from_secs(2);
+            loop {
+                after.pids = self
+                    .view
+                    .pids()
+                    .into_iter()
+                    .filter(|p| {
+                        // Zombies are dead: they wait for their parent, out of the cgroup.
+                        self.view
+                            .attrs(*p, true)
+                            .is_some_and(|a| a.job == req.job && a.state != 'Z' && a.state != 'X')
+                    })
+                    .collect();
+                if after.pids.is_empty() || Instant::now() > deadline {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
         }
         Ok(vec![after])
     }
