@@ -945,3 +945,51 @@ fn a_dead_homes_member_lists_move_to_the_next_node_and_back() {
         });
     }
 }
+
+#[test]
+fn terminal_stops_reach_remote_members_of_a_group() {
+    root_or_skip!("terminal_stops_reach_remote_members_of_a_group");
+    let c = Cluster::up(3);
+    // A group whose leader is on node 1 and members on nodes 2 and 3; each node's kernel
+    // sees its part as orphaned, which would discard SIGTSTP.
+    let script = "clan run -d --node 2 -- sleep 1061 >/dev/null; \
+                  clan run -d --node 3 -- sleep 1062 >/dev/null; exec sleep 1063";
+    let g = c.spawn(1, &["sh", "-c", script]).raw();
+    let members = ["sleep 1061", "sleep 1062", "sleep 1063"];
+    for m in members {
+        one(&c, m);
+    }
+    c.clan_ok(&["kill", "-s", "TSTP", "-g", &g.to_string()]);
+    for (n, m) in [(2, "sleep 1061"), (3, "sleep 1062"), (1, "sleep 1063")] {
+        eventually(m, Duration::from_secs(20), || {
+            state_of(&c, n, m).filter(|s| s == "T")
+        });
+    }
+    // A member that ignores SIGTSTP is left running, as locally.
+    let o = c.clan(&[
+        "run",
+        "-d",
+        "--node",
+        "2",
+        "--",
+        "sh",
+        "-c",
+        "trap '' TSTP; exec sleep 1064",
+    ]);
+    assert!(o.status.success());
+    let ign = one(&c, "sleep 1064")["gpid"].to_string();
+    c.clan_ok(&["kill", "-s", "TSTP", &ign]);
+    c.clan_ok(&["kill", "-s", "CONT", "-g", &g.to_string()]);
+    for (n, m) in [(2, "sleep 1061"), (3, "sleep 1062"), (1, "sleep 1063")] {
+        eventually(m, Duration::from_secs(20), || {
+            state_of(&c, n, m).filter(|s| s == "S")
+        });
+    }
+    // Stopped by a TSTP sent after it, on the same node: had the ignoring one been
+    // stopped, it would be by now.
+    c.clan_ok(&["kill", "-s", "TSTP", "-g", &g.to_string()]);
+    eventually("sleep 1061 stopped again", Duration::from_secs(20), || {
+        state_of(&c, 2, "sleep 1061").filter(|s| s == "T")
+    });
+    assert_eq!(state_of(&c, 2, "sleep 1064").as_deref(), Some("S"));
+}

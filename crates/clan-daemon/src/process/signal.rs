@@ -38,11 +38,51 @@ impl Node {
         if sig == 0 {
             return Ok(());
         }
+        let sig = match self.terminal_stop(gpid.local(), sig) {
+            Some(s) => s,
+            None => return Ok(()), // ignored: nothing to deliver
+        };
         pidfd_send_signal(&h.dir, sig).map_err(|e| match e.raw_os_error() {
             Some(libc::ESRCH) => Error::NoSuchProcess(gpid),
             Some(libc::EPERM) => Error::Permission(format!("permission denied to signal {gpid}")),
             _ => Error::internal(&format!("signal {gpid}"), e),
         })
+    }
+
+    /// SIGTSTP, SIGTTIN and SIGTTOU to a process whose group its kernel thinks orphaned
+    /// (every group clan starts is, to its node's kernel: the process's parent, a shepherd,
+    /// is in another session) would be discarded by the kernel unless caught. In the cluster
+    /// the group may well be controlled, so clan applies the default action itself, as the
+    /// shepherd does for stops through the stub: a caught signal is sent as is, an ignored one
+    /// is dropped (`None`), and a default one becomes SIGSTOP.
+    fn terminal_stop(&self, pid: u32, sig: i32) -> Option<i32> {
+        if ![libc::SIGTSTP, libc::SIGTTIN, libc::SIGTTOU].contains(&sig) {
+            return Some(sig);
+        }
+        let Some(me) = self.view.attrs(pid, false) else {
+            return Some(sig);
+        };
+        // Orphaned in this kernel: no member has a parent in another group of its session.
+        let controlled = self.view.pids().into_iter().any(|p| {
+            let Some(a) = self.view.attrs(p, false) else {
+                return false;
+            };
+            a.pgrp == me.pgrp
+                && a.ppid != 0
+                && self
+                    .view
+                    .attrs(a.ppid, false)
+                    .is_some_and(|pa| pa.session == a.session && pa.pgrp != a.pgrp)
+        });
+        if controlled {
+            return Some(sig); // the kernel applies the stop itself
+        }
+        let bit = 1u64 << (sig - 1);
+        match self.view.sig_masks(pid) {
+            Some((caught, _)) if caught & bit != 0 => Some(sig),
+            Some((_, ignored)) if ignored & bit != 0 => None,
+            _ => Some(libc::SIGSTOP),
+        }
     }
 
     /// Delivers `sig` to a process of any node.

@@ -74,6 +74,18 @@ impl ProcView {
         Ok(unsafe { File::from_raw_fd(fd) })
     }
 
+    /// The signal masks (caught, ignored) of a process of the view, from its status.
+    pub fn sig_masks(&self, pid: u32) -> Option<(u64, u64)> {
+        let b = self.read_at(&format!("{pid}/status"), 8192)?;
+        let text = String::from_utf8_lossy(&b);
+        let mask = |k: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(k))
+                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        };
+        Some((mask("SigCgt:")?, mask("SigIgn:")?))
+    }
+
     fn read_at(&self, rel: &str, limit: usize) -> Option<Vec<u8>> {
         let mut f = self.open_at(rel).ok()?;
         let mut buf = Vec::with_capacity(512);
