@@ -116,6 +116,52 @@ fn job_control_of_a_remote_process_from_an_interactive_bash() {
     t.wait_for("cat's exit status", |s| s.contains("status=0"));
     assert_eq!(state_of(&c, 2, "cat"), None);
 
+    // A program that catches SIGTSTP and stops itself from its handler (as editors do)
+    // stops: the remote group has a parent in its session, so its kernel is not told it is
+    // orphaned.
+    t.clear();
+    t.line(
+        "clan run --node 2 -- python3 -c \"import os, signal, time\n\
+def h(s, f):\n    signal.signal(signal.SIGTSTP, signal.SIG_DFL); os.kill(0, signal.SIGTSTP)\n\
+signal.signal(signal.SIGTSTP, h)\nprint('ready', flush=True)\ntime.sleep(1006)\"",
+    );
+    t.wait_for("the python job", |s| s.contains("ready\n"));
+    t.keys(&["C-z"]);
+    t.wait_for("bash to report it stopped", |s| s.contains("Stopped"));
+    let py = eventually("python stopped", Duration::from_secs(20), || {
+        c.ps(&["--node", "2"])
+            .into_iter()
+            .find(|p| p["cmd"].as_str().is_some_and(|c| c.contains("python3 -c")))
+            .filter(|p| p["state"] == "T")
+    });
+    c.clan_ok(&["kill", "-9", &py["gpid"].to_string()]);
+    t.clear();
+    t.line("fg");
+    t.wait_for("the python job's end", |s| s.contains("Killed"));
+    t.line("echo status=$?");
+    t.wait_for("its status", |s| s.contains("status=137"));
+
+    // With -t, Ctrl-Z typed into the remote terminal stops the remote job.
+    t.clear();
+    t.line("clan run -t --node 2 -- sleep 1007");
+    eventually("sleep 1007 on node 2", Duration::from_secs(20), || {
+        state_of(&c, 2, "sleep 1007").filter(|s| s == "S")
+    });
+    t.keys(&["C-z"]);
+    t.wait_for("bash to report the -t job stopped", |s| {
+        s.contains("Stopped                 clan run -t --node 2 -- sleep 1007")
+    });
+    assert_eq!(state_of(&c, 2, "sleep 1007").as_deref(), Some("T"));
+    t.clear();
+    t.line("fg");
+    t.wait_for("fg of the -t job", |s| s.contains("sleep 1007\n"));
+    eventually("sleep 1007 running", Duration::from_secs(20), || {
+        state_of(&c, 2, "sleep 1007").filter(|s| s == "S")
+    });
+    t.keys(&["C-c"]);
+    t.line("echo status=$?");
+    t.wait_for("the -t job interrupted", |s| s.contains("status=130"));
+
     // Ctrl-C of a run with a copy on each node ends a shell loop around it.
     t.clear();
     t.line("for i in 1 2; do clan run -N 2 -- sleep 1003; echo next-$((i*10)); done");

@@ -259,10 +259,7 @@ fn stop_processes(node: &Node) {
         }
     } else {
         for vp in node.vprocs.read().values() {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(vp.host_pid as i32),
-                nix::sys::signal::Signal::SIGKILL,
-            );
+            node.kill_node_pid(vp.gpid.local(), libc::SIGKILL);
         }
         if node.view.ns_init != 0 {
             let _ = nix::sys::signal::kill(

@@ -247,13 +247,7 @@ impl Node {
         } else {
             for vp in self.vprocs.read().values() {
                 if vp.exited().is_none() {
-                    // It leads its own session and group: its group goes with it.
-                    for pid in [vp.host_pid as i32, -(vp.host_pid as i32)] {
-                        let _ = nix::sys::signal::kill(
-                            nix::unistd::Pid::from_raw(pid),
-                            nix::sys::signal::Signal::SIGKILL,
-                        );
-                    }
+                    self.kill_node_pid(vp.gpid.local(), libc::SIGKILL);
                     n += 1;
                 }
             }

@@ -6,7 +6,9 @@
 use nix::errno::Errno;
 use nix::sched::{setns, CloneFlags};
 use nix::sys::signal::{sigprocmask, SigSet, SigmaskHow};
-use nix::unistd::{dup2, execve, setgid, setgroups, setsid, setuid, Gid, Uid};
+use nix::unistd::{
+    dup2, execve, getpgrp, setgid, setgroups, setpgid, setuid, tcsetpgrp, Gid, Pid, Uid,
+};
 use std::ffi::CString;
 use std::os::fd::{OwnedFd, RawFd};
 
@@ -74,8 +76,10 @@ pub fn child(plan: ChildPlan, err_fd: RawFd) -> ! {
             );
         }
     }
-    if let Err(e) = setsid() {
-        fail(err_fd, e, "setsid");
+    // A process group of its own in the shepherd's session: the shepherd, its parent in
+    // another group of the same session, keeps the group from being orphaned.
+    if let Err(e) = setpgid(Pid::from_raw(0), Pid::from_raw(0)) {
+        fail(err_fd, e, "setpgid");
     }
     for (target, &fd) in plan.stdio.iter().enumerate() {
         if fd != target as RawFd {
@@ -85,9 +89,10 @@ pub fn child(plan: ChildPlan, err_fd: RawFd) -> ! {
         }
     }
     if plan.tty {
-        // SAFETY: TIOCSCTTY on our stdin, the pty's slave, after setsid made us a session leader.
-        if unsafe { libc::ioctl(0, libc::TIOCSCTTY, 0) } < 0 {
-            fail(err_fd, Errno::last(), "acquire the controlling terminal");
+        // The pty is the session's controlling terminal (the shepherd took it): our group
+        // becomes its foreground group. SIGTTOU is still ignored here (restored below).
+        if let Err(e) = tcsetpgrp(std::io::stdin(), getpgrp()) {
+            fail(err_fd, e, "take the terminal's foreground");
         }
     }
     // Everything above 2 goes away at exec, the error pipe last.

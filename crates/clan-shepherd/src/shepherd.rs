@@ -74,6 +74,42 @@ pub fn run(args: &[String]) -> ExitCode {
         .and_then(|i| args.get(i + 1))
         .cloned()
         .unwrap_or_default();
+    // With a node namespace (`--ns-init PID`), the shepherd proper lives in the node's pid,
+    // mount and UTS namespaces: it is the session leader of the process it starts, which
+    // runs in a group of its own in that session, so the group has a parent in its session
+    // and the node's kernel does not see it orphaned (job-control stops work natively), and
+    // every pid the shepherd handles is in the node's numbers.
+    let ns_init = args
+        .iter()
+        .position(|a| a == "--ns-init")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|p| p.parse::<u32>().ok());
+    let mut later_ns = Vec::new();
+    if let Some(init) = ns_init {
+        let open = |kind: &str| File::open(format!("/proc/{init}/ns/{kind}")).map(OwnedFd::from);
+        match (open("pid"), open("mnt"), open("uts")) {
+            (Ok(pid), Ok(mnt), Ok(uts)) => {
+                if let Err(e) = setns(&pid, CloneFlags::CLONE_NEWPID) {
+                    report(
+                        &mut out,
+                        &error_reply(pb::ErrorCode::Internal, format!("shepherd: setns: {e}")),
+                    );
+                    return ExitCode::FAILURE;
+                }
+                later_ns = vec![
+                    (mnt, CloneFlags::CLONE_NEWNS),
+                    (uts, CloneFlags::CLONE_NEWUTS),
+                ];
+            }
+            _ => {
+                report(
+                    &mut out,
+                    &error_reply(pb::ErrorCode::NodeDown, "node namespace is gone".into()),
+                );
+                return ExitCode::FAILURE;
+            }
+        }
+    }
     // The first fork lets the caller reap us at once; the shepherd proper is adopted by init
     // (or the nearest subreaper) and so outlives cland.
     let placed = match fork_in(&cgroup) {
@@ -90,6 +126,17 @@ pub fn run(args: &[String]) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    for (ns, kind) in &later_ns {
+        if let Err(e) = setns(ns, *kind) {
+            report(
+                &mut out,
+                &error_reply(pb::ErrorCode::Internal, format!("shepherd: setns: {e}")),
+            );
+            return ExitCode::FAILURE;
+        }
+    }
+    let in_node_ns = ns_init.is_some();
+    drop(later_ns);
     let spec: pb::ShepherdSpec = match read_frame_sync(&mut std::io::stdin().lock()) {
         Ok(Some(s)) => s,
         // cland went away (or shut its pool down) before giving us anything to do.
@@ -103,7 +150,7 @@ pub fn run(args: &[String]) -> ExitCode {
         }
     };
     let placed = placed && spec.shepherd_cgroup == cgroup;
-    match start(&spec, &mut out, placed) {
+    match start(&spec, &mut out, placed, in_node_ns) {
         Ok(mut sh) => {
             drop(out);
             // Our stdout/stdin go nowhere from here on.
@@ -122,6 +169,8 @@ pub fn run(args: &[String]) -> ExitCode {
 
 struct Shepherd {
     spec: pb::ShepherdSpec,
+    /// Running inside the node's namespaces: `pid` is in the node's numbers.
+    in_node_ns: bool,
     pid: i32,
     ns_pid: u32,
     gpid: Gpid,
@@ -199,6 +248,7 @@ fn start(
     spec: &pb::ShepherdSpec,
     out: &mut File,
     placed: bool,
+    in_node_ns: bool,
 ) -> Result<Shepherd, pb::ShepherdReady> {
     let internal = |what: &str, e: &dyn std::fmt::Display| {
         error_reply(pb::ErrorCode::Internal, format!("shepherd: {what}: {e}"))
@@ -277,6 +327,15 @@ fn start(
         };
         let pty = openpty(Some(&ws), None).map_err(|e| internal("openpty", &e))?;
         let s = pty.slave;
+        // The shepherd leads the process's session: the pty becomes that session's
+        // controlling terminal here, and the process makes its group the foreground one.
+        // SAFETY: TIOCSCTTY on a descriptor we own, after setsid made us a session leader.
+        if unsafe { libc::ioctl(s.as_raw_fd(), libc::TIOCSCTTY, 0) } < 0 {
+            return Err(internal(
+                "acquire the controlling terminal",
+                &std::io::Error::last_os_error(),
+            ));
+        }
         (
             [s.as_raw_fd(), s.as_raw_fd(), s.as_raw_fd()],
             Stdio::Pty {
@@ -300,7 +359,7 @@ fn start(
     };
 
     let ns = |kind: &str| -> Result<Option<OwnedFd>, pb::ShepherdReady> {
-        if spec.ns_init_pid == 0 {
+        if spec.ns_init_pid == 0 || in_node_ns {
             return Ok(None);
         }
         File::open(format!("/proc/{}/ns/{kind}", spec.ns_init_pid))
@@ -424,7 +483,8 @@ fn start(
     report(
         out,
         &pb::ShepherdReady {
-            host_pid: child as u32,
+            // Inside the node's namespaces the shepherd knows only the node's numbers.
+            host_pid: if in_node_ns { 0 } else { child as u32 },
             ns_pid,
             gpid: gpid.raw(),
             shepherd_pid: std::process::id(),
@@ -440,6 +500,7 @@ fn start(
     }
     Ok(Shepherd {
         spec: spec.clone(),
+        in_node_ns,
         pid: child,
         ns_pid,
         gpid,
@@ -486,7 +547,7 @@ impl Shepherd {
     fn info(&self) -> pb::ShepherdInfo {
         pb::ShepherdInfo {
             spec: Some(self.spec.clone()),
-            host_pid: self.pid as u32,
+            host_pid: if self.in_node_ns { 0 } else { self.pid as u32 },
             ns_pid: self.ns_pid,
             gpid: self.gpid.raw(),
             exited: self.exited.map(Into::into),

@@ -160,16 +160,28 @@ impl Node {
     /// a restart): its own local group and session (both numbered by its pid, the shepherd's
     /// child calls setsid) stand for the requester's. Returns the homes to tell, those the
     /// requester's node does not tell itself.
-    pub fn alias_insert(&self, ns_pid: u32, creds: &pb::Creds) -> Vec<(Kind, Gpid)> {
+    pub fn alias_insert(
+        &self,
+        ns_pid: u32,
+        local_sid: u32,
+        creds: &pb::Creds,
+    ) -> Vec<(Kind, Gpid)> {
         let mut homes = Vec::new();
         let mut a = self.aliases.write();
+        // The process's local session is its shepherd's: without a requester's session, it
+        // stands for the process itself, whose gpid names the session in the cluster.
+        if Gpid::from_raw(creds.sid).is_none() && local_sid != ns_pid {
+            if let Some(own) = Gpid::new(self.id, ns_pid) {
+                a.sid.insert(local_sid, own);
+            }
+        }
         for (kind, raw) in [(Kind::Group, creds.pgid), (Kind::Session, creds.sid)] {
             let Some(g) = Gpid::from_raw(raw) else {
                 continue;
             };
             match kind {
                 Kind::Group => a.pg.insert(ns_pid, g),
-                Kind::Session => a.sid.insert(ns_pid, g),
+                Kind::Session => a.sid.insert(local_sid, g),
             };
             let reg = self.registry_of(g);
             if reg.is_some_and(|r| r != self.id && r.get() != creds.node) {

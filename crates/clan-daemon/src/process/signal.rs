@@ -62,7 +62,8 @@ impl Node {
         let Some(me) = self.view.attrs(pid, false) else {
             return Some(sig);
         };
-        // Orphaned in this kernel: no member has a parent in another group of its session.
+        // Orphaned in this kernel: no member has a parent in another group of its session
+        // (the kernel's rule, so a shepherd parent counts).
         let controlled = self.view.pids().into_iter().any(|p| {
             let Some(a) = self.view.attrs(p, false) else {
                 return false;
@@ -71,7 +72,7 @@ impl Node {
                 && a.ppid != 0
                 && self
                     .view
-                    .attrs(a.ppid, false)
+                    .attrs_raw(a.ppid, false)
                     .is_some_and(|pa| pa.session == a.session && pa.pgrp != a.pgrp)
         });
         if controlled {
@@ -82,6 +83,16 @@ impl Node {
             Some((caught, _)) if caught & bit != 0 => Some(sig),
             Some((_, ignored)) if ignored & bit != 0 => None,
             _ => Some(libc::SIGSTOP),
+        }
+    }
+
+    /// Signals a process by its number in the node's pid namespace, without permission
+    /// checks (the daemon's own clean-up), through a handle on its /proc directory.
+    pub fn kill_node_pid(&self, pid: u32, sig: i32) {
+        if let Some(g) = Gpid::new(self.id, pid) {
+            if let Ok(h) = self.view.open_process(g) {
+                let _ = pidfd_send_signal(&h.dir, sig);
+            }
         }
     }
 

@@ -37,6 +37,8 @@ pub struct LocalAttrs {
     /// Parent in the node's numbers (0: outside the node's pid namespace).
     pub ppid: u32,
     pub start_ticks: u64,
+    /// One of clan's shepherds (a process's session leader and parent on its node).
+    pub shepherd: bool,
 }
 
 /// What `ps` shows of one process, before the job and managed flags are added.
@@ -121,6 +123,9 @@ impl ProcView {
     pub fn read(&self, pid: u32) -> Option<RawProc> {
         let stat_bytes = self.read_at(&format!("{pid}/stat"), 4096)?;
         let stat = Stat::from_read(stat_bytes.as_slice()).ok()?;
+        if is_shepherd(pid, &stat.comm) {
+            return None;
+        }
         let st = fstatat(
             Some(self.root.as_raw_fd()),
             pid.to_string().as_str(),
@@ -147,8 +152,10 @@ impl ProcView {
             .and_then(|c| job_of_cgroup(&String::from_utf8_lossy(&c)))
             .unwrap_or(0);
         let gpid = Gpid::new(self.node, pid)?;
+        // A process clan started has its shepherd for parent: shown as none, as before.
         let ppid = u32::try_from(stat.ppid)
             .ok()
+            .filter(|&p| !self.is_shepherd_pid(p))
             .and_then(|p| Gpid::new(self.node, p))
             .map(|g| g.raw())
             .unwrap_or(0);
@@ -173,8 +180,24 @@ impl ProcView {
         })
     }
 
-    /// Group, session, owner and (when `job`) job of one process; `None` once it is gone.
+    /// Whether `pid` is one of clan's shepherds (not part of what users see).
+    pub fn is_shepherd_pid(&self, pid: u32) -> bool {
+        pid > 1
+            && self
+                .read_at(&format!("{pid}/stat"), 4096)
+                .and_then(|b| Stat::from_read(b.as_slice()).ok())
+                .is_some_and(|st| is_shepherd(pid, &st.comm))
+    }
+
+    /// Group, session, owner and (when `job`) job of one process; `None` once it is gone,
+    /// and for clan's own shepherds, which are not part of the node's processes to users.
     pub fn attrs(&self, pid: u32, job: bool) -> Option<LocalAttrs> {
+        let a = self.attrs_raw(pid, job)?;
+        (!a.shepherd).then_some(a)
+    }
+
+    /// [`ProcView::attrs`], shepherds included (the kernel's own view, for its rules).
+    pub fn attrs_raw(&self, pid: u32, job: bool) -> Option<LocalAttrs> {
         let stat_bytes = self.read_at(&format!("{pid}/stat"), 4096)?;
         let stat = Stat::from_read(stat_bytes.as_slice()).ok()?;
         let st = fstatat(
@@ -198,6 +221,7 @@ impl ProcView {
             state: stat.state,
             ppid: u32::try_from(stat.ppid).unwrap_or(0),
             start_ticks: stat.starttime,
+            shepherd: is_shepherd(pid, &stat.comm),
         })
     }
 
@@ -306,6 +330,12 @@ impl ProcHandle {
 }
 
 /// The job of a process from its cgroup v2 path (`0::/.../job1000003`).
+/// clan's shepherds run as `clan-shepherd run` inside the node (pid 1 is the node's init,
+/// which users do see).
+fn is_shepherd(pid: u32, comm: &str) -> bool {
+    pid != 1 && comm == "clan-shepherd"
+}
+
 pub fn job_of_cgroup(text: &str) -> Option<u64> {
     let path = text.lines().find_map(|l| l.strip_prefix("0::"))?;
     path.split('/')

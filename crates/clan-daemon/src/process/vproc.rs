@@ -165,14 +165,11 @@ impl Node {
             .await
             .inspect_err(|_| {
                 // Nothing may run that nobody manages: stop it and its shepherd.
-                for pid in [ready.host_pid, ready.shepherd_pid] {
-                    let _ = nix::sys::signal::kill(
-                        nix::unistd::Pid::from_raw(pid as i32),
-                        nix::sys::signal::Signal::SIGKILL,
-                    );
+                for pid in [gpid.local(), ready.shepherd_pid] {
+                    self.kill_node_pid(pid, libc::SIGKILL);
                 }
             })?;
-        let homes = self.alias_insert(gpid.local(), &req.creds);
+        let homes = self.alias_insert(gpid.local(), ready.shepherd_pid, &req.creds);
         self.tell_homes(homes).await;
         info!(gpid = %gpid, job = req.job, cmd = %vp.argv0, "started");
         Ok(vp)
@@ -188,6 +185,9 @@ impl Node {
             .map_err(|e| Error::internal("open shepherd.log", e))?;
         let mut cmd = tokio::process::Command::new(&self.shepherd_bin);
         cmd.arg("run");
+        if self.view.ns_init != 0 {
+            cmd.arg("--ns-init").arg(self.view.ns_init.to_string());
+        }
         if let Some(cg) = &self.cgroup {
             cmd.arg("--cgroup").arg(cg.sub("shepherds"));
         }
@@ -297,7 +297,7 @@ impl Node {
         });
         self.vprocs.write().insert(gpid, vp.clone());
         if let Some(c) = &spec.creds {
-            self.alias_insert(info.ns_pid, c);
+            self.alias_insert(info.ns_pid, info.shepherd_pid, c);
         }
         if let Some(ws) = vp.exited() {
             // It exited before we asked (or while no cland ran): its parent may not know.
