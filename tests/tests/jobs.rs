@@ -165,3 +165,63 @@ fn job_operations_report_bad_input_and_dead_nodes() {
     c.clan_ok(&["job", "kill", &job, "--node", "1", "--node", "2"]);
     assert!(host_processes_mentioning("sleep 1050").is_empty());
 }
+
+#[test]
+fn a_task_keeps_its_genealogy_when_parents_exit_first() {
+    root_or_skip!("a_task_keeps_its_genealogy_when_parents_exit_first");
+    let c = Cluster::up(2);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    // The subshell exits at once; its child, a shell with two sleeps, outlives it. The
+    // kernel gives that orphan to a reaper; the task's genealogy to its grandparent.
+    let top = c.spawn(
+        2,
+        &[
+            "sh",
+            "-c",
+            "(sh -c 'sleep 1091 & exec sleep 1093' &); exec sleep 1092",
+        ],
+    );
+    let o = c.clan(&["job", "ls", "--node", "2"]);
+    let job: u64 = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .nth(1)
+        .and_then(|l| l.split_whitespace().next()?.parse().ok())
+        .expect("a job");
+    let tree = eventually("the task's forest", Duration::from_secs(20), || {
+        let answers = rt
+            .block_on(
+                c.client(1)
+                    .job(clan_client::pb::JobAction::JobTree, job, &[], 0, ""),
+            )
+            .ok()?;
+        let tree: Vec<_> = answers
+            .into_iter()
+            .flat_map(|n| n.tasks)
+            .flat_map(|t| t.tree)
+            .collect();
+        let cmds = ["sleep 1091", "sleep 1092", "sleep 1093"];
+        (tree.len() == 3 && cmds.iter().all(|c| tree.iter().any(|p| p.cmd == *c))).then_some(tree)
+    });
+    let by_cmd = |cmd: &str| tree.iter().find(|p| p.cmd == cmd).expect(cmd);
+    let orphan = by_cmd("sleep 1093");
+    let sleeper = by_cmd("sleep 1091");
+    assert_eq!(
+        by_cmd("sleep 1092").gpid,
+        top.raw(),
+        "the top shell exec'd sleep 1092"
+    );
+    assert_eq!(
+        orphan.parent,
+        top.raw(),
+        "adopted by its nearest living ancestor: {tree:?}"
+    );
+    assert_eq!(sleeper.parent, orphan.gpid, "{tree:?}");
+    // The kernel's view differs: the orphan's parent is no longer the top process.
+    let ps = c.ps(&["--node", "2"]);
+    let kernel_parent = ps
+        .iter()
+        .find(|p| p["gpid"].as_u64() == Some(orphan.gpid))
+        .map(|p| p["ppid"].as_u64().unwrap_or(0));
+    assert_ne!(kernel_parent, Some(top.raw()));
+    c.clan_ok(&["job", "kill", &job.to_string()]);
+}

@@ -20,6 +20,7 @@
 
 use crate::error::{Error, Result};
 use crate::node::Node;
+use clan_core::Gpid;
 use clan_proto::pb;
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
@@ -194,6 +195,22 @@ impl Node {
         if action == A::JobList {
             return Ok(self.tasks_local(req.job));
         }
+        if action == A::JobTree {
+            let mut tasks = self.tasks_local(req.job);
+            for t in &mut tasks {
+                let g = |p: u32| Gpid::new(self.id, p).map(|g| g.raw()).unwrap_or(0);
+                t.tree = self
+                    .job_tree(t.job)
+                    .into_iter()
+                    .map(|l| pb::TreeProc {
+                        gpid: g(l.pid),
+                        parent: if l.parent == 0 { 0 } else { g(l.parent) },
+                        cmd: l.cmd,
+                    })
+                    .collect();
+            }
+            return Ok(tasks);
+        }
         if !req.method.is_empty() && req.method != "freeze" {
             return Err(Error::Invalid(format!(
                 "method {:?} is not available on node {} (freeze is)",
@@ -238,7 +255,7 @@ impl Node {
                 }
                 changed = before.procs > 0;
             }
-            A::JobList => unreachable!("handled above"),
+            A::JobList | A::JobTree => unreachable!("handled above"),
         }
         let mut after = self.task_info(req.job, &dir);
         after.changed = changed;

@@ -8,6 +8,7 @@
 
 pub mod cgroup;
 pub mod error;
+pub mod genealogy;
 pub mod job;
 pub mod local;
 pub mod localcluster;
@@ -177,6 +178,7 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
         bin_dir.join("clan-shepherd"),
         placement,
     ));
+    node.follow_proc_events();
     node.recover().await;
     node.set_incarnation(node.incarnation());
     if node.vprocs.read().is_empty() {

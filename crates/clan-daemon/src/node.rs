@@ -66,6 +66,8 @@ pub struct Node {
     pub aliases: NamedRwLock<Aliases>,
     /// At a home node: nodes holding members of its groups and sessions.
     pub members: NamedMutex<Members>,
+    /// The process forests of the node's tasks (genealogy.rs).
+    pub genealogy: NamedMutex<crate::genealogy::Genealogy>,
     /// The highest process count seen in each task (job.rs).
     pub task_peaks: NamedMutex<HashMap<u64, u32>>,
     /// Shepherds started ahead of time, waiting for a spec.
@@ -128,6 +130,7 @@ impl Node {
             spawning: NamedMutex::new("spawning", HashMap::new()),
             pool: NamedMutex::new("shepherd.pool", Vec::new()),
             task_peaks: NamedMutex::new("task.peaks", HashMap::new()),
+            genealogy: NamedMutex::new("genealogy", Default::default()),
             aliases: NamedRwLock::new("group.aliases", Aliases::default()),
             members: NamedMutex::new("group.members", Members::default()),
             shutdown: watch::channel(None).0,

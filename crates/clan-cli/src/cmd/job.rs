@@ -12,6 +12,9 @@ pub enum Args {
     Ls(Where),
     /// One job per node: processes, state, CPU time, peak process count, memory.
     Show(Target),
+    /// The genealogy forest of each task of the job: every process under its nearest living
+    /// ancestor in the task (orphans are not given to init).
+    Tree(Target),
     /// Stop every process of the job (cgroup freeze; invisible to their parents) and
     /// return once they all are.
     Suspend(Target),
@@ -83,6 +86,7 @@ pub async fn run(c: Client, a: Args) -> ExitCode {
     match a {
         Args::Ls(w) => list(&c, 0, &w.nodes, false).await,
         Args::Show(t) => list(&c, t.job.raw(), &t.nodes, true).await,
+        Args::Tree(t) => tree(&c, &t).await,
         Args::Suspend(t) => act(&c, A::JobSuspend, &t, 0).await,
         Args::Resume(t) => act(&c, A::JobResume, &t, 0).await,
         Args::Kill(k) => match clan_core::parse_signal(&k.signal) {
@@ -207,6 +211,39 @@ async fn act(c: &Client, action: A, t: &Target, sig: i32) -> ExitCode {
             t.job
         ));
         return ExitCode::from(X::NOT_FOUND);
+    }
+    ExitCode::from(code)
+}
+
+async fn tree(c: &Client, t: &Target) -> ExitCode {
+    let answers = match c.job(A::JobTree, t.job.raw(), &t.nodes, 0, "").await {
+        Ok(a) => a,
+        Err(e) => return crate::client_error(&e),
+    };
+    let code = node_errors(&answers);
+    let tasks: Vec<&pb::TaskInfo> = answers.iter().flat_map(|n| n.tasks.iter()).collect();
+    if tasks.is_empty() && code == X::OK {
+        crate::fail(&format!("no such job {}", t.job));
+        return ExitCode::from(X::NOT_FOUND);
+    }
+    for task in tasks {
+        println!("job {} on node {}:", task.job, task.node);
+        let known: std::collections::HashSet<u64> = task.tree.iter().map(|p| p.gpid).collect();
+        fn walk(all: &[pb::TreeProc], at: u64, depth: usize) {
+            for p in all.iter().filter(|p| p.parent == at) {
+                println!("  {}{} {}", "  ".repeat(depth), p.gpid, p.cmd);
+                walk(all, p.gpid, depth + 1);
+            }
+        }
+        // Roots: no parent, or a parent that left the listing meanwhile.
+        for r in task
+            .tree
+            .iter()
+            .filter(|p| p.parent == 0 || !known.contains(&p.parent))
+        {
+            println!("  {} {}", r.gpid, r.cmd);
+            walk(&task.tree, r.gpid, 1);
+        }
     }
     ExitCode::from(code)
 }

@@ -1,0 +1,438 @@
+//! Process genealogy of each task (the process tracking paper's M4), from the kernel's
+//! proc connector: every fork and exit of the machine, as it happens.
+//!
+//! A process is tracked when its parent is, or when it is born in one of the node's job
+//! cgroups (the processes clan starts are: `CLONE_INTO_CGROUP`); a tracked process's child
+//! belongs to the same task, so the cgroup is read once per root, not per fork. When a
+//! tracked process exits, its children are adopted by its nearest living tracked ancestor
+//! (the paper's policy), not by init, so the forest of a task keeps its shape however its
+//! processes daemonize, double-fork or outlive their parents. Threads are not processes and
+//! are skipped. If the kernel drops events (the socket overflows), the forest is rebuilt
+//! from the task cgroups and the kernel's parent links.
+
+use crate::node::Node;
+use std::collections::HashMap;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::Arc;
+use tracing::{debug, info, warn};
+
+/// One tracked process (host pid numbers, as the connector reports them).
+#[derive(Debug, Clone, Copy)]
+pub struct GNode {
+    /// Nearest living tracked ancestor (0: a root of its task).
+    pub parent: u32,
+    pub job: u64,
+}
+
+/// The forests of the node's tasks.
+#[derive(Default)]
+pub struct Genealogy {
+    pub nodes: HashMap<u32, GNode>,
+}
+
+impl Genealogy {
+    /// A fork seen: returns true when the child is now tracked.
+    pub fn fork(&mut self, parent: u32, child: u32, root_job: impl FnOnce() -> u64) -> bool {
+        if let Some(p) = self.nodes.get(&parent).copied() {
+            self.nodes.insert(child, GNode { parent, job: p.job });
+            return true;
+        }
+        let job = root_job();
+        if job != 0 {
+            self.nodes.insert(child, GNode { parent: 0, job });
+            return true;
+        }
+        false
+    }
+
+    /// An exit seen: the process leaves its forest, its children go to its parent.
+    pub fn exit(&mut self, pid: u32) {
+        let Some(gone) = self.nodes.remove(&pid) else {
+            return;
+        };
+        for n in self.nodes.values_mut() {
+            if n.parent == pid {
+                n.parent = gone.parent;
+            }
+        }
+    }
+
+    /// Tracked processes of `job`.
+    pub fn of_job(&self, job: u64) -> Vec<(u32, GNode)> {
+        let mut v: Vec<(u32, GNode)> = self
+            .nodes
+            .iter()
+            .filter(|(_, n)| n.job == job)
+            .map(|(p, n)| (*p, *n))
+            .collect();
+        v.sort_by_key(|(p, _)| *p);
+        v
+    }
+}
+
+const NETLINK_CONNECTOR: i32 = 11;
+const CN_IDX_PROC: u32 = 1;
+const CN_VAL_PROC: u32 = 1;
+const PROC_CN_MCAST_LISTEN: u32 = 1;
+const PROC_EVENT_FORK: u32 = 0x1;
+const PROC_EVENT_EXIT: u32 = 0x8000_0000;
+const NLMSG_HDR: usize = 16;
+const CN_MSG_HDR: usize = 20;
+/// what, cpu, timestamp
+const EVENT_HDR: usize = 16;
+
+/// A decoded proc connector event (only what genealogy needs).
+#[derive(Debug, PartialEq, Eq)]
+pub enum ProcEvent {
+    Fork {
+        parent_tgid: u32,
+        child_pid: u32,
+        child_tgid: u32,
+    },
+    Exit {
+        pid: u32,
+        tgid: u32,
+    },
+    Other,
+}
+
+fn u32_at(b: &[u8], at: usize) -> Option<u32> {
+    Some(u32::from_ne_bytes(b.get(at..at + 4)?.try_into().ok()?))
+}
+
+/// Decodes the netlink messages in one datagram; malformed bytes end the decoding.
+pub fn decode(buf: &[u8]) -> Vec<ProcEvent> {
+    let mut out = Vec::new();
+    let mut off = 0;
+    while off + NLMSG_HDR <= buf.len() {
+        let Some(len) = u32_at(buf, off).map(|l| l as usize) else {
+            break;
+        };
+        if len < NLMSG_HDR || off + len > buf.len() {
+            break;
+        }
+        let msg = &buf[off..off + len];
+        let ev = NLMSG_HDR + CN_MSG_HDR;
+        if let (Some(idx), Some(what)) = (u32_at(msg, NLMSG_HDR), u32_at(msg, ev)) {
+            if idx == CN_IDX_PROC {
+                let data = ev + EVENT_HDR;
+                let e = match what {
+                    PROC_EVENT_FORK => (|| {
+                        Some(ProcEvent::Fork {
+                            parent_tgid: u32_at(msg, data + 4)?,
+                            child_pid: u32_at(msg, data + 8)?,
+                            child_tgid: u32_at(msg, data + 12)?,
+                        })
+                    })(),
+                    PROC_EVENT_EXIT => (|| {
+                        Some(ProcEvent::Exit {
+                            pid: u32_at(msg, data)?,
+                            tgid: u32_at(msg, data + 4)?,
+                        })
+                    })(),
+                    _ => Some(ProcEvent::Other),
+                };
+                out.extend(e);
+            }
+        }
+        // Messages are 4-byte aligned.
+        off += (len + 3) & !3;
+    }
+    out
+}
+
+/// Opens the proc connector and subscribes to its events (needs CAP_NET_ADMIN).
+fn connect() -> std::io::Result<OwnedFd> {
+    // SAFETY: socket(2) with constant arguments; the result is checked.
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_NETLINK,
+            libc::SOCK_DGRAM | libc::SOCK_CLOEXEC,
+            NETLINK_CONNECTOR,
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: fd was just returned by socket(2) and is owned by nobody else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: sockaddr_nl is plain data; zeroed is a valid value.
+    let mut sa: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
+    sa.nl_family = libc::AF_NETLINK as u16;
+    sa.nl_groups = CN_IDX_PROC;
+    // SAFETY: bind with a properly sized sockaddr_nl.
+    let r = unsafe {
+        libc::bind(
+            fd.as_raw_fd(),
+            &sa as *const libc::sockaddr_nl as *const libc::sockaddr,
+            std::mem::size_of::<libc::sockaddr_nl>() as u32,
+        )
+    };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // A bigger receive buffer: fork storms come in bursts.
+    let size: libc::c_int = 4 << 20;
+    // SAFETY: setsockopt with an int option value.
+    unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUFFORCE,
+            &size as *const libc::c_int as *const libc::c_void,
+            std::mem::size_of::<libc::c_int>() as u32,
+        )
+    };
+    let mut msg = Vec::with_capacity(NLMSG_HDR + CN_MSG_HDR + 4);
+    let total = (NLMSG_HDR + CN_MSG_HDR + 4) as u32;
+    msg.extend_from_slice(&total.to_ne_bytes());
+    msg.extend_from_slice(&(libc::NLMSG_DONE as u16).to_ne_bytes());
+    msg.extend_from_slice(&0u16.to_ne_bytes()); // flags
+    msg.extend_from_slice(&0u32.to_ne_bytes()); // seq
+    msg.extend_from_slice(&std::process::id().to_ne_bytes());
+    msg.extend_from_slice(&CN_IDX_PROC.to_ne_bytes());
+    msg.extend_from_slice(&CN_VAL_PROC.to_ne_bytes());
+    msg.extend_from_slice(&0u32.to_ne_bytes()); // seq
+    msg.extend_from_slice(&0u32.to_ne_bytes()); // ack
+    msg.extend_from_slice(&4u16.to_ne_bytes()); // len
+    msg.extend_from_slice(&0u16.to_ne_bytes()); // flags
+    msg.extend_from_slice(&PROC_CN_MCAST_LISTEN.to_ne_bytes());
+    // SAFETY: send(2) of a buffer we own.
+    let n = unsafe {
+        libc::send(
+            fd.as_raw_fd(),
+            msg.as_ptr() as *const libc::c_void,
+            msg.len(),
+            0,
+        )
+    };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(fd)
+}
+
+/// One line of `clan job tree`: a process, its tracked parent, its command.
+pub struct TreeLine {
+    pub pid: u32,
+    pub parent: u32,
+    pub cmd: String,
+}
+
+/// The pid of a host process in the node's namespace (the last NSpid field).
+fn ns_pid(host: u32) -> Option<u32> {
+    let s = std::fs::read_to_string(format!("/proc/{host}/status")).ok()?;
+    s.lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))?
+        .split_whitespace()
+        .last()?
+        .parse()
+        .ok()
+}
+
+fn cmdline(host: u32) -> String {
+    let b = std::fs::read(format!("/proc/{host}/cmdline")).unwrap_or_default();
+    let s: String = String::from_utf8_lossy(&b).replace('\0', " ");
+    s.trim_end().to_string()
+}
+
+impl Node {
+    /// The forest of job `job`'s task here, in the node's pid numbers.
+    pub fn job_tree(&self, job: u64) -> Vec<TreeLine> {
+        let procs = self.genealogy.lock().of_job(job);
+        procs
+            .into_iter()
+            .filter_map(|(host, n)| {
+                Some(TreeLine {
+                    pid: ns_pid(host)?,
+                    parent: if n.parent == 0 { 0 } else { ns_pid(n.parent)? },
+                    cmd: cmdline(host),
+                })
+            })
+            .collect()
+    }
+
+    /// The job of a host process by its cgroup, if it is one of this node's tasks.
+    fn job_of_host_pid(&self, pid: u32) -> u64 {
+        let Some(cg) = &self.cgroup else { return 0 };
+        let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/cgroup")) else {
+            return 0;
+        };
+        let Some(path) = text.lines().find_map(|l| l.strip_prefix("0::")) else {
+            return 0;
+        };
+        // Only the node's own subtree: other nodes of a local cluster share the host.
+        let root = crate::cgroup::cgroup2_mount().and_then(|m| {
+            cg.root
+                .strip_prefix(&m)
+                .ok()
+                .map(|p| format!("/{}", p.display()))
+        });
+        match root {
+            Some(r) if path.starts_with(&format!("{r}/")) => {
+                crate::process::view::job_of_cgroup(&text).unwrap_or(0)
+            }
+            _ => 0,
+        }
+    }
+
+    /// Rebuilds the forests from the task cgroups and the kernel's parent links (at start,
+    /// and after lost events). Parents outside the task make roots.
+    pub fn rebuild_genealogy(&self) {
+        let Some(cg) = &self.cgroup else { return };
+        let mut g = Genealogy::default();
+        let Ok(rd) = std::fs::read_dir(&cg.root) else {
+            return;
+        };
+        let mut members: Vec<(u32, u64)> = Vec::new();
+        for e in rd.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let Some(job) = name.strip_prefix("job").and_then(|j| j.parse::<u64>().ok()) else {
+                continue;
+            };
+            let procs = std::fs::read_to_string(e.path().join("cgroup.procs")).unwrap_or_default();
+            members.extend(
+                procs
+                    .lines()
+                    .filter_map(|l| l.trim().parse().ok())
+                    .map(|p| (p, job)),
+            );
+        }
+        let set: HashMap<u32, u64> = members.iter().copied().collect();
+        for (pid, job) in &members {
+            let ppid = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|s| {
+                    s.rsplit_once(')')
+                        .and_then(|(_, r)| r.split_whitespace().nth(1)?.parse::<u32>().ok())
+                })
+                .unwrap_or(0);
+            let parent = if set.get(&ppid) == Some(job) { ppid } else { 0 };
+            g.nodes.insert(*pid, GNode { parent, job: *job });
+        }
+        *self.genealogy.lock() = g;
+    }
+
+    /// Follows the proc connector for the life of the daemon (a thread of its own).
+    pub fn follow_proc_events(self: &Arc<Self>) {
+        if self.cgroup.is_none() {
+            return;
+        }
+        let fd = match connect() {
+            Ok(fd) => fd,
+            Err(e) => {
+                warn!("proc connector unavailable ({e}): no job genealogy");
+                return;
+            }
+        };
+        info!("following process events for job genealogy");
+        self.rebuild_genealogy();
+        let node = self.clone();
+        std::thread::Builder::new()
+            .name("proc-events".into())
+            .spawn(move || {
+                let mut buf = vec![0u8; 64 * 1024];
+                loop {
+                    // SAFETY: recv(2) into a buffer we own, within its length.
+                    let n = unsafe {
+                        libc::recv(
+                            fd.as_raw_fd(),
+                            buf.as_mut_ptr() as *mut libc::c_void,
+                            buf.len(),
+                            0,
+                        )
+                    };
+                    if n < 0 {
+                        let e = std::io::Error::last_os_error();
+                        match e.raw_os_error() {
+                            Some(libc::EINTR) => continue,
+                            Some(libc::ENOBUFS) => {
+                                debug!("proc events lost: rebuilding genealogy");
+                                node.rebuild_genealogy();
+                                continue;
+                            }
+                            _ => {
+                                warn!("proc connector: {e}");
+                                return;
+                            }
+                        }
+                    }
+                    for ev in decode(&buf[..n as usize]) {
+                        match ev {
+                            ProcEvent::Fork {
+                                parent_tgid,
+                                child_pid,
+                                child_tgid,
+                            } if child_pid == child_tgid => {
+                                let tracked =
+                                    node.genealogy.lock().fork(parent_tgid, child_tgid, || 0);
+                                if !tracked {
+                                    // A root, if born in one of our task cgroups (read
+                                    // outside the lock).
+                                    let job = node.job_of_host_pid(child_tgid);
+                                    if job != 0 {
+                                        node.genealogy.lock().fork(parent_tgid, child_tgid, || job);
+                                    }
+                                }
+                            }
+                            ProcEvent::Exit { pid, tgid } if pid == tgid => {
+                                node.genealogy.lock().exit(tgid);
+                            }
+                            _ => {}
+                        }
+                    }
+                }
+            })
+            .map(|_| ())
+            .unwrap_or_else(|e| warn!("proc events thread: {e}"));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn orphans_go_to_their_nearest_living_ancestor() {
+        let mut g = Genealogy::default();
+        assert!(g.fork(1, 10, || 7)); // a root of job 7
+        assert!(g.fork(10, 11, || 0));
+        assert!(g.fork(11, 12, || 0));
+        assert!(!g.fork(99, 100, || 0)); // not ours
+        g.exit(11);
+        assert_eq!(
+            g.nodes[&12].parent, 10,
+            "adopted by its grandparent, not init"
+        );
+        g.exit(10);
+        assert_eq!(g.nodes[&12].parent, 0, "a root once no ancestor is left");
+        assert_eq!(g.of_job(7).len(), 1);
+    }
+
+    #[test]
+    fn decoding_never_panics_and_reads_forks() {
+        for len in 0..80 {
+            let junk: Vec<u8> = (0..len).map(|i| (i * 37) as u8).collect();
+            let _ = decode(&junk);
+        }
+        let mut m = Vec::new();
+        let total = (NLMSG_HDR + CN_MSG_HDR + EVENT_HDR + 16) as u32;
+        m.extend_from_slice(&total.to_ne_bytes());
+        m.extend_from_slice(&[0u8; 12]);
+        m.extend_from_slice(&CN_IDX_PROC.to_ne_bytes());
+        m.extend_from_slice(&[0u8; 16]);
+        m.extend_from_slice(&PROC_EVENT_FORK.to_ne_bytes());
+        m.extend_from_slice(&[0u8; 12]);
+        for v in [5u32, 5, 6, 6] {
+            m.extend_from_slice(&v.to_ne_bytes());
+        }
+        assert_eq!(
+            decode(&m),
+            vec![ProcEvent::Fork {
+                parent_tgid: 5,
+                child_pid: 6,
+                child_tgid: 6
+            }]
+        );
+    }
+}
