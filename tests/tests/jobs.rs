@@ -225,3 +225,43 @@ fn a_task_keeps_its_genealogy_when_parents_exit_first() {
     assert_ne!(kernel_parent, Some(top.raw()));
     c.clan_ok(&["job", "kill", &job.to_string()]);
 }
+
+#[test]
+fn the_signal_method_suspends_and_resumes_busy_tasks() {
+    root_or_skip!("the_signal_method_suspends_and_resumes_busy_tasks");
+    let c = Cluster::up(2);
+    let o = c.clan(&[
+        "run",
+        "-N",
+        "2",
+        "-d",
+        "--",
+        "sh",
+        "-c",
+        "yes >/dev/null & (yes >/dev/null &) ; exec sleep 1045",
+    ]);
+    assert!(o.status.success(), "{o:?}");
+    let job = job_of(&o);
+    let states = |c: &Cluster| -> Vec<String> {
+        c.ps(&["--job", &job])
+            .iter()
+            .map(|p| p["state"].as_str().unwrap_or("").to_string())
+            .collect()
+    };
+    eventually("six processes", Duration::from_secs(20), || {
+        (states(&c).len() == 6).then_some(())
+    });
+    let out = c.clan_ok(&["job", "suspend", "--method", "signals", &job]);
+    assert_eq!(out.matches("suspended (3 processes)").count(), 2, "{out}");
+    // Verified before the command returned: every process is stopped now.
+    assert!(states(&c).iter().all(|s| s == "T"), "{:?}", states(&c));
+    let again = c.clan_ok(&["job", "suspend", "--method", "signals", &job]);
+    assert_eq!(again.matches("already suspended").count(), 2, "{again}");
+    let out = c.clan_ok(&["job", "resume", "--method", "signals", &job]);
+    assert_eq!(out.matches("resumed").count(), 2, "{out}");
+    assert!(states(&c).iter().all(|s| s != "T"), "{:?}", states(&c));
+    let o = c.clan(&["job", "suspend", "--method", "magic", &job]);
+    assert_eq!(o.status.code(), Some(2));
+    c.clan_ok(&["job", "kill", &job]);
+    assert!(host_processes_mentioning("sleep 1045").is_empty());
+}

@@ -104,7 +104,115 @@ fn mem_bytes(dir: &Path) -> u64 {
         .unwrap_or(0)
 }
 
+/// The state letter of a host process (`None` once it is gone).
+fn proc_state(pid: u32) -> Option<char> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    s.rsplit_once(')')?.1.trim_start().chars().next()
+}
+
+fn stopped(pid: u32) -> bool {
+    matches!(proc_state(pid), Some('T' | 'Z' | 'X') | None)
+}
+
+fn send(pid: u32, sig: nix::sys::signal::Signal) {
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), sig);
+}
+
+/// How long the signal method waits before it tries again (the paper's retry interval).
+const RETRY: Duration = Duration::from_millis(1);
+
 impl Node {
+    /// The task's processes, parents before children (depth first, from the genealogy),
+    /// then any process of the task's cgroup the genealogy does not know.
+    fn top_down(&self, job: u64, dir: &Path) -> Vec<u32> {
+        let forest = self.genealogy.lock().of_job(job);
+        let known: std::collections::HashSet<u32> = forest.iter().map(|(p, _)| *p).collect();
+        let mut kids: std::collections::HashMap<u32, Vec<u32>> = Default::default();
+        let mut roots = Vec::new();
+        for (p, n) in &forest {
+            if n.parent != 0 && known.contains(&n.parent) {
+                kids.entry(n.parent).or_default().push(*p);
+            } else {
+                roots.push(*p);
+            }
+        }
+        let mut order = Vec::with_capacity(forest.len());
+        let mut stack: Vec<u32> = roots.into_iter().rev().collect();
+        while let Some(p) = stack.pop() {
+            order.push(p);
+            if let Some(k) = kids.get(&p) {
+                stack.extend(k.iter().rev());
+            }
+        }
+        order.extend(procs(dir).into_iter().filter(|p| !known.contains(p)));
+        order
+    }
+
+    /// The paper's task suspend: SIGSTOP top-down, each process verified stopped before
+    /// its children are signalled; a process not stopped yet ends the pass (EAGAIN) and the
+    /// pass is retried after the retry interval, without signalling again the processes
+    /// already signalled. Children forked meanwhile are in the next pass's tree.
+    fn suspend_by_signals(&self, job: u64, dir: &Path) -> Result<()> {
+        use nix::sys::signal::Signal;
+        let deadline = Instant::now() + SETTLE;
+        let mut signalled = std::collections::HashSet::new();
+        loop {
+            let mut done = true;
+            for p in self.top_down(job, dir) {
+                if stopped(p) {
+                    continue;
+                }
+                if signalled.insert(p) {
+                    send(p, Signal::SIGSTOP);
+                }
+                if !stopped(p) {
+                    done = false; // EAGAIN
+                    break;
+                }
+            }
+            if done && procs(dir).into_iter().all(stopped) {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(Error::Internal(format!(
+                    "job {job}: not every process stopped after {SETTLE:?}"
+                )));
+            }
+            std::thread::sleep(RETRY);
+        }
+    }
+
+    /// The paper's task resume: SIGCONT bottom-up (children before their parents), each
+    /// verified running before its parent is continued.
+    fn resume_by_signals(&self, job: u64, dir: &Path) -> Result<()> {
+        use nix::sys::signal::Signal;
+        let deadline = Instant::now() + SETTLE;
+        loop {
+            let mut done = true;
+            let mut order = self.top_down(job, dir);
+            order.reverse();
+            for p in order {
+                if proc_state(p) != Some('T') {
+                    continue;
+                }
+                send(p, Signal::SIGCONT);
+                if proc_state(p) == Some('T') {
+                    done = false;
+                    break;
+                }
+            }
+            if done {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(Error::Internal(format!(
+                    "job {job}: not every process continued after {SETTLE:?}"
+                )));
+            }
+            std::thread::sleep(RETRY);
+        }
+    }
+
     /// The cgroup of job `job`'s task here, if the node has cgroups and the task exists.
     fn task_dir(&self, job: u64) -> Option<PathBuf> {
         let d = self.cgroup.as_ref()?.root.join(format!("job{job}"));
@@ -135,7 +243,11 @@ impl Node {
         let pids = procs(dir);
         let state = if pids.is_empty() {
             "empty"
-        } else if event(dir, "frozen") == Some(true) {
+        } else if event(dir, "frozen") == Some(true)
+            || pids
+                .iter()
+                .all(|p| matches!(proc_state(*p), Some('T') | None))
+        {
             "suspended"
         } else if std::fs::read_to_string(dir.join("cgroup.freeze")).is_ok_and(|v| v.trim() == "1")
         {
@@ -211,12 +323,15 @@ impl Node {
             }
             return Ok(tasks);
         }
-        if !req.method.is_empty() && req.method != "freeze" {
-            return Err(Error::Invalid(format!(
-                "method {:?} is not available on node {} (freeze is)",
-                req.method, self.id
-            )));
-        }
+        let signals = match req.method.as_str() {
+            "" | "freeze" => false,
+            "signals" => true,
+            other => {
+                return Err(Error::Invalid(format!(
+                    "unknown method {other:?} (freeze or signals)"
+                )))
+            }
+        };
         let Some(dir) = self.task_dir(req.job) else {
             return Ok(Vec::new()); // no task of the job here
         };
@@ -224,6 +339,14 @@ impl Node {
         let before = self.task_info(req.job, &dir);
         let changed;
         match action {
+            A::JobSuspend if signals => {
+                changed = before.state != "suspended";
+                self.suspend_by_signals(req.job, &dir)?;
+            }
+            A::JobResume if signals => {
+                changed = before.state != "running";
+                self.resume_by_signals(req.job, &dir)?;
+            }
             A::JobSuspend => {
                 changed = before.state != "suspended";
                 std::fs::write(dir.join("cgroup.freeze"), "1")

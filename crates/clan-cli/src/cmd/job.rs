@@ -38,7 +38,8 @@ pub struct Target {
     /// Only the job's tasks on these nodes (repeatable).
     #[arg(long = "node", value_name = "N")]
     nodes: Vec<NodeId>,
-    /// How to suspend and resume: freeze (cgroup v2 freezer).
+    /// How to suspend and resume: freeze (the cgroup v2 freezer) or signals (SIGSTOP top-down
+    /// and SIGCONT bottom-up over the task's genealogy, each verified; parents may notice).
     #[arg(long, default_value = "freeze")]
     method: String,
 }

@@ -153,6 +153,13 @@ impl Node {
         if let Some(g) = self.aliases.read().map(kind).get(&local) {
             return g.raw();
         }
+        // A session led by a shepherd whose alias is not recorded yet (the process runs
+        // before cland hears of it): it stands for the shepherd's process, as the alias will.
+        if kind == Kind::Session {
+            if let Some(child) = self.view.shepherd_child(local) {
+                return Gpid::new(self.id, child).map_or(0, |g| g.raw());
+            }
+        }
         Gpid::new(self.id, local).map_or(0, |g| g.raw())
     }
 

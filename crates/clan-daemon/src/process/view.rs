@@ -180,6 +180,19 @@ impl ProcView {
         })
     }
 
+    /// When `pid` is one of clan's shepherds, the process it started (its first child).
+    pub fn shepherd_child(&self, pid: u32) -> Option<u32> {
+        if !self.is_shepherd_pid(pid) {
+            return None;
+        }
+        let b = self.read_at(&format!("{pid}/task/{pid}/children"), 4096)?;
+        String::from_utf8_lossy(&b)
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()
+    }
+
     /// Whether `pid` is one of clan's shepherds (not part of what users see).
     pub fn is_shepherd_pid(&self, pid: u32) -> bool {
         pid > 1
