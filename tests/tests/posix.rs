@@ -22,6 +22,17 @@ fn state_of(c: &Cluster, node: u32, cmd: &str) -> Option<String> {
         .and_then(|p| p["state"].as_str().map(str::to_string))
 }
 
+/// Waits until bash shows its prompt again: what is typed before goes to the job.
+fn at_prompt(t: &Terminal) {
+    t.wait_for("the prompt", |s| {
+        s.lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .map(str::trim_end)
+            == Some("$")
+    });
+}
+
 #[test]
 fn job_control_of_a_remote_process_from_an_interactive_bash() {
     root_or_skip!("job_control_of_a_remote_process_from_an_interactive_bash");
@@ -77,6 +88,7 @@ fn job_control_of_a_remote_process_from_an_interactive_bash() {
     t.line("fg");
     t.wait_for("fg", |s| s.contains("clan run --node 2 -- sleep 1001\n"));
     t.keys(&["C-c"]);
+    at_prompt(&t);
     t.line("echo status=$?");
     t.wait_for("the status of the interrupted job", |s| {
         s.contains("status=130")
@@ -159,6 +171,7 @@ signal.signal(signal.SIGTSTP, h)\nprint('ready', flush=True)\ntime.sleep(1006)\"
         state_of(&c, 2, "sleep 1007").filter(|s| s == "S")
     });
     t.keys(&["C-c"]);
+    at_prompt(&t);
     t.line("echo status=$?");
     t.wait_for("the -t job interrupted", |s| s.contains("status=130"));
 
@@ -169,6 +182,7 @@ signal.signal(signal.SIGTSTP, h)\nprint('ready', flush=True)\ntime.sleep(1006)\"
         (live(&c, "sleep 1003").len() == 2).then_some(())
     });
     t.keys(&["C-c"]);
+    at_prompt(&t);
     t.line("echo after-$((2+3))");
     let screen = t.wait_for("the loop to end", |s| s.contains("after-5"));
     assert!(!screen.contains("next-10"), "{screen}");
