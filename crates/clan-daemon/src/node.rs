@@ -226,6 +226,9 @@ impl Node {
             mem_used_kb: l.mem_used_kb,
             mem_total_kb: l.mem_total_kb,
             incarnation: self.incarnation(),
+            previous: self
+                .prev_incarnation
+                .load(std::sync::atomic::Ordering::Relaxed),
         }
     }
 

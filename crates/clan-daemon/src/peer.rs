@@ -230,6 +230,7 @@ impl Node {
             return false;
         };
         let mut rejoined = false;
+        let mut lost_old = false;
         {
             let mut st = p.state.lock();
             if st.fenced == Some(incarnation)
@@ -241,13 +242,13 @@ impl Node {
             }
             let was_dead = st.declared_dead || st.goodbye;
             if let Some(i) = info {
-                if st
-                    .info
-                    .as_ref()
-                    .is_some_and(|old| old.incarnation != i.incarnation)
-                {
+                if let Some(old) = st.info.as_ref().filter(|o| o.incarnation != i.incarnation) {
                     info!(node = %from, "node restarted");
                     rejoined = true;
+                    // Restarted without taking over the old incarnation's processes (a
+                    // crash, not a cland restart), before we declared it dead: what it
+                    // held is lost all the same.
+                    lost_old = !st.declared_dead && !st.goodbye && i.previous != old.incarnation;
                 }
                 // A fenced incarnation stays listed (a restarted cland that took over
                 // its processes must learn of it); a new one is accepted.
@@ -261,6 +262,10 @@ impl Node {
                 info!(node = %from, "node is up again");
                 rejoined = true;
             }
+        }
+        if lost_old {
+            warn!(node = %from, "node came back as a new incarnation before it was declared dead");
+            self.node_lost(p);
         }
         if rejoined {
             // Its member lists went with its old incarnation: tell it again.

@@ -112,8 +112,12 @@ pub fn run(args: &[String]) -> ExitCode {
     }
     // The first fork lets the caller reap us at once; the shepherd proper is adopted by init
     // (or the nearest subreaper) and so outlives cland.
-    let placed = match fork_in(&cgroup) {
+    let mut placed = match fork_in(&cgroup) {
         Ok((pid, _)) if pid > 0 => {
+            if ns_init.is_some() {
+                // Until the child has forked the shepherd proper (below) and exited.
+                let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None);
+            }
             std::mem::forget(out);
             return ExitCode::SUCCESS;
         }
@@ -126,6 +130,19 @@ pub fn run(args: &[String]) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if ns_init.is_some() {
+        // Once more, inside the namespace: the shepherd proper's parent then dies inside it,
+        // so the node's init adopts it and reaps it when it exits, at once (an orphan of a
+        // process outside the namespace would go to the host's init, which may take its time
+        // and leaves zombies in the node's process list meanwhile).
+        match fork_in(&cgroup) {
+            // SAFETY: _exit in a forked child skips destructors shared with the parent.
+            Ok((pid, _)) if pid > 0 => unsafe { libc::_exit(0) },
+            Ok((_, p)) => placed = p,
+            // SAFETY: as above; the caller sees no report and starts another shepherd.
+            Err(_) => unsafe { libc::_exit(1) },
+        }
+    }
     for (ns, kind) in &later_ns {
         if let Err(e) = setns(ns, *kind) {
             report(
