@@ -265,3 +265,75 @@ fn the_signal_method_suspends_and_resumes_busy_tasks() {
     c.clan_ok(&["job", "kill", &job]);
     assert!(host_processes_mentioning("sleep 1045").is_empty());
 }
+
+#[test]
+fn outside_processes_are_adopted_and_subtrees_act_alone() {
+    root_or_skip!("outside_processes_are_adopted_and_subtrees_act_alone");
+    let c = Cluster::up(2);
+    // A process tree started outside clan becomes a task, and can not leave it.
+    let mut outside = std::process::Command::new("sh")
+        .args(["-c", "sleep 3801 & exec sleep 3802"])
+        .spawn()
+        .unwrap();
+    let pid = outside.id();
+    let child = eventually("the outside child", Duration::from_secs(20), || {
+        std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+            .ok()
+            .filter(|s| !s.trim().is_empty())
+    });
+    let o = c.clan(&["job", "adopt", &pid.to_string()]);
+    assert!(o.status.success(), "{o:?}");
+    let job = String::from_utf8_lossy(&o.stdout).trim().to_string();
+    let show = c.clan_ok(&["job", "show", &job]);
+    assert!(show.contains("running        2"), "{show}");
+    let cgroup = std::fs::read_to_string(format!("/proc/{}/cgroup", child.trim())).unwrap();
+    assert!(cgroup.contains(&format!("/job{job}")), "{cgroup}");
+    let o = c.clan(&["job", "adopt", "999999999"]);
+    assert_eq!(o.status.code(), Some(3), "{o:?}");
+    c.clan_ok(&["job", "kill", &job]);
+    let st = outside.wait().unwrap();
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(st.signal(), Some(libc::SIGKILL));
+    assert!(host_processes_mentioning("sleep 380").is_empty());
+
+    // A subtree is suspended, resumed and killed alone.
+    let o = c.clan(&[
+        "run",
+        "-d",
+        "--node",
+        "2",
+        "--",
+        "sh",
+        "-c",
+        "sh -c 'sleep 3811 & exec sleep 3812' & exec sleep 3813",
+    ]);
+    let job = job_of(&o);
+    let gpid_of = |cmd: &str| {
+        eventually(cmd, Duration::from_secs(20), || {
+            c.ps(&["--job", &job])
+                .into_iter()
+                .find(|p| p["cmd"] == cmd)
+                .map(|p| (p["gpid"].to_string(), p))
+        })
+    };
+    let (sub, _) = gpid_of("sleep 3812");
+    gpid_of("sleep 3811");
+    let state = |cmd: &str| gpid_of(cmd).1["state"].as_str().unwrap_or("").to_string();
+    c.clan_ok(&["job", "suspend", &job, "--subtree", &sub]);
+    assert_eq!(state("sleep 3812"), "T");
+    assert_eq!(state("sleep 3811"), "T");
+    assert_ne!(state("sleep 3813"), "T", "outside the subtree");
+    c.clan_ok(&["job", "resume", &job, "--subtree", &sub]);
+    assert_ne!(state("sleep 3811"), "T");
+    c.clan_ok(&["job", "kill", &job, "--subtree", &sub]);
+    eventually("the subtree gone", Duration::from_secs(20), || {
+        c.ps(&["--job", &job])
+            .iter()
+            .all(|p| p["cmd"] != "sleep 3811" && p["cmd"] != "sleep 3812")
+            .then_some(())
+    });
+    assert_ne!(state("sleep 3813"), "T");
+    let o = c.clan(&["job", "suspend", &job, "--subtree", "2:99999"]);
+    assert_eq!(o.status.code(), Some(3), "{o:?}");
+    c.clan_ok(&["job", "kill", &job]);
+}

@@ -526,11 +526,42 @@ impl Client {
             nodes: nodes.iter().map(|n| n.get()).collect(),
             signal,
             method: method.to_string(),
+            ..Default::default()
         });
         match self.request(op).await? {
             Reply::Job(j) => Ok(j.nodes),
             other => Err(unexpected(other)),
         }
+    }
+
+    /// Any job request (adopt, subtree operations): answered per node.
+    pub async fn job_request(&self, req: pb::JobRequest) -> Result<Vec<pb::NodeJobs>> {
+        match self.request(Op::Job(req)).await? {
+            Reply::Job(j) => Ok(j.nodes),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Makes the local process `pid` (in the caller's numbers) and its descendants a new
+    /// job's task on the node this client talks to; returns the task.
+    pub async fn job_adopt(&self, pid: u32) -> Result<pb::TaskInfo> {
+        let nodes = self
+            .job_request(pb::JobRequest {
+                action: pb::JobAction::JobAdopt as i32,
+                pid,
+                ..Default::default()
+            })
+            .await?;
+        let n = nodes.into_iter().next().ok_or_else(|| {
+            ClientError::Remote(pb::Error::new(pb::ErrorCode::Internal, "no answer"))
+        })?;
+        if let Some(e) = n.error {
+            return Err(ClientError::Remote(e));
+        }
+        n.tasks
+            .into_iter()
+            .next()
+            .ok_or_else(|| ClientError::Remote(pb::Error::new(pb::ErrorCode::Internal, "no task")))
     }
 
     /// The nodes of the cluster with their state and load.

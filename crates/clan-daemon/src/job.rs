@@ -118,6 +118,17 @@ fn send(pid: u32, sig: nix::sys::signal::Signal) {
     let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), sig);
 }
 
+/// The pid of a host process in its innermost pid namespace.
+fn ns_pid_of_host(host: u32) -> Option<u32> {
+    let s = std::fs::read_to_string(format!("/proc/{host}/status")).ok()?;
+    s.lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))?
+        .split_whitespace()
+        .last()?
+        .parse()
+        .ok()
+}
+
 /// How long the signal method waits before it tries again (the paper's retry interval).
 const RETRY: Duration = Duration::from_millis(1);
 
@@ -148,17 +159,135 @@ impl Node {
         order
     }
 
+    /// `clan job adopt PID`: a process started outside clan and all its descendants become a
+    /// new job's task on this node (M1). They are moved into the task's cgroup parents
+    /// first; the walk repeats until it finds no process it has not moved, so children
+    /// forked meanwhile (born in their parent's cgroup, old or new) are caught.
+    fn adopt_into_task(&self, pid: u32, creds: &pb::Creds) -> Result<pb::TaskInfo> {
+        let Some(cg) = &self.cgroup else {
+            return Err(Error::Invalid(format!(
+                "node {} has no cgroup subtree: it can not make tasks",
+                self.id
+            )));
+        };
+        if pid <= 1 {
+            return Err(Error::Invalid(format!("can not adopt process {pid}")));
+        }
+        let owner = uid_of(pid).ok_or_else(|| Error::NotFound(format!("no such process {pid}")))?;
+        if creds.uid != 0 && creds.uid != owner {
+            return Err(Error::Permission(format!(
+                "permission denied to adopt process {pid} (uid {owner})"
+            )));
+        }
+        let job = self.new_job()?.raw();
+        *self.spawning.lock().entry(job).or_insert(0) += 1;
+        let res = (|| -> Result<PathBuf> {
+            let dir = cg
+                .job(job)
+                .map_err(|e| Error::internal("create the task's cgroup", e))?;
+            let procs_file = dir.join("cgroup.procs");
+            let mut moved = std::collections::HashSet::new();
+            let mut genealogy = Vec::new();
+            loop {
+                let mut todo = vec![(pid, 0u32)];
+                let mut progress = false;
+                while let Some((p, parent)) = todo.pop() {
+                    if !moved.contains(&p) {
+                        if creds.uid != 0 && uid_of(p).is_some_and(|u| u != creds.uid) {
+                            return Err(Error::Permission(format!(
+                                "permission denied to adopt process {p}, a descendant of {pid}"
+                            )));
+                        }
+                        match std::fs::write(&procs_file, p.to_string()) {
+                            Ok(()) => {}
+                            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => continue,
+                            Err(e) => return Err(Error::internal(&format!("move {p}"), e)),
+                        }
+                        moved.insert(p);
+                        genealogy.push((p, parent));
+                        progress = true;
+                    }
+                    let kids = std::fs::read_to_string(format!("/proc/{p}/task/{p}/children"))
+                        .unwrap_or_default();
+                    todo.extend(
+                        kids.split_whitespace()
+                            .filter_map(|k| k.parse::<u32>().ok())
+                            .map(|k| (k, p)),
+                    );
+                }
+                if !progress {
+                    break;
+                }
+            }
+            let mut g = self.genealogy.lock();
+            for (p, parent) in genealogy {
+                g.nodes.insert(
+                    p,
+                    crate::genealogy::GNode {
+                        parent: if moved.contains(&parent) { parent } else { 0 },
+                        job,
+                    },
+                );
+            }
+            Ok(dir)
+        })();
+        {
+            let mut sp = self.spawning.lock();
+            if let Some(n) = sp.get_mut(&job) {
+                *n -= 1;
+                if *n == 0 {
+                    sp.remove(&job);
+                }
+            }
+        }
+        let dir = res?;
+        Ok(self.task_info(job, &dir))
+    }
+
+    /// The task's processes top-down, or only the subtree rooted at the process whose
+    /// number in the node's namespace is `subtree` (empty if it is not in the task).
+    fn order(&self, job: u64, dir: &Path, subtree: Option<u32>) -> Vec<u32> {
+        let all = self.top_down(job, dir);
+        let Some(root_ns) = subtree else {
+            return all;
+        };
+        let Some(root) = all
+            .iter()
+            .copied()
+            .find(|h| ns_pid_of_host(*h) == Some(root_ns))
+        else {
+            return Vec::new();
+        };
+        let parents: std::collections::HashMap<u32, u32> = self
+            .genealogy
+            .lock()
+            .of_job(job)
+            .into_iter()
+            .map(|(p, n)| (p, n.parent))
+            .collect();
+        let under = |mut p: u32| {
+            while p != 0 {
+                if p == root {
+                    return true;
+                }
+                p = parents.get(&p).copied().unwrap_or(0);
+            }
+            false
+        };
+        all.into_iter().filter(|p| under(*p)).collect()
+    }
+
     /// The paper's task suspend: SIGSTOP top-down, each process verified stopped before
     /// its children are signalled; a process not stopped yet ends the pass (EAGAIN) and the
     /// pass is retried after the retry interval, without signalling again the processes
     /// already signalled. Children forked meanwhile are in the next pass's tree.
-    fn suspend_by_signals(&self, job: u64, dir: &Path) -> Result<()> {
+    fn suspend_by_signals(&self, job: u64, dir: &Path, subtree: Option<u32>) -> Result<()> {
         use nix::sys::signal::Signal;
         let deadline = Instant::now() + SETTLE;
         let mut signalled = std::collections::HashSet::new();
         loop {
             let mut done = true;
-            for p in self.top_down(job, dir) {
+            for p in self.order(job, dir, subtree) {
                 if stopped(p) {
                     continue;
                 }
@@ -170,7 +299,7 @@ impl Node {
                     break;
                 }
             }
-            if done && procs(dir).into_iter().all(stopped) {
+            if done && (subtree.is_some() || procs(dir).into_iter().all(stopped)) {
                 return Ok(());
             }
             if Instant::now() > deadline {
@@ -184,12 +313,12 @@ impl Node {
 
     /// The paper's task resume: SIGCONT bottom-up (children before their parents), each
     /// verified running before its parent is continued.
-    fn resume_by_signals(&self, job: u64, dir: &Path) -> Result<()> {
+    fn resume_by_signals(&self, job: u64, dir: &Path, subtree: Option<u32>) -> Result<()> {
         use nix::sys::signal::Signal;
         let deadline = Instant::now() + SETTLE;
         loop {
             let mut done = true;
-            let mut order = self.top_down(job, dir);
+            let mut order = self.order(job, dir, subtree);
             order.reverse();
             for p in order {
                 if proc_state(p) != Some('T') {
@@ -307,6 +436,9 @@ impl Node {
         if action == A::JobList {
             return Ok(self.tasks_local(req.job));
         }
+        if action == A::JobAdopt {
+            return self.adopt_into_task(req.pid, creds).map(|t| vec![t]);
+        }
         if action == A::JobTree {
             let mut tasks = self.tasks_local(req.job);
             for t in &mut tasks {
@@ -335,17 +467,45 @@ impl Node {
         let Some(dir) = self.task_dir(req.job) else {
             return Ok(Vec::new()); // no task of the job here
         };
+        let subtree = match Gpid::from_raw(req.subtree) {
+            None if req.subtree == 0 => None,
+            Some(g) if g.node() == self.id => {
+                if self.order(req.job, &dir, Some(g.local())).is_empty() {
+                    return Err(Error::NotFound(format!(
+                        "process {g} is not a process of job {} on node {}",
+                        req.job, self.id
+                    )));
+                }
+                Some(g.local())
+            }
+            _ => return Err(Error::Invalid(format!("invalid subtree {}", req.subtree))),
+        };
         self.may_act(creds, req.job, &procs(&dir))?;
         let before = self.task_info(req.job, &dir);
         let changed;
         match action {
-            A::JobSuspend if signals => {
+            A::JobSuspend if signals || subtree.is_some() => {
                 changed = before.state != "suspended";
-                self.suspend_by_signals(req.job, &dir)?;
+                self.suspend_by_signals(req.job, &dir, subtree)?;
             }
-            A::JobResume if signals => {
+            A::JobResume if signals || subtree.is_some() => {
                 changed = before.state != "running";
-                self.resume_by_signals(req.job, &dir)?;
+                self.resume_by_signals(req.job, &dir, subtree)?;
+            }
+            A::JobKill if subtree.is_some() => {
+                // Top-down, as the paper's task kill: a parent dies before its children
+                // can be reparented and reported to it.
+                let sig = nix::sys::signal::Signal::try_from(if req.signal == 0 {
+                    libc::SIGKILL
+                } else {
+                    req.signal
+                })
+                .map_err(|_| Error::Invalid(format!("invalid signal {}", req.signal)))?;
+                let order = self.order(req.job, &dir, subtree);
+                changed = !order.is_empty();
+                for p in order {
+                    send(p, sig);
+                }
             }
             A::JobSuspend => {
                 changed = before.state != "suspended";
@@ -378,14 +538,17 @@ impl Node {
                 }
                 changed = before.procs > 0;
             }
-            A::JobList | A::JobTree => unreachable!("handled above"),
+            A::JobList | A::JobTree | A::JobAdopt => unreachable!("handled above"),
         }
         let mut after = self.task_info(req.job, &dir);
         after.changed = changed;
         if action == A::JobKill {
             after.procs = before.procs; // how many it reached
         }
-        if action == A::JobKill && (req.signal == 0 || req.signal == libc::SIGKILL) {
+        if action == A::JobKill
+            && subtree.is_none()
+            && (req.signal == 0 || req.signal == libc::SIGKILL)
+        {
             // Verified, not assumed: no process of the node's view is still in the job.
             // A task leaves its cgroup a moment before it becomes a zombie, so processes
             // seen dying right after the cgroup emptied get a little time to finish.
@@ -417,7 +580,14 @@ impl Node {
         req: pb::JobRequest,
         creds: pb::Creds,
     ) -> Result<pb::JobReply> {
-        let targets = self.target_nodes(&req.nodes)?;
+        let adopt = req.action == pb::JobAction::JobAdopt as i32;
+        let targets = if adopt {
+            vec![self.id] // the caller's own process, on the node it asked
+        } else if let Some(g) = Gpid::from_raw(req.subtree) {
+            vec![g.node()] // a subtree lives on its root's node
+        } else {
+            self.target_nodes(&req.nodes)?
+        };
         let mut set = tokio::task::JoinSet::new();
         for n in targets {
             let (node, mut req, creds) = (self.clone(), req.clone(), creds.clone());

@@ -22,6 +22,12 @@ pub enum Args {
     Resume(Target),
     /// Send a signal to every process of the job (SIGKILL by default: none is left).
     Kill(KillArgs),
+    /// Make a process started outside clan, with its descendants, a new job's task on this
+    /// node (they can not leave it afterwards).
+    Adopt {
+        /// The process, as this machine numbers it.
+        pid: u32,
+    },
 }
 
 #[derive(clap::Args)]
@@ -38,6 +44,10 @@ pub struct Target {
     /// Only the job's tasks on these nodes (repeatable).
     #[arg(long = "node", value_name = "N")]
     nodes: Vec<NodeId>,
+    /// Only this process of the job and its descendants (suspend, resume and kill use
+    /// signals over the genealogy then).
+    #[arg(long, value_name = "GPID")]
+    subtree: Option<clan_core::Gpid>,
     /// How to suspend and resume: freeze (the cgroup v2 freezer) or signals (SIGSTOP top-down
     /// and SIGCONT bottom-up over the task's genealogy, each verified; parents may notice).
     #[arg(long, default_value = "freeze")]
@@ -88,6 +98,20 @@ pub async fn run(c: Client, a: Args) -> ExitCode {
         Args::Ls(w) => list(&c, 0, &w.nodes, false).await,
         Args::Show(t) => list(&c, t.job.raw(), &t.nodes, true).await,
         Args::Tree(t) => tree(&c, &t).await,
+        Args::Adopt { pid } => match c.job_adopt(pid).await {
+            Ok(t) => {
+                println!("{}", t.job);
+                eprintln!(
+                    "job {} on node {}: adopted process {pid} ({} process{})",
+                    t.job,
+                    t.node,
+                    t.procs,
+                    if t.procs == 1 { "" } else { "es" }
+                );
+                ExitCode::SUCCESS
+            }
+            Err(e) => crate::client_error(&e),
+        },
         Args::Suspend(t) => act(&c, A::JobSuspend, &t, 0).await,
         Args::Resume(t) => act(&c, A::JobResume, &t, 0).await,
         Args::Kill(k) => match clan_core::parse_signal(&k.signal) {
@@ -170,7 +194,16 @@ async fn list(c: &Client, job: u64, nodes: &[NodeId], show: bool) -> ExitCode {
 }
 
 async fn act(c: &Client, action: A, t: &Target, sig: i32) -> ExitCode {
-    let answers = match c.job(action, t.job.raw(), &t.nodes, sig, &t.method).await {
+    let req = pb::JobRequest {
+        action: action as i32,
+        job: t.job.raw(),
+        nodes: t.nodes.iter().map(|n| n.get()).collect(),
+        signal: sig,
+        method: t.method.clone(),
+        subtree: t.subtree.map(|g| g.raw()).unwrap_or(0),
+        ..Default::default()
+    };
+    let answers = match c.job_request(req).await {
         Ok(a) => a,
         Err(e) => return crate::client_error(&e),
     };
