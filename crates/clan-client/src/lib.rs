@@ -113,6 +113,8 @@ pub struct RunSpec {
     pub tty: bool,
     pub winsize: (u16, u16),
     pub detached: bool,
+    /// The most processes the job's task may have on each node it runs on (0: as it is).
+    pub max_procs: u32,
 }
 
 impl RunSpec {
@@ -152,6 +154,11 @@ impl RunSpec {
         self
     }
 
+    pub fn max_procs(mut self, n: u32) -> RunSpec {
+        self.max_procs = n;
+        self
+    }
+
     pub fn attached(mut self) -> RunSpec {
         self.detached = false;
         self
@@ -183,6 +190,7 @@ impl RunSpec {
                 detached: self.detached,
                 rows: u32::from(self.winsize.0),
                 cols: u32::from(self.winsize.1),
+                max_procs: self.max_procs,
             }),
             node: self.node.map(|n| n.get()).unwrap_or(0),
             policy: self.policy as i32,

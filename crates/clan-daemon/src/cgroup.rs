@@ -9,6 +9,12 @@
 //!     job<J>/      the task of job J on this node
 //! ```
 //! Writing 1 to the node directory's `cgroup.kill` kills everything of the node at once.
+//!
+//! The pids and memory controllers serve tasks from the v2 tree when its root offers them,
+//! else from their v1 hierarchies, where the node's directory mirrors the v2 path
+//! (`<pids v1 mount>/clan.<cluster>/node<N>/job<J>/`); a process joins those by writing
+//! itself to their `cgroup.procs` before exec, and as root-owned directories they are as
+//! inescapable as the v2 one.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -32,9 +38,59 @@ pub fn own_cgroup() -> Option<String> {
         .find_map(|l| l.strip_prefix("0::").map(str::to_string))
 }
 
+/// Controllers a task uses besides cgroup v2's core (freeze, kill, cpu.stat): `pids` for
+/// its process limit, `memory` for its usage.
+pub const CONTROLLERS: [&str; 2] = ["pids", "memory"];
+
+/// Where a controller serves the node: in the v2 tree itself, or (hybrid setups, where the
+/// v2 root does not offer it) in the controller's v1 hierarchy, under the same relative path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CtlDir {
+    pub name: &'static str,
+    pub v1: bool,
+    /// The node's directory in that hierarchy.
+    pub root: PathBuf,
+}
+
+/// The v1 hierarchies (mount points) that carry `controller`, from /proc/self/mountinfo.
+pub fn v1_mount(controller: &str) -> Option<PathBuf> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    info.lines().find_map(|l| {
+        let (pre, post) = l.split_once(" - ")?;
+        let mut post = post.split_whitespace();
+        if post.next()? != "cgroup" {
+            return None;
+        }
+        let opts = post.nth(1)?;
+        if !opts.split(',').any(|o| o == controller) {
+            return None;
+        }
+        Some(PathBuf::from(pre.split_whitespace().nth(4)?))
+    })
+}
+
+/// The directories mirroring v2 directory `dir` in the v1 hierarchies of our controllers.
+pub fn v1_mirrors(dir: &Path) -> Vec<PathBuf> {
+    let Some(rel) = cgroup2_mount().and_then(|m| dir.strip_prefix(m).ok().map(Path::to_path_buf))
+    else {
+        return Vec::new();
+    };
+    CONTROLLERS
+        .iter()
+        .filter_map(|c| v1_mount(c))
+        .map(|m| m.join(&rel))
+        .collect()
+}
+
+fn offers(dir: &Path, controller: &str) -> bool {
+    std::fs::read_to_string(dir.join("cgroup.controllers"))
+        .is_ok_and(|t| t.split_whitespace().any(|c| c == controller))
+}
+
 #[derive(Debug, Clone)]
 pub struct NodeCgroup {
     pub root: PathBuf,
+    pub ctls: Vec<CtlDir>,
 }
 
 impl NodeCgroup {
@@ -43,18 +99,137 @@ impl NodeCgroup {
         for sub in ["", "daemon", "init", "shepherds"] {
             std::fs::create_dir_all(root.join(sub))?;
         }
-        Ok(NodeCgroup { root })
+        Ok(NodeCgroup {
+            root,
+            ctls: Vec::new(),
+        })
+    }
+
+    /// Finds (and enables) the pids and memory controllers for the node's tasks: in the v2
+    /// tree when its root offers them (enabled down to the node; call this once cland has
+    /// left the node's directory), else in their v1 hierarchies. One without either is
+    /// left out: its limits can not be set, its figures read 0.
+    pub fn setup_controllers(&mut self) {
+        let mount = cgroup2_mount();
+        for name in CONTROLLERS {
+            if let Some(m) = &mount {
+                if let Ok(rel) = self.root.strip_prefix(m) {
+                    let mut dir = m.clone();
+                    for part in rel.components().map(|c| c.as_os_str().to_owned()) {
+                        if offers(&dir, name) {
+                            let _ = std::fs::write(
+                                dir.join("cgroup.subtree_control"),
+                                format!("+{name}"),
+                            );
+                        }
+                        dir.push(part);
+                    }
+                }
+                if offers(&self.root, name)
+                    && std::fs::write(self.root.join("cgroup.subtree_control"), format!("+{name}"))
+                        .is_ok()
+                {
+                    self.ctls.push(CtlDir {
+                        name,
+                        v1: false,
+                        root: self.root.clone(),
+                    });
+                    continue;
+                }
+            }
+            let Some(mirror) = mount
+                .as_ref()
+                .and_then(|m| self.root.strip_prefix(m).ok())
+                .and_then(|rel| Some(v1_mount(name)?.join(rel)))
+            else {
+                continue;
+            };
+            match std::fs::create_dir_all(&mirror) {
+                Ok(()) => self.ctls.push(CtlDir {
+                    name,
+                    v1: true,
+                    root: mirror,
+                }),
+                Err(e) => {
+                    tracing::warn!("{}: {e}; no {name} controller for tasks", mirror.display())
+                }
+            }
+        }
+    }
+
+    /// The directory of job `job`'s task for controller `name`, if the node has it.
+    pub fn ctl_dir(&self, name: &str, job: u64) -> Option<PathBuf> {
+        self.ctls
+            .iter()
+            .find(|c| c.name == name)
+            .map(|c| c.root.join(format!("job{job}")))
+    }
+
+    /// The task's directories in v1 hierarchies (the process joins them by writing to their
+    /// `cgroup.procs`; the v2 one it is born in).
+    pub fn v1_job_dirs(&self, job: u64) -> Vec<PathBuf> {
+        self.ctls
+            .iter()
+            .filter(|c| c.v1)
+            .map(|c| c.root.join(format!("job{job}")))
+            .collect()
     }
 
     pub fn sub(&self, name: &str) -> PathBuf {
         self.root.join(name)
     }
 
-    /// The task directory of a job, created on first use.
+    /// The task directory of a job, created on first use (with its v1 directories).
     pub fn job(&self, job: u64) -> io::Result<PathBuf> {
         let p = self.root.join(format!("job{job}"));
         std::fs::create_dir_all(&p)?;
+        for d in self.v1_job_dirs(job) {
+            std::fs::create_dir_all(&d)?;
+        }
         Ok(p)
+    }
+
+    /// Sets the most processes the task may have at once (`pids.max`).
+    pub fn set_max_procs(&self, job: u64, max: u32) -> io::Result<()> {
+        let dir = self.ctl_dir("pids", job).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::Unsupported,
+                "no pids controller (neither in cgroup v2 nor in a v1 hierarchy)",
+            )
+        })?;
+        std::fs::write(dir.join("pids.max"), max.to_string())
+    }
+
+    /// The task's memory use and its peak, in bytes (0 without the memory controller).
+    pub fn memory(&self, job: u64) -> (u64, u64) {
+        let Some(c) = self.ctls.iter().find(|c| c.name == "memory") else {
+            return (0, 0);
+        };
+        let dir = c.root.join(format!("job{job}"));
+        let read = |f: &str| -> u64 {
+            std::fs::read_to_string(dir.join(f))
+                .ok()
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0)
+        };
+        if c.v1 {
+            (
+                read("memory.usage_in_bytes"),
+                read("memory.max_usage_in_bytes"),
+            )
+        } else {
+            (read("memory.current"), read("memory.peak"))
+        }
+    }
+
+    /// The task's process limit (`None`: no limit or no pids controller).
+    pub fn max_procs(&self, job: u64) -> Option<u32> {
+        let dir = self.ctl_dir("pids", job)?;
+        std::fs::read_to_string(dir.join("pids.max"))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
     }
 
     pub fn enter(&self, sub: &str) -> io::Result<()> {
@@ -73,6 +248,9 @@ impl NodeCgroup {
                 continue;
             };
             if !busy.contains(&job) && !populated(&e.path()) {
+                for d in self.v1_job_dirs(job) {
+                    let _ = std::fs::remove_dir(d);
+                }
                 let _ = std::fs::remove_dir(e.path());
             }
         }
@@ -89,6 +267,7 @@ pub fn populated(dir: &Path) -> bool {
 /// Kills every process in `dir` and below (cgroup.kill) and removes the directories once empty.
 pub fn kill_and_remove(dir: &Path, timeout: std::time::Duration) -> io::Result<()> {
     if !dir.exists() {
+        remove_v1_mirrors(dir);
         return Ok(());
     }
     std::fs::write(dir.join("cgroup.kill"), "1")?;
@@ -102,7 +281,17 @@ pub fn kill_and_remove(dir: &Path, timeout: std::time::Duration) -> io::Result<(
         }
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
+    remove_v1_mirrors(dir);
     remove_tree(dir)
+}
+
+/// Removes the v1 directories mirroring v2 directory `dir` (its processes are gone).
+pub fn remove_v1_mirrors(dir: &Path) {
+    for m in v1_mirrors(dir) {
+        if let Err(e) = remove_tree(&m) {
+            tracing::warn!("{}: {e}", m.display());
+        }
+    }
 }
 
 /// Removes a cgroup directory and its children, deepest first.

@@ -97,13 +97,6 @@ fn cpu_usec(dir: &Path) -> u64 {
         .unwrap_or(0)
 }
 
-fn mem_bytes(dir: &Path) -> u64 {
-    std::fs::read_to_string(dir.join("memory.current"))
-        .ok()
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0)
-}
-
 /// The state letter of a host process (`None` once it is gone).
 fn proc_state(pid: u32) -> Option<char> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
@@ -179,7 +172,7 @@ impl Node {
                 "permission denied to adopt process {pid} (uid {owner})"
             )));
         }
-        let job = self.new_job()?.raw();
+        let job = self.new_job_for(owner)?.raw();
         *self.spawning.lock().entry(job).or_insert(0) += 1;
         let res = (|| -> Result<PathBuf> {
             let dir = cg
@@ -202,6 +195,9 @@ impl Node {
                             Ok(()) => {}
                             Err(e) if e.raw_os_error() == Some(libc::ESRCH) => continue,
                             Err(e) => return Err(Error::internal(&format!("move {p}"), e)),
+                        }
+                        for d in cg.v1_job_dirs(job) {
+                            let _ = std::fs::write(d.join("cgroup.procs"), p.to_string());
                         }
                         moved.insert(p);
                         genealogy.push((p, parent));
@@ -385,6 +381,11 @@ impl Node {
             "running"
         };
         let peak = self.task_peaks.lock().get(&job).copied().unwrap_or(0);
+        let (mem, mem_peak) = self
+            .cgroup
+            .as_ref()
+            .map(|cg| cg.memory(job))
+            .unwrap_or((0, 0));
         pb::TaskInfo {
             job,
             node: self.id.get(),
@@ -392,7 +393,13 @@ impl Node {
             state: state.into(),
             cpu_usec: cpu_usec(dir),
             peak_procs: peak.max(pids.len() as u32),
-            mem_bytes: mem_bytes(dir),
+            mem_bytes: mem,
+            mem_peak_bytes: mem_peak,
+            max_procs: self
+                .cgroup
+                .as_ref()
+                .and_then(|cg| cg.max_procs(job))
+                .unwrap_or(0),
             uid: pids.iter().filter_map(|p| uid_of(*p)).min().unwrap_or(0),
             ..Default::default()
         }
@@ -438,6 +445,17 @@ impl Node {
         }
         if action == A::JobAdopt {
             return self.adopt_into_task(req.pid, creds).map(|t| vec![t]);
+        }
+        if action == A::JobOwner {
+            let uid = self
+                .job_owner(req.job)
+                .ok_or_else(|| Error::NotFound(format!("no such job {}", req.job)))?;
+            return Ok(vec![pb::TaskInfo {
+                job: req.job,
+                node: self.id.get(),
+                uid,
+                ..Default::default()
+            }]);
         }
         if action == A::JobTree {
             let mut tasks = self.tasks_local(req.job);
@@ -538,7 +556,7 @@ impl Node {
                 }
                 changed = before.procs > 0;
             }
-            A::JobList | A::JobTree | A::JobAdopt => unreachable!("handled above"),
+            A::JobList | A::JobTree | A::JobAdopt | A::JobOwner => unreachable!("handled above"),
         }
         let mut after = self.task_info(req.job, &dir);
         after.changed = changed;

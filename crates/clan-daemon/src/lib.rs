@@ -137,10 +137,12 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
                     )
                 };
                 match cgroup::NodeCgroup::create(base.clone()) {
-                    Ok(cg) => {
+                    Ok(mut cg) => {
                         if let Err(e) = cg.enter("daemon") {
                             warn!("cannot move cland into {}: {e}", cg.sub("daemon").display());
                         }
+                        cg.setup_controllers();
+                        info!(controllers = ?cg.ctls, "task cgroups");
                         Some(cg)
                     }
                     Err(e) => {

@@ -157,13 +157,79 @@ impl Node {
         Ok(spec)
     }
 
-    async fn job_for(&self, job: u64) -> Result<u64> {
-        if job != 0 {
-            clan_core::JobId::from_raw(job)
-                .ok_or_else(|| Error::NotFound(format!("invalid job id {job}")))?;
-            Ok(job)
-        } else {
-            Ok(self.new_job()?.raw())
+    /// The job a run goes into. A process of a job stays in it: a non-root caller inside a
+    /// job's task (by the kernel's account, its cgroup) can only start processes in that
+    /// job, whatever its environment says. Otherwise `--job J` names an existing job that
+    /// the caller owns (root may use any), and no job makes a new one.
+    async fn job_for(self: &Arc<Self>, job: u64, creds: &pb::Creds) -> Result<u64> {
+        let own = self.job_of_caller(creds.pid);
+        if job == 0 {
+            return match own {
+                Some(j) => Ok(j),
+                None => Ok(self.new_job_for(creds.uid)?.raw()),
+            };
+        }
+        if own == Some(job) {
+            return Ok(job);
+        }
+        if let Some(j) = own.filter(|_| creds.uid != 0) {
+            return Err(Error::Permission(format!(
+                "permission denied: a process of job {j} can only start processes in job {j}, \
+                 not in job {job}"
+            )));
+        }
+        let id = clan_core::JobId::from_raw(job)
+            .ok_or_else(|| Error::NotFound(format!("no such job {job}")))?;
+        match self.owner_of_job(id).await {
+            Ok(owner) if creds.uid != 0 && owner != creds.uid => Err(Error::Permission(format!(
+                "permission denied: job {job} belongs to uid {owner}"
+            ))),
+            Ok(_) => Ok(job),
+            // Root may add to a job whose origin node is down.
+            Err(Error::NodeDown(_) | Error::NodeDead(_)) if creds.uid == 0 => Ok(job),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The job whose task (on any node of this cluster on this machine) holds host process
+    /// `pid`, from its cgroup.
+    fn job_of_caller(&self, pid: u32) -> Option<u64> {
+        let cg = self.cgroup.as_ref()?;
+        let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+        let rel = text.lines().find_map(|l| l.strip_prefix("0::"))?;
+        let mount = crate::cgroup::cgroup2_mount()?;
+        let path = mount.join(rel.trim_start_matches('/'));
+        let job = crate::process::view::job_of_cgroup(&text)?;
+        // A task directory of this node, or of a sibling node of the same local cluster.
+        let node_dir = path.parent()?;
+        (node_dir == cg.root || node_dir.parent() == cg.root.parent()).then_some(job)
+    }
+
+    /// Who owns a job: asked of the node that made it.
+    async fn owner_of_job(self: &Arc<Self>, job: clan_core::JobId) -> Result<u32> {
+        let origin = job.origin();
+        if origin == self.id {
+            return self
+                .job_owner(job.raw())
+                .ok_or_else(|| Error::NotFound(format!("no such job {job}")));
+        }
+        let op = pb::peer_request::Op::Job(pb::JobRequest {
+            action: pb::JobAction::JobOwner as i32,
+            job: job.raw(),
+            ..Default::default()
+        });
+        let limit = std::time::Duration::from_millis(self.cfg.dead_after_ms);
+        match tokio::time::timeout(limit, self.call(origin, self.own_creds(), op)).await {
+            Ok(Ok(pb::peer_reply::Reply::Job(j))) => match (j.error, j.tasks.first()) {
+                (Some(e), _) => Err(e.into()),
+                (None, Some(t)) => Ok(t.uid),
+                (None, None) => Err(Error::NotFound(format!("no such job {job}"))),
+            },
+            Ok(Ok(other)) => Err(Error::Internal(format!("unexpected reply {other:?}"))),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(Error::NodeDown(format!(
+                "node {origin}, where job {job} was made, did not answer"
+            ))),
         }
     }
 
@@ -173,7 +239,7 @@ impl Node {
         creds: &pb::Creds,
     ) -> Result<pb::Started> {
         let spec = Self::check_spec(&r.spec)?;
-        let job = self.job_for(r.job).await?;
+        let job = self.job_for(r.job, creds).await?;
         let policy = pb::Policy::try_from(r.policy).unwrap_or_default();
         let targets = self
             .place(r.node, policy, r.count, &spec, creds.uid)
@@ -256,7 +322,7 @@ impl Node {
         };
         let prep = async {
             let spec = Self::check_spec(&r.spec)?;
-            let job = self.job_for(r.job).await?;
+            let job = self.job_for(r.job, &creds).await?;
             let policy = pb::Policy::try_from(r.policy).unwrap_or_default();
             let targets = self
                 .place(r.node, policy, r.count, &spec, creds.uid)

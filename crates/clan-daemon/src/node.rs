@@ -60,6 +60,8 @@ pub struct Node {
     pub load: NamedMutex<LocalLoad>,
     /// The last job number given out, and the end of the block reserved on disk.
     job_seq: NamedMutex<(u64, u64)>,
+    /// Owners (uids) of the jobs this node created, kept on disk (`jobs.owners`).
+    job_owners: NamedMutex<JobOwners>,
     /// Jobs with a process being started here right now (their cgroup must stay).
     pub spawning: NamedMutex<HashMap<u64, u32>>,
     /// Local groups and sessions standing for cluster ones (process::group).
@@ -102,6 +104,7 @@ impl Node {
             .ok()
             .and_then(|s| s.trim().parse().ok())
             .unwrap_or(0);
+        let job_owners = JobOwners::load(&state_dir);
         Node {
             id,
             cfg,
@@ -127,6 +130,7 @@ impl Node {
             load: NamedMutex::new("load", LocalLoad::default()),
             // A restart continues after the whole block the last incarnation reserved.
             job_seq: NamedMutex::new("jobs", (job_seq, job_seq)),
+            job_owners: NamedMutex::new("jobs.owners", job_owners),
             spawning: NamedMutex::new("spawning", HashMap::new()),
             pool: NamedMutex::new("shepherd.pool", Vec::new()),
             task_peaks: NamedMutex::new("task.peaks", HashMap::new()),
@@ -158,7 +162,19 @@ impl Node {
     /// A new cluster-wide job id: this node's prefix and a sequence number. Numbers are
     /// reserved on disk a block of `JOB_BLOCK` at a time (one write per block, not per job),
     /// so a restarted cland never hands out a number again.
-    pub fn new_job(&self) -> Result<JobId> {
+    /// A new job owned by `uid`, created here.
+    pub fn new_job_for(&self, uid: u32) -> Result<JobId> {
+        let job = self.new_job()?;
+        self.job_owners.lock().record(job.raw(), uid);
+        Ok(job)
+    }
+
+    /// The owner of a job this node created (`None`: no such job).
+    pub fn job_owner(&self, job: u64) -> Option<u32> {
+        self.job_owners.lock().owners.get(&job).copied()
+    }
+
+    fn new_job(&self) -> Result<JobId> {
         const JOB_BLOCK: u64 = 1000;
         let mut seq = self.job_seq.lock();
         let (last, reserved) = &mut *seq;
@@ -314,4 +330,67 @@ fn meminfo() -> (u64, u64) {
             .unwrap_or(0)
     };
     (get("MemTotal:"), get("MemAvailable:"))
+}
+
+/// The owners of the jobs a node created: who may add processes to them (`clan run --job`).
+/// An append-only file of `JOB UID` lines, rewritten with the newest half when it grows big.
+pub struct JobOwners {
+    owners: HashMap<u64, u32>,
+    path: PathBuf,
+    lines: usize,
+}
+
+impl JobOwners {
+    /// Rewrite the file once it holds this many lines.
+    const COMPACT_AT: usize = 200_000;
+
+    fn load(state_dir: &std::path::Path) -> JobOwners {
+        let path = state_dir.join("jobs.owners");
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        let mut owners = HashMap::new();
+        let mut lines = 0;
+        for l in text.lines() {
+            let mut w = l.split_whitespace();
+            if let (Some(Ok(j)), Some(Ok(u))) = (w.next().map(str::parse), w.next().map(str::parse))
+            {
+                owners.insert(j, u);
+                lines += 1;
+            }
+        }
+        JobOwners {
+            owners,
+            path,
+            lines,
+        }
+    }
+
+    fn record(&mut self, job: u64, uid: u32) {
+        use std::io::Write;
+        self.owners.insert(job, uid);
+        self.lines += 1;
+        if self.lines >= Self::COMPACT_AT {
+            let mut jobs: Vec<(u64, u32)> = self.owners.iter().map(|(j, u)| (*j, *u)).collect();
+            jobs.sort_unstable();
+            let keep = jobs.split_off(jobs.len() / 2);
+            self.owners = keep.iter().copied().collect();
+            self.lines = keep.len();
+            let text: String = keep.iter().map(|(j, u)| format!("{j} {u}\n")).collect();
+            let tmp = self.path.with_extension("tmp");
+            if std::fs::write(&tmp, text)
+                .and_then(|_| std::fs::rename(&tmp, &self.path))
+                .is_err()
+            {
+                tracing::warn!(path = %self.path.display(), "could not rewrite the job owners");
+            }
+            return;
+        }
+        let res = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.path)
+            .and_then(|mut f| f.write_all(format!("{job} {uid}\n").as_bytes()));
+        if let Err(e) = res {
+            tracing::warn!(path = %self.path.display(), error = %e, "could not record a job owner");
+        }
+    }
 }

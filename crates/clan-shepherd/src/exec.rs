@@ -22,6 +22,8 @@ pub struct ChildPlan {
     pub gid: u32,
     pub groups: Vec<u32>,
     pub cgroup_procs: Option<String>,
+    /// `cgroup.procs` files of v1 hierarchies to join as well.
+    pub v1_procs: Vec<String>,
     pub mnt_ns: Option<OwnedFd>,
     pub uts_ns: Option<OwnedFd>,
     pub stdio: [RawFd; 3],
@@ -73,6 +75,15 @@ pub fn child(plan: ChildPlan, err_fd: RawFd) -> ! {
                 err_fd,
                 Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)),
                 "join the task's cgroup",
+            );
+        }
+    }
+    for procs in &plan.v1_procs {
+        if let Err(e) = std::fs::write(procs, "0") {
+            fail(
+                err_fd,
+                Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)),
+                "join the task's v1 cgroups",
             );
         }
     }

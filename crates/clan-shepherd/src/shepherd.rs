@@ -442,6 +442,11 @@ fn start(
                 groups: creds.groups.clone(),
                 cgroup_procs: (!spec.cgroup.is_empty() && !placed)
                     .then(|| format!("{}/cgroup.procs", spec.cgroup)),
+                v1_procs: spec
+                    .v1_cgroups
+                    .iter()
+                    .map(|d| format!("{d}/cgroup.procs"))
+                    .collect(),
                 mnt_ns,
                 uts_ns,
                 stdio: child_fds,
@@ -831,9 +836,8 @@ impl Shepherd {
                     fds.push((5, f.as_fd(), PollFlags::POLLOUT));
                 }
             }
-            if self.exited.is_none() {
-                fds.push((6, self.sigchld.as_fd(), PollFlags::POLLIN));
-            }
+            // Also after the process ended: adopted orphans still end and are reaped.
+            fds.push((6, self.sigchld.as_fd(), PollFlags::POLLIN));
             // No event tells us that a process blocks reading a pipe: while the stub is in
             // the background, look every 50 ms (nothing is polled otherwise).
             let watch_reads = self.watching_reads();
@@ -921,6 +925,10 @@ impl Shepherd {
     /// a detached process's parent can wait for them).
     fn child_signalled(&mut self) {
         while let Ok(Some(_)) = self.sigchld.read_signal() {}
+        self.reap_adopted();
+        if self.exited.is_some() {
+            return;
+        }
         while let Ok(Some(ev)) = sys::wait_pidfd_stop(&self.pidfd) {
             match ev {
                 ChildEvent::Stopped(sig) => {
@@ -937,6 +945,25 @@ impl Shepherd {
                     self.send(Out::Continued(true));
                 }
                 ChildEvent::Exited(_) => {}
+            }
+        }
+    }
+
+    /// As a child subreaper the shepherd adopts the process's orphaned descendants: they
+    /// are reaped here when they end (the process itself is reaped only on release).
+    fn reap_adopted(&mut self) {
+        let me = std::process::id();
+        let kids =
+            std::fs::read_to_string(format!("/proc/self/task/{me}/children")).unwrap_or_default();
+        for k in kids
+            .split_whitespace()
+            .filter_map(|k| k.parse::<i32>().ok())
+        {
+            if k != self.pid {
+                let _ = nix::sys::wait::waitpid(
+                    nix::unistd::Pid::from_raw(k),
+                    Some(nix::sys::wait::WaitPidFlag::WNOHANG),
+                );
             }
         }
     }

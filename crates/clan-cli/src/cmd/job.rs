@@ -137,8 +137,8 @@ async fn list(c: &Client, job: u64, nodes: &[NodeId], show: bool) -> ExitCode {
     }
     if show {
         println!(
-            "{:>9} {:>4} {:<8} {:<10} {:>5} {:>5} {:>10} {:>8}",
-            "JOB", "NODE", "USER", "STATE", "PROCS", "PEAK", "TIME", "MEM"
+            "{:>9} {:>4} {:<8} {:<10} {:>5} {:>5} {:>5} {:>10} {:>8} {:>8}",
+            "JOB", "NODE", "USER", "STATE", "PROCS", "PEAK", "LIMIT", "TIME", "MEM", "MEMPEAK"
         );
     } else {
         println!(
@@ -148,21 +148,30 @@ async fn list(c: &Client, job: u64, nodes: &[NodeId], show: bool) -> ExitCode {
     }
     for t in &tasks {
         if show {
-            let mem = if t.mem_bytes == 0 {
+            let bytes = |b: u64| {
+                if b == 0 {
+                    "-".to_string()
+                } else {
+                    super::human_kb(b / 1024)
+                }
+            };
+            let limit = if t.max_procs == 0 {
                 "-".to_string()
             } else {
-                super::human_kb(t.mem_bytes / 1024)
+                t.max_procs.to_string()
             };
             println!(
-                "{:>9} {:>4} {:<8} {:<10} {:>5} {:>5} {:>10} {:>8}",
+                "{:>9} {:>4} {:<8} {:<10} {:>5} {:>5} {:>5} {:>10} {:>8} {:>8}",
                 t.job,
                 t.node,
                 user(t.uid),
                 t.state,
                 t.procs,
                 t.peak_procs,
+                limit,
                 cpu(t.cpu_usec),
-                mem
+                bytes(t.mem_bytes),
+                bytes(t.mem_peak_bytes)
             );
         } else {
             println!(
@@ -180,12 +189,13 @@ async fn list(c: &Client, job: u64, nodes: &[NodeId], show: bool) -> ExitCode {
         let procs: u32 = tasks.iter().map(|t| t.procs).sum();
         let cpu_usec: u64 = tasks.iter().map(|t| t.cpu_usec).sum();
         println!(
-            "{:>9} {:>4} {:<8} {:<10} {:>5} {:>5} {:>10}",
+            "{:>9} {:>4} {:<8} {:<10} {:>5} {:>5} {:>5} {:>10}",
             "total",
             tasks.len(),
             "",
             "",
             procs,
+            "",
             "",
             cpu(cpu_usec)
         );

@@ -37,9 +37,14 @@ pub struct Args {
     /// One copy on each of K nodes, as one job (CLAN_RANK, CLAN_SIZE are set).
     #[arg(short = 'N', long = "nodes", value_name = "K")]
     count: Option<u32>,
-    /// Add the process to this existing job.
-    #[arg(long)]
+    /// Add the process to this existing job [default: $CLAN_JOB, the job of the process
+    /// that runs `clan run` when clan started it, so its remote children stay in its job].
+    #[arg(long, env = "CLAN_JOB")]
     job: Option<u64>,
+    /// Limit the job's task on each node the process starts on to N processes at once
+    /// (the cgroup pids controller): forks beyond it fail with EAGAIN, as under ulimit -u.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    max_procs: Option<u32>,
     /// Give the process a pseudo-terminal.
     #[arg(short, long)]
     tty: bool,
@@ -271,6 +276,7 @@ pub async fn run(c: Client, a: Args) -> ExitCode {
         tty,
         winsize: winsize(),
         detached: a.detach,
+        max_procs: a.max_procs.unwrap_or(0),
         ..Default::default()
     };
     if let Some(n) = a.node {

@@ -114,13 +114,32 @@ impl Node {
         if req.spec.argv.is_empty() {
             return Err(Error::Invalid("empty command".into()));
         }
-        let cgroup = match &self.cgroup {
-            Some(cg) => cg
-                .job(req.job)
-                .map_err(|e| Error::internal("create task cgroup", e))?
-                .display()
-                .to_string(),
-            None => String::new(),
+        let (cgroup, v1_cgroups) = match &self.cgroup {
+            Some(cg) => {
+                let dir = cg
+                    .job(req.job)
+                    .map_err(|e| Error::internal("create task cgroup", e))?;
+                if req.spec.max_procs > 0 {
+                    cg.set_max_procs(req.job, req.spec.max_procs).map_err(|e| {
+                        Error::Invalid(format!(
+                            "node {} can not limit job {}'s processes: {e}",
+                            self.id, req.job
+                        ))
+                    })?;
+                }
+                let v1 = cg.v1_job_dirs(req.job);
+                (
+                    dir.display().to_string(),
+                    v1.iter().map(|d| d.display().to_string()).collect(),
+                )
+            }
+            None if req.spec.max_procs > 0 => {
+                return Err(Error::Invalid(format!(
+                    "node {} can not limit job {}'s processes: it has no cgroups",
+                    self.id, req.job
+                )))
+            }
+            None => (String::new(), Vec::new()),
         };
         let spec = pb::ShepherdSpec {
             spec: Some(req.spec.clone()),
@@ -140,6 +159,7 @@ impl Node {
                 .map(|c| c.sub("shepherds").display().to_string())
                 .unwrap_or_default(),
             hostname: String::new(),
+            v1_cgroups,
         };
         let (mut stdin, mut stdout) = self.take_shepherd().await?;
         if write_frame(&mut stdin, &spec).await.is_err() {
