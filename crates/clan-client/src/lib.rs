@@ -542,6 +542,27 @@ impl Client {
         }
     }
 
+    /// Suspends job `suspend` and then resumes job `resume` on each node (all nodes when
+    /// `nodes` is empty), in one request per node: a gang scheduler's row switch. Each
+    /// node reports both tasks (the suspended one first) once both are verified.
+    pub async fn job_switch(
+        &self,
+        suspend: u64,
+        resume: u64,
+        nodes: &[NodeId],
+        method: &str,
+    ) -> Result<Vec<pb::NodeJobs>> {
+        self.job_request(pb::JobRequest {
+            action: pb::JobAction::JobSwitch as i32,
+            job: suspend,
+            resume,
+            nodes: nodes.iter().map(|n| n.get()).collect(),
+            method: method.to_string(),
+            ..Default::default()
+        })
+        .await
+    }
+
     /// Any job request (adopt, subtree operations): answered per node.
     pub async fn job_request(&self, req: pb::JobRequest) -> Result<Vec<pb::NodeJobs>> {
         match self.request(Op::Job(req)).await? {

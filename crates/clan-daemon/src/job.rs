@@ -237,7 +237,7 @@ impl Node {
             }
         }
         let dir = res?;
-        Ok(self.task_info(job, &dir))
+        Ok(self.task_info(job, &dir, true))
     }
 
     /// The task's processes top-down, or only the subtree rooted at the process whose
@@ -357,14 +357,16 @@ impl Node {
             .filter_map(|e| {
                 let name = e.file_name().to_string_lossy().into_owned();
                 let j: u64 = name.strip_prefix("job")?.parse().ok()?;
-                (job == 0 || j == job).then(|| self.task_info(j, &e.path()))
+                (job == 0 || j == job).then(|| self.task_info(j, &e.path(), true))
             })
             .collect();
         out.sort_by_key(|t| t.job);
         out
     }
 
-    fn task_info(&self, job: u64, dir: &Path) -> pb::TaskInfo {
+    /// What the kernel says of a task. Without `owner` its uid is left 0: finding it reads
+    /// every process's status, too slow for a suspend or resume of a big task.
+    fn task_info(&self, job: u64, dir: &Path, owner: bool) -> pb::TaskInfo {
         let pids = procs(dir);
         let state = if pids.is_empty() {
             "empty"
@@ -400,7 +402,11 @@ impl Node {
                 .as_ref()
                 .and_then(|cg| cg.max_procs(job))
                 .unwrap_or(0),
-            uid: pids.iter().filter_map(|p| uid_of(*p)).min().unwrap_or(0),
+            uid: if owner {
+                pids.iter().filter_map(|p| uid_of(*p)).min().unwrap_or(0)
+            } else {
+                0
+            },
             ..Default::default()
         }
     }
@@ -482,33 +488,61 @@ impl Node {
                 )))
             }
         };
+        if action == A::JobSwitch {
+            // A gang scheduler's row switch: the old row stops before the new one runs.
+            let mut out = Vec::with_capacity(2);
+            if let Some(dir) = self.task_dir(req.job) {
+                out.push(self.act_on_task(A::JobSuspend, req, req.job, &dir, signals, creds)?);
+            }
+            if let Some(dir) = self.task_dir(req.resume) {
+                out.push(self.act_on_task(A::JobResume, req, req.resume, &dir, signals, creds)?);
+            }
+            return Ok(out);
+        }
         let Some(dir) = self.task_dir(req.job) else {
             return Ok(Vec::new()); // no task of the job here
         };
+        self.act_on_task(action, req, req.job, &dir, signals, creds)
+            .map(|t| vec![t])
+    }
+
+    /// Suspend, resume or kill (`action`) job `job`'s task in `dir` (or the subtree `req`
+    /// names), verified; reports the task after.
+    fn act_on_task(
+        &self,
+        action: pb::JobAction,
+        req: &pb::JobRequest,
+        job: u64,
+        dir: &Path,
+        signals: bool,
+        creds: &pb::Creds,
+    ) -> Result<pb::TaskInfo> {
+        use pb::JobAction as A;
+        let dir = dir.to_path_buf();
         let subtree = match Gpid::from_raw(req.subtree) {
             None if req.subtree == 0 => None,
             Some(g) if g.node() == self.id => {
-                if self.order(req.job, &dir, Some(g.local())).is_empty() {
+                if self.order(job, &dir, Some(g.local())).is_empty() {
                     return Err(Error::NotFound(format!(
                         "process {g} is not a process of job {} on node {}",
-                        req.job, self.id
+                        job, self.id
                     )));
                 }
                 Some(g.local())
             }
             _ => return Err(Error::Invalid(format!("invalid subtree {}", req.subtree))),
         };
-        self.may_act(creds, req.job, &procs(&dir))?;
-        let before = self.task_info(req.job, &dir);
+        self.may_act(creds, job, &procs(&dir))?;
+        let before = self.task_info(job, &dir, false);
         let changed;
         match action {
             A::JobSuspend if signals || subtree.is_some() => {
                 changed = before.state != "suspended";
-                self.suspend_by_signals(req.job, &dir, subtree)?;
+                self.suspend_by_signals(job, &dir, subtree)?;
             }
             A::JobResume if signals || subtree.is_some() => {
                 changed = before.state != "running";
-                self.resume_by_signals(req.job, &dir, subtree)?;
+                self.resume_by_signals(job, &dir, subtree)?;
             }
             A::JobKill if subtree.is_some() => {
                 // Top-down, as the paper's task kill: a parent dies before its children
@@ -519,7 +553,7 @@ impl Node {
                     req.signal
                 })
                 .map_err(|_| Error::Invalid(format!("invalid signal {}", req.signal)))?;
-                let order = self.order(req.job, &dir, subtree);
+                let order = self.order(job, &dir, subtree);
                 changed = !order.is_empty();
                 for p in order {
                     send(p, sig);
@@ -556,9 +590,11 @@ impl Node {
                 }
                 changed = before.procs > 0;
             }
-            A::JobList | A::JobTree | A::JobAdopt | A::JobOwner => unreachable!("handled above"),
+            A::JobList | A::JobTree | A::JobAdopt | A::JobOwner | A::JobSwitch => {
+                unreachable!("handled above")
+            }
         }
-        let mut after = self.task_info(req.job, &dir);
+        let mut after = self.task_info(job, &dir, false);
         after.changed = changed;
         if action == A::JobKill {
             after.procs = before.procs; // how many it reached
@@ -580,7 +616,7 @@ impl Node {
                         // Zombies are dead: they wait for their parent, out of the cgroup.
                         self.view
                             .attrs(*p, true)
-                            .is_some_and(|a| a.job == req.job && a.state != 'Z' && a.state != 'X')
+                            .is_some_and(|a| a.job == job && a.state != 'Z' && a.state != 'X')
                     })
                     .collect();
                 if after.pids.is_empty() || Instant::now() > deadline {
@@ -589,7 +625,7 @@ impl Node {
                 std::thread::sleep(Duration::from_millis(5));
             }
         }
-        Ok(vec![after])
+        Ok(after)
     }
 
     /// A job request from a local caller: every target node at once, reported per node.

@@ -20,6 +20,9 @@ pub enum Args {
     Suspend(Target),
     /// Continue a suspended job.
     Resume(Target),
+    /// Suspend job OLD, then resume job NEW, on each node in one request (a gang
+    /// scheduler's row switch): NEW runs only once every process of OLD is stopped.
+    Switch(SwitchArgs),
     /// Send a signal to every process of the job (SIGKILL by default: none is left).
     Kill(KillArgs),
     /// Make a process started outside clan, with its descendants, a new job's task on this
@@ -50,6 +53,20 @@ pub struct Target {
     subtree: Option<clan_core::Gpid>,
     /// How to suspend and resume: freeze (the cgroup v2 freezer) or signals (SIGSTOP top-down
     /// and SIGCONT bottom-up over the task's genealogy, each verified; parents may notice).
+    #[arg(long, default_value = "freeze")]
+    method: String,
+}
+
+#[derive(clap::Args)]
+pub struct SwitchArgs {
+    /// The job to suspend.
+    old: JobId,
+    /// The job to resume once OLD is suspended.
+    new: JobId,
+    /// Only on these nodes (repeatable).
+    #[arg(long = "node", value_name = "N")]
+    nodes: Vec<NodeId>,
+    /// freeze or signals (as for suspend).
     #[arg(long, default_value = "freeze")]
     method: String,
 }
@@ -112,6 +129,15 @@ pub async fn run(c: Client, a: Args) -> ExitCode {
             }
             Err(e) => crate::client_error(&e),
         },
+        Args::Switch(w) => {
+            let t = Target {
+                job: w.old,
+                nodes: w.nodes,
+                subtree: None,
+                method: w.method,
+            };
+            act_on(&c, A::JobSwitch, &t, 0, w.new.raw()).await
+        }
         Args::Suspend(t) => act(&c, A::JobSuspend, &t, 0).await,
         Args::Resume(t) => act(&c, A::JobResume, &t, 0).await,
         Args::Kill(k) => match clan_core::parse_signal(&k.signal) {
@@ -204,7 +230,12 @@ async fn list(c: &Client, job: u64, nodes: &[NodeId], show: bool) -> ExitCode {
 }
 
 async fn act(c: &Client, action: A, t: &Target, sig: i32) -> ExitCode {
+    act_on(c, action, t, sig, 0).await
+}
+
+async fn act_on(c: &Client, action: A, t: &Target, sig: i32, resume: u64) -> ExitCode {
     let req = pb::JobRequest {
+        resume,
         action: action as i32,
         job: t.job.raw(),
         nodes: t.nodes.iter().map(|n| n.get()).collect(),
@@ -221,6 +252,12 @@ async fn act(c: &Client, action: A, t: &Target, sig: i32) -> ExitCode {
     let mut any = false;
     for task in answers.iter().flat_map(|n| n.tasks.iter()) {
         any = true;
+        // A switch reports the task it suspended and the one it resumed.
+        let action = match action {
+            A::JobSwitch if task.job == t.job.raw() => A::JobSuspend,
+            A::JobSwitch => A::JobResume,
+            a => a,
+        };
         let (done, already) = match action {
             A::JobSuspend if task.procs == 0 => ("", "has no process left"),
             A::JobResume if task.procs == 0 => ("", "has no process left"),
@@ -248,6 +285,18 @@ async fn act(c: &Client, action: A, t: &Target, sig: i32) -> ExitCode {
             ));
             code = code.max(X::FAILURE);
         }
+    }
+    if resume != 0
+        && code == X::OK
+        && !answers
+            .iter()
+            .flat_map(|n| n.tasks.iter())
+            .any(|t| t.job == resume)
+    {
+        crate::fail(&format!(
+            "no such job {resume} (no process of it on the nodes asked)"
+        ));
+        return ExitCode::from(X::NOT_FOUND);
     }
     if !any && code == X::OK {
         crate::fail(&format!(
