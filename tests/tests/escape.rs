@@ -438,6 +438,18 @@ const BOMB: &str = "b3010() { b3010 | b3010 & }; b3010";
 #[test]
 fn no_technique_gets_a_process_out_of_its_job() {
     root_or_skip!("no_technique_gets_a_process_out_of_its_job");
+    escapes("freeze");
+}
+
+/// The same, the kill done by the paper's top-down SIGKILL over the genealogy (rounds until
+/// the task is empty) instead of cgroup.kill.
+#[test]
+fn no_technique_gets_a_process_out_of_its_job_killed_by_signals() {
+    root_or_skip!("no_technique_gets_a_process_out_of_its_job_killed_by_signals");
+    escapes("signals");
+}
+
+fn escapes(method: &str) {
     let c = Cluster::up(2);
     let a = user("clanesc1");
     let b = user("clanesc2");
@@ -892,7 +904,7 @@ fn no_technique_gets_a_process_out_of_its_job() {
 
     // The owner may not kill the task on node 1, which has a process of another user: it
     // is refused there and left alone; on node 2 the owner's kill leaves nothing.
-    let o = clan_as(&c, a, &["job", "kill", &job]);
+    let o = clan_as(&c, a, &["job", "kill", "--method", method, &job]);
     if o.status.code() != Some(4) || !String::from_utf8_lossy(&o.stderr).contains("permission") {
         problems.push(format!(
             "`clan job kill {job}` by the owner, the task on node 1 holding another user's \
@@ -917,7 +929,7 @@ fn no_technique_gets_a_process_out_of_its_job() {
     }
 
     // Root's kill: nothing is left, anywhere on the host.
-    let o = c.clan(&["job", "kill", &job]);
+    let o = c.clan(&["job", "kill", "--method", method, &job]);
     if !o.status.success() {
         problems.push(format!("`clan job kill {job}` by root: {}", describe(&o)));
     }

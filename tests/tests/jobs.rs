@@ -337,3 +337,180 @@ fn outside_processes_are_adopted_and_subtrees_act_alone() {
     assert_eq!(o.status.code(), Some(3), "{o:?}");
     c.clan_ok(&["job", "kill", &job]);
 }
+
+/// `clan job switch OLD NEW` (a gang scheduler's row switch) leaves OLD frozen and NEW
+/// running on every node, both verified by the kernel, either way round, with both methods.
+#[test]
+fn a_switch_suspends_one_job_and_resumes_the_other() {
+    root_or_skip!("a_switch_suspends_one_job_and_resumes_the_other");
+    let c = Cluster::up(2);
+    let a = job_of(&c.clan(&["run", "-N", "2", "-d", "--", "sleep", "1061"]));
+    let b = job_of(&c.clan(&["run", "-N", "2", "-d", "--", "sleep", "1062"]));
+    c.clan_ok(&["job", "suspend", &b]);
+    let frozen = |job: &str| -> Vec<Option<String>> {
+        (1..=2).map(|n| task_event(&c, n, job, "frozen")).collect()
+    };
+    let yes = vec![Some("1".to_string()); 2];
+    let no = vec![Some("0".to_string()); 2];
+    let out = c.clan_ok(&["job", "switch", &a, &b]);
+    assert_eq!(out.matches("suspended (1 process)").count(), 2, "{out}");
+    assert_eq!(out.matches("resumed (1 process)").count(), 2, "{out}");
+    assert_eq!((frozen(&a), frozen(&b)), (yes.clone(), no.clone()), "{out}");
+    c.clan_ok(&["job", "switch", &b, &a]);
+    assert_eq!((frozen(&a), frozen(&b)), (no.clone(), yes.clone()));
+    // One node only.
+    c.clan_ok(&["job", "switch", &a, &b, "--node", "2"]);
+    assert_eq!(frozen(&a), vec![Some("0".into()), Some("1".into())]);
+    assert_eq!(frozen(&b), vec![Some("1".into()), Some("0".into())]);
+    c.clan_ok(&["job", "switch", &b, &a, "--node", "2"]);
+    // By signals: stopped processes, state T.
+    let out = c.clan_ok(&["job", "switch", "--method", "signals", &a, &b]);
+    assert_eq!(out.matches("suspended (1 process)").count(), 2, "{out}");
+    let stat = |job: &str| -> Vec<String> {
+        c.ps(&["--job", job])
+            .iter()
+            .map(|p| p["state"].as_str().unwrap_or("").to_string())
+            .collect()
+    };
+    assert!(
+        stat(&a).iter().all(|s| s.starts_with('T')),
+        "{:?}",
+        stat(&a)
+    );
+    assert!(
+        stat(&b).iter().all(|s| !s.starts_with('T')),
+        "{:?}",
+        stat(&b)
+    );
+    // An unknown job to resume: said, exit 3.
+    let o = c.clan(&["job", "switch", &b, "1000999"]);
+    assert_eq!(o.status.code(), Some(3), "{o:?}");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("no such job 1000999"));
+    for j in [&a, &b] {
+        c.clan_ok(&["job", "kill", j]);
+    }
+    assert!(host_processes_mentioning("sleep 106").is_empty());
+}
+
+/// Whether this machine has the memory controller (in cgroup v2's root, or a v1 hierarchy).
+fn memory_controller() -> bool {
+    let v2 = cgroup2().is_some_and(|m| {
+        std::fs::read_to_string(m.join("cgroup.controllers"))
+            .is_ok_and(|t| t.split_whitespace().any(|c| c == "memory"))
+    });
+    let v1 = std::fs::read_to_string("/proc/self/mountinfo").is_ok_and(|m| {
+        m.lines().any(|l| {
+            l.split_once(" - ").is_some_and(|(_, post)| {
+                let f: Vec<&str> = post.split_whitespace().collect();
+                f.first() == Some(&"cgroup")
+                    && f.get(2)
+                        .is_some_and(|o| o.split(',').any(|o| o == "memory"))
+            })
+        })
+    });
+    v2 || v1
+}
+
+/// `clan run --max-procs N` caps the job's task at N processes (the pids controller; forks
+/// beyond fail), `clan job show` gives the limit and the task's memory use and peak where
+/// the memory controller is there; `--job` names an existing job of the caller only.
+#[test]
+fn limits_accounting_and_joining_jobs() {
+    root_or_skip!("limits_accounting_and_joining_jobs");
+    let c = Cluster::up(2);
+    // 5 processes at most: the shell forks 8 sleeps; 4 run beside it, then its fork fails.
+    let o = c.clan(&[
+        "run",
+        "-d",
+        "--node",
+        "2",
+        "--max-procs",
+        "5",
+        "--",
+        "sh",
+        "-c",
+        "for i in 1 2 3 4 5 6 7 8; do sleep 1070 & done",
+    ]);
+    if !o.status.success() && String::from_utf8_lossy(&o.stderr).contains("no pids controller") {
+        eprintln!("limits_accounting_and_joining_jobs: SKIPPED: no pids controller: {o:?}");
+        return;
+    }
+    let job = job_of(&o);
+    let gpid = String::from_utf8_lossy(&o.stdout).trim().to_string();
+    let log = eventually("the shell's fork to fail", Duration::from_secs(30), || {
+        let log = c.clan_ok(&["logs", &gpid]);
+        log.contains("fork").then_some(log)
+    });
+    assert_eq!(
+        host_processes_mentioning("sleep 1070").len(),
+        4,
+        "{log}: {:?}",
+        host_processes_mentioning("sleep 1070")
+    );
+    let show = c.clan_ok(&["job", "show", &job]);
+    let row: Vec<&str> = show
+        .lines()
+        .find(|l| l.trim_start().starts_with(&job))
+        .expect("a row")
+        .split_whitespace()
+        .collect();
+    // JOB NODE USER STATE PROCS PEAK LIMIT TIME MEM MEMPEAK
+    assert_eq!(row[4], "4", "{show}");
+    assert_eq!(row[6], "5", "{show}");
+    let memory_controller = memory_controller();
+    // Sleeps need a little memory.
+    if memory_controller {
+        assert_ne!(row[8], "-", "no memory use shown: {show}");
+        assert_ne!(row[9], "-", "no memory peak shown: {show}");
+    }
+    c.clan_ok(&["job", "kill", &job]);
+
+    // Memory: a job that holds 64 MiB shows at least that much.
+    let o = c.clan(&[
+        "run",
+        "-d",
+        "--node",
+        "1",
+        "--",
+        "python3",
+        "-c",
+        "import sys, time; x = bytearray(64 << 20); x[::4096] = b'1' * len(x[::4096]); \
+         print('ready', flush=True); time.sleep(1072)",
+    ]);
+    let big = job_of(&o);
+    let gpid = String::from_utf8_lossy(&o.stdout).trim().to_string();
+    eventually(
+        "python to touch its memory",
+        Duration::from_secs(30),
+        || c.clan_ok(&["logs", &gpid]).contains("ready").then_some(()),
+    );
+    if memory_controller {
+        let out = std::process::Command::new(bin("clan"))
+            .args(["job", "show", &big])
+            .env("CLAN_DIR", &c.dir)
+            .output()
+            .unwrap();
+        let show = String::from_utf8_lossy(&out.stdout);
+        let mem = show
+            .lines()
+            .find(|l| l.trim_start().starts_with(&big))
+            .and_then(|l| l.split_whitespace().nth(8).map(str::to_string))
+            .unwrap_or_default();
+        assert!(mem.ends_with('M') || mem.ends_with('G'), "{show}");
+        let mb: f64 = mem.trim_end_matches(['M', 'G']).parse().unwrap_or(0.0);
+        assert!(mem.ends_with('G') || mb >= 60.0, "{show}");
+    }
+    // --job: an unknown job is refused and nothing is started.
+    let o = c.clan(&["run", "-d", "--job", "1000999", "--", "sleep", "1073"]);
+    assert_eq!(o.status.code(), Some(125), "{o:?}"); // clan run's own failure
+    assert!(String::from_utf8_lossy(&o.stderr).contains("no such job 1000999"));
+    assert!(host_processes_mentioning("sleep 1073").is_empty());
+    // The owner adds to its job on another node; it is then one job on both.
+    let o = c.clan(&[
+        "run", "-d", "--node", "2", "--job", &big, "--", "sleep", "1074",
+    ]);
+    assert!(o.status.success(), "{o:?}");
+    assert_eq!(job_of(&o), big);
+    c.clan_ok(&["job", "kill", &big]);
+    assert!(host_processes_mentioning("sleep 107").is_empty());
+}

@@ -338,6 +338,37 @@ impl Node {
         }
     }
 
+    /// After a top-down SIGKILL pass: rounds of the same over what is still in the task
+    /// (children forked while the pass ran, processes the genealogy had not seen yet) until
+    /// the kernel reports the task empty.
+    fn kill_rest_by_signals(&self, job: u64, dir: &Path) -> Result<()> {
+        let deadline = Instant::now() + SETTLE;
+        loop {
+            let mut left = self.order(job, dir, None);
+            for p in procs(dir) {
+                if !left.contains(&p) {
+                    left.push(p);
+                }
+            }
+            let live: Vec<u32> = left
+                .into_iter()
+                .filter(|p| !matches!(proc_state(*p), Some('Z' | 'X') | None))
+                .collect();
+            if live.is_empty() {
+                return wait_event(dir, "populated", false, SETTLE);
+            }
+            if Instant::now() > deadline {
+                return Err(Error::Internal(format!(
+                    "job {job}: processes still alive after {SETTLE:?} of SIGKILL: {live:?}"
+                )));
+            }
+            for p in live {
+                send(p, nix::sys::signal::Signal::SIGKILL);
+            }
+            std::thread::sleep(RETRY);
+        }
+    }
+
     /// The cgroup of job `job`'s task here, if the node has cgroups and the task exists.
     fn task_dir(&self, job: u64) -> Option<PathBuf> {
         let d = self.cgroup.as_ref()?.root.join(format!("job{job}"));
@@ -544,7 +575,7 @@ impl Node {
                 changed = before.state != "running";
                 self.resume_by_signals(job, &dir, subtree)?;
             }
-            A::JobKill if subtree.is_some() => {
+            A::JobKill if signals || subtree.is_some() => {
                 // Top-down, as the paper's task kill: a parent dies before its children
                 // can be reparented and reported to it.
                 let sig = nix::sys::signal::Signal::try_from(if req.signal == 0 {
@@ -557,6 +588,9 @@ impl Node {
                 changed = !order.is_empty();
                 for p in order {
                     send(p, sig);
+                }
+                if sig == nix::sys::signal::Signal::SIGKILL && subtree.is_none() {
+                    self.kill_rest_by_signals(job, &dir)?;
                 }
             }
             A::JobSuspend => {
