@@ -11,35 +11,58 @@
 //! from the task cgroups and the kernel's parent links.
 
 use crate::node::Node;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::Arc;
 use tracing::{debug, info, warn};
 
 /// One tracked process (host pid numbers, as the connector reports them).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GNode {
     /// Nearest living tracked ancestor (0: a root of its task).
     pub parent: u32,
     pub job: u64,
 }
 
-/// The forests of the node's tasks.
+/// The forests of the node's tasks, with each process's children indexed so that an exit
+/// costs its own children, not a scan of the node.
 #[derive(Default)]
 pub struct Genealogy {
-    pub nodes: HashMap<u32, GNode>,
+    nodes: HashMap<u32, GNode>,
+    kids: HashMap<u32, HashSet<u32>>,
 }
 
 impl Genealogy {
+    /// Tracks `pid` (again: a reused pid replaces what was known of the old process).
+    pub fn insert(&mut self, pid: u32, node: GNode) {
+        self.exit(pid);
+        if node.parent != 0 {
+            self.kids.entry(node.parent).or_default().insert(pid);
+        }
+        self.nodes.insert(pid, node);
+    }
+
+    pub fn get(&self, pid: u32) -> Option<GNode> {
+        self.nodes.get(&pid).copied()
+    }
+
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
     /// A fork seen: returns true when the child is now tracked.
     pub fn fork(&mut self, parent: u32, child: u32, root_job: impl FnOnce() -> u64) -> bool {
-        if let Some(p) = self.nodes.get(&parent).copied() {
-            self.nodes.insert(child, GNode { parent, job: p.job });
+        if let Some(p) = self.get(parent) {
+            self.insert(child, GNode { parent, job: p.job });
             return true;
         }
         let job = root_job();
         if job != 0 {
-            self.nodes.insert(child, GNode { parent: 0, job });
+            self.insert(child, GNode { parent: 0, job });
             return true;
         }
         false
@@ -50,10 +73,22 @@ impl Genealogy {
         let Some(gone) = self.nodes.remove(&pid) else {
             return;
         };
-        for n in self.nodes.values_mut() {
-            if n.parent == pid {
+        if let Some(s) = self.kids.get_mut(&gone.parent) {
+            s.remove(&pid);
+            if s.is_empty() {
+                self.kids.remove(&gone.parent);
+            }
+        }
+        let Some(orphans) = self.kids.remove(&pid) else {
+            return;
+        };
+        for k in &orphans {
+            if let Some(n) = self.nodes.get_mut(k) {
                 n.parent = gone.parent;
             }
+        }
+        if gone.parent != 0 {
+            self.kids.entry(gone.parent).or_default().extend(orphans);
         }
     }
 
@@ -308,7 +343,7 @@ impl Node {
                 })
                 .unwrap_or(0);
             let parent = if set.get(&ppid) == Some(job) { ppid } else { 0 };
-            g.nodes.insert(*pid, GNode { parent, job: *job });
+            g.insert(*pid, GNode { parent, job: *job });
         }
         *self.genealogy.lock() = g;
     }
@@ -401,12 +436,58 @@ mod tests {
         assert!(!g.fork(99, 100, || 0)); // not ours
         g.exit(11);
         assert_eq!(
-            g.nodes[&12].parent, 10,
+            g.get(12).unwrap().parent,
+            10,
             "adopted by its grandparent, not init"
         );
         g.exit(10);
-        assert_eq!(g.nodes[&12].parent, 0, "a root once no ancestor is left");
+        assert_eq!(g.get(12).unwrap().parent, 0, "a root once no ancestor is left");
         assert_eq!(g.of_job(7).len(), 1);
+    }
+
+    #[test]
+    fn a_reused_pid_is_a_new_process() {
+        let mut g = Genealogy::default();
+        assert!(g.fork(1, 10, || 7));
+        assert!(g.fork(10, 11, || 0));
+        assert!(g.fork(11, 12, || 0));
+        // 11 exits; its pid comes back as a child of 12, in the same task.
+        g.exit(11);
+        assert!(g.fork(12, 11, || 0));
+        assert_eq!(g.get(11).unwrap().parent, 12);
+        assert_eq!(g.get(12).unwrap().parent, 10);
+        // The new 11's exit hands nothing of the old one's children around.
+        g.exit(11);
+        assert_eq!(g.get(12).unwrap().parent, 10);
+        // A pid reused outside any task, then seen again as a root of another job.
+        g.exit(12);
+        assert!(!g.fork(99, 12, || 0));
+        assert!(g.get(12).is_none());
+        assert!(g.fork(1, 12, || 8));
+        assert_eq!(g.of_job(8), vec![(12, GNode { parent: 0, job: 8 })]);
+        g.exit(10);
+        assert!(g.of_job(7).is_empty());
+        assert!(g.kids.is_empty(), "{:?}", g.kids);
+    }
+
+    #[test]
+    fn many_exits_stay_consistent() {
+        // A chain of 2,000 and a fan of 2,000 under its head; the chain exits from the top.
+        let mut g = Genealogy::default();
+        assert!(g.fork(1, 2, || 5));
+        for p in 3..2002 {
+            assert!(g.fork(p - 1, p, || 0));
+        }
+        for k in 3000..5000 {
+            assert!(g.fork(2, k, || 0));
+        }
+        for p in 2..2001 {
+            g.exit(p);
+        }
+        assert_eq!(g.get(2001).unwrap().parent, 0);
+        assert!((3000..5000).all(|k| g.get(k).unwrap().parent == 0));
+        assert_eq!(g.len(), 2001);
+        assert!(g.kids.is_empty());
     }
 
     #[test]

@@ -217,7 +217,7 @@ impl Node {
             }
             let mut g = self.genealogy.lock();
             for (p, parent) in genealogy {
-                g.nodes.insert(
+                g.insert(
                     p,
                     crate::genealogy::GNode {
                         parent: if moved.contains(&parent) { parent } else { 0 },
