@@ -441,7 +441,11 @@ mod tests {
             "adopted by its grandparent, not init"
         );
         g.exit(10);
-        assert_eq!(g.get(12).unwrap().parent, 0, "a root once no ancestor is left");
+        assert_eq!(
+            g.get(12).unwrap().parent,
+            0,
+            "a root once no ancestor is left"
+        );
         assert_eq!(g.of_job(7).len(), 1);
     }
 
