@@ -593,6 +593,15 @@ impl Client {
             .ok_or_else(|| ClientError::Remote(pb::Error::new(pb::ErrorCode::Internal, "no task")))
     }
 
+    /// A request on the cluster /proc (listings, a process's files, links and directories
+    /// with pids as gpids, cluster files): see `ProcOp` in proto/clan.proto.
+    pub async fn proc(&self, req: pb::ProcRequest) -> Result<pb::ProcReply> {
+        match self.request(Op::Proc(req)).await? {
+            Reply::Proc(p) => Ok(p),
+            other => Err(unexpected(other)),
+        }
+    }
+
     /// The nodes of the cluster with their state and load.
     pub async fn nodes(&self) -> Result<Vec<pb::NodeInfo>> {
         match self.request(Op::Nodes(pb::NodesRequest {})).await? {

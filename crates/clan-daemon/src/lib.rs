@@ -17,6 +17,7 @@ pub mod node;
 pub mod peer;
 pub mod placement;
 pub mod process;
+pub mod procfs;
 pub mod session;
 
 use anyhow::Context;

@@ -191,6 +191,30 @@ impl Node {
         }
     }
 
+    /// The gpid of host process `pid` when it is a process of this node (in the node's pid
+    /// namespace on a local cluster; any host process on a real node).
+    pub(crate) fn gpid_of_host(&self, pid: u32) -> Option<Gpid> {
+        if pid == 0 {
+            return None;
+        }
+        if self.view.ns_init == 0 {
+            return Gpid::new(self.id, pid);
+        }
+        let ns = |p: u32| std::fs::read_link(format!("/proc/{p}/ns/pid")).ok();
+        if ns(pid)? != ns(self.view.ns_init)? {
+            return None;
+        }
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        let local = status
+            .lines()
+            .find_map(|l| l.strip_prefix("NSpid:"))?
+            .split_whitespace()
+            .last()?
+            .parse()
+            .ok()?;
+        Gpid::new(self.id, local)
+    }
+
     /// The job whose task (on any node of this cluster on this machine) holds host process
     /// `pid`, from its cgroup.
     fn job_of_caller(&self, pid: u32) -> Option<u64> {
@@ -251,6 +275,9 @@ impl Node {
             nodes: vec![],
         };
         let parent = self.parent_of_caller(creds);
+        let parent_gpid = parent
+            .and_then(|p| self.gpid_of_host(p))
+            .map_or(0, |g| g.raw());
         for (rank, &t) in targets.iter().enumerate() {
             let res = if t == self.id {
                 self.spawn_local(crate::process::vproc::SpawnLocal {
@@ -260,6 +287,7 @@ impl Node {
                     rank: rank as u32,
                     size,
                     parent_node: self.id,
+                    parent: parent_gpid,
                 })
                 .await
                 .map(|vp| vp.gpid)
@@ -271,6 +299,7 @@ impl Node {
                     rank: rank as u32,
                     size,
                     parent_node: self.id.get(),
+                    parent: parent_gpid,
                 });
                 match self.call(t, creds.clone(), op).await {
                     Ok(pb::peer_reply::Reply::Started(s)) => s
@@ -337,6 +366,8 @@ impl Node {
             }
         };
         let size = if r.count > 1 { targets.len() as u32 } else { 0 };
+        // The stub stands in for the process where it was started: it is the parent.
+        let parent_gpid = self.gpid_of_host(creds.pid).map_or(0, |g| g.raw());
         let (out_tx, out_rx) = mpsc::channel(64);
         let mut endpoints = HashMap::new();
         let mut started = pb::Started {
@@ -352,6 +383,7 @@ impl Node {
                 job,
                 rank: rank as u32,
                 size,
+                parent: parent_gpid,
             };
             match self.start_attached(s, out_tx.clone()).await {
                 Ok((g, ep)) => {
@@ -475,6 +507,7 @@ impl Node {
             }
             Op::Ps(p) => Ok(Reply::Ps(self.ps_cluster(p).await?)),
             Op::Job(j) => Ok(Reply::Job(self.job_cluster(j, creds.clone()).await?)),
+            Op::Proc(r) => Ok(Reply::Proc(self.proc_request(r, creds).await?)),
             Op::Nodes(_) => Ok(Reply::Nodes(pb::NodesReply {
                 nodes: self.nodes(),
             })),

@@ -448,6 +448,7 @@ impl Node {
                         rank: s.rank,
                         size: s.size,
                         parent_node: NodeId::new(s.parent_node).unwrap_or(from),
+                        parent: s.parent,
                     })
                     .await?;
                 Ok(Reply::Started(pb::Started {
@@ -480,6 +481,13 @@ impl Node {
                     tasks,
                     error: None,
                 }))
+            }
+            Op::Proc(r) => {
+                let node = self.clone();
+                let reply = tokio::task::spawn_blocking(move || node.proc_local(&r))
+                    .await
+                    .map_err(|e| Error::Internal(e.to_string()))??;
+                Ok(Reply::Proc(reply))
             }
             Op::Join(j) => {
                 self.member_join(&j)?;

@@ -69,6 +69,8 @@ pub struct Start {
     pub job: u64,
     pub rank: u32,
     pub size: u32,
+    /// Gpid of the process that ran `clan run` (0: none in the cluster).
+    pub parent: u64,
 }
 
 impl Node {
@@ -87,6 +89,7 @@ impl Node {
                     rank: s.rank,
                     size: s.size,
                     parent_node: self.id,
+                    parent: s.parent,
                 })
                 .await?;
             vp.attach(out);
@@ -104,6 +107,7 @@ impl Node {
                     rank: s.rank,
                     size: s.size,
                     parent_node: self.id.get(),
+                    parent: s.parent,
                 })),
             })),
         };
@@ -306,6 +310,7 @@ pub async fn serve_remote(
             rank: s.rank,
             size: s.size,
             parent_node: from,
+            parent: s.parent,
         })
         .await;
     let vp = match spawned {

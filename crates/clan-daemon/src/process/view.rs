@@ -95,6 +95,42 @@ impl ProcView {
         Some(buf)
     }
 
+    /// A file of the view, whole (up to `limit` bytes), with the kernel's error.
+    pub fn read_file(&self, rel: &str, limit: u64) -> std::io::Result<Vec<u8>> {
+        let mut f = self.open_at(rel).map_err(std::io::Error::from)?;
+        let mut buf = Vec::with_capacity(1024);
+        f.by_ref().take(limit).read_to_end(&mut buf)?;
+        Ok(buf)
+    }
+
+    /// The kernel's mode, owner and group of an entry of the view (links not followed).
+    pub fn stat_entry(&self, rel: &str) -> std::io::Result<(u32, u32, u32)> {
+        let st = fstatat(
+            Some(self.root.as_raw_fd()),
+            rel,
+            nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+        )
+        .map_err(std::io::Error::from)?;
+        Ok((st.st_mode, st.st_uid, st.st_gid))
+    }
+
+    /// The target of a link of the view.
+    pub fn readlink_entry(&self, rel: &str) -> std::io::Result<Vec<u8>> {
+        use std::os::unix::ffi::OsStrExt;
+        nix::fcntl::readlinkat(Some(self.root.as_raw_fd()), rel)
+            .map(|t| t.as_bytes().to_vec())
+            .map_err(std::io::Error::from)
+    }
+
+    /// The names in a directory of the view.
+    pub fn list_entry(&self, rel: &str) -> std::io::Result<Vec<String>> {
+        let mut names = Vec::new();
+        for e in std::fs::read_dir(self.path.join(rel))? {
+            names.push(e?.file_name().to_string_lossy().into_owned());
+        }
+        Ok(names)
+    }
+
     /// Local numbers of every process in the view.
     pub fn pids(&self) -> Vec<u32> {
         let Ok(rd) = std::fs::read_dir(&self.path) else {

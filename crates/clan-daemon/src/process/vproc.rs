@@ -23,6 +23,8 @@ pub struct VProc {
     pub uid: u32,
     pub job: u64,
     pub parent_node: NodeId,
+    /// Gpid of its parent in the cluster (0: none).
+    pub parent: u64,
     pub detached: bool,
     pub argv0: String,
     tx: mpsc::UnboundedSender<pb::ShepherdIn>,
@@ -92,6 +94,8 @@ pub struct SpawnLocal {
     pub rank: u32,
     pub size: u32,
     pub parent_node: NodeId,
+    /// Gpid of its parent in the cluster (0: none), the ppid the cluster /proc shows.
+    pub parent: u64,
 }
 
 impl Node {
@@ -160,6 +164,7 @@ impl Node {
                 .unwrap_or_default(),
             hostname: String::new(),
             v1_cgroups,
+            parent: req.parent,
         };
         let (mut stdin, mut stdout) = self.take_shepherd().await?;
         if write_frame(&mut stdin, &spec).await.is_err() {
@@ -303,6 +308,7 @@ impl Node {
             uid: spec.creds.as_ref().map(|c| c.uid).unwrap_or(0),
             job: spec.job,
             parent_node: NodeId::new(spec.parent_node).unwrap_or(self.id),
+            parent: spec.parent,
             detached: ps.detached,
             argv0: ps
                 .argv

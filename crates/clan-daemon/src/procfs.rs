@@ -1,0 +1,881 @@
+//! The node's part of the cluster /proc (DESIGN.md 10, Solaris MC 4.6; `ProcRequest`).
+//!
+//! Each node serves its own processes' files from the kernel's /proc of its pid namespace,
+//! with the pid fields rewritten to gpids before they leave the node (`stat`, `status`,
+//! thread ids in `task/`), and its node files; the node a request reaches lists every node
+//! at once and merges the cluster files. The reader's rights are the kernel's rules applied
+//! to the reader's identity: the mode and owner the node's /proc shows, and for the files
+//! the kernel guards with a ptrace check, the same ids and a dumpable process.
+
+use crate::error::{Error, Result};
+use crate::node::Node;
+use crate::process::group::Kind;
+use clan_core::{Gpid, NodeId};
+use clan_proto::pb;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The most of one file a read returns (cmdline and environ can be large).
+const MAX_FILE: u64 = 16 << 20;
+
+/// How long a listing or cluster file waits for a node before leaving it out.
+const NODE_TIMEOUT: Duration = Duration::from_millis(1000);
+
+/// The node files that the cluster view merges.
+pub const CLUSTER_FILES: [&str; 5] = ["loadavg", "meminfo", "stat", "uptime", "cpuinfo"];
+
+/// Entries of /proc/PID whose contents the kernel only shows after a ptrace access check
+/// (PTRACE_MODE_READ_FSCREDS): root, or a reader with all of the process's ids while the
+/// process is dumpable.
+const PTRACE_GUARDED: [&str; 19] = [
+    "environ",
+    "auxv",
+    "mem",
+    "maps",
+    "smaps",
+    "smaps_rollup",
+    "numa_maps",
+    "pagemap",
+    "io",
+    "stack",
+    "syscall",
+    "personality",
+    "fd",
+    "fdinfo",
+    "cwd",
+    "exe",
+    "root",
+    "map_files",
+    "ns",
+];
+
+/// Who reads.
+#[derive(Debug, Clone)]
+pub struct Reader {
+    pub uid: u32,
+    pub gid: u32,
+    pub groups: Vec<u32>,
+}
+
+impl Reader {
+    fn from_creds(c: &pb::Creds) -> Reader {
+        Reader {
+            uid: c.uid,
+            gid: c.gid,
+            groups: c.groups.clone(),
+        }
+    }
+
+    /// Whether a file of this mode and owner is readable by the reader (DAC, as the
+    /// kernel: owner bits for the owner, group bits for a member, other bits otherwise;
+    /// root reads everything).
+    pub fn may_read(&self, mode: u32, uid: u32, gid: u32) -> bool {
+        if self.uid == 0 {
+            return true;
+        }
+        let bits = if self.uid == uid {
+            mode >> 6
+        } else if self.gid == gid || self.groups.contains(&gid) {
+            mode >> 3
+        } else {
+            mode
+        };
+        bits & 0o4 != 0
+    }
+}
+
+/// The ids of a process from its `status` (real, effective, saved, fs).
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Ids {
+    uids: Vec<u32>,
+    gids: Vec<u32>,
+}
+
+fn ids_of_status(text: &str) -> Ids {
+    let nums = |key: &str| -> Vec<u32> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(key))
+            .map(|v| {
+                v.split_whitespace()
+                    .filter_map(|x| x.parse().ok())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    Ids {
+        uids: nums("Uid:"),
+        gids: nums("Gid:"),
+    }
+}
+
+/// How a pid field of a local file becomes a cluster id.
+pub trait PidMap {
+    /// A process or thread id of the node.
+    fn pid(&self, local: i64) -> i64;
+    /// The parent of the process being rewritten (given its kernel ppid).
+    fn ppid(&self, local: i64) -> i64;
+    /// A process group id of the node (also tpgid).
+    fn pgrp(&self, local: i64) -> i64;
+    /// A session id of the node.
+    fn sid(&self, local: i64) -> i64;
+}
+
+/// `/proc/PID/stat` with pid, ppid, pgrp, session and tpgid as cluster ids; the command
+/// name (which may hold spaces and parentheses) and every other field as they were.
+pub fn rewrite_stat(text: &[u8], m: &dyn PidMap) -> Option<Vec<u8>> {
+    let open = text.iter().position(|&b| b == b'(')?;
+    let close = text.iter().rposition(|&b| b == b')')?;
+    if close < open {
+        return None;
+    }
+    let pid: i64 = std::str::from_utf8(&text[..open])
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    let rest = std::str::from_utf8(&text[close + 1..]).ok()?;
+    let mut out = format!("{} ", m.pid(pid)).into_bytes();
+    out.extend_from_slice(&text[open..=close]);
+    // Fields after the command: state(3) ppid(4) pgrp(5) session(6) tty_nr(7) tpgid(8).
+    let mut fields: Vec<String> = rest.split(' ').map(str::to_string).collect();
+    // `rest` starts with the space after ')': fields[0] is empty.
+    let num = |f: &str| f.trim().parse::<i64>().ok();
+    for (i, f) in fields.iter_mut().enumerate() {
+        let new = match i {
+            2 => num(f).map(|v| m.ppid(v)),
+            3 => num(f).map(|v| m.pgrp(v)),
+            4 => num(f).map(|v| m.sid(v)),
+            6 => num(f).map(|v| if v > 0 { m.pgrp(v) } else { v }),
+            _ => None,
+        };
+        if let Some(v) = new {
+            let nl = f.ends_with('\n');
+            *f = v.to_string();
+            if nl {
+                f.push('\n');
+            }
+        }
+    }
+    out.extend_from_slice(fields.join(" ").as_bytes());
+    Some(out)
+}
+
+/// `/proc/PID/status` with Tgid, Pid, PPid, TracerPid and the NS* lines as cluster ids. The
+/// NS lines start with the number in the node's namespace (the one its /proc shows) and go
+/// down nested namespaces; they get that one value: the cluster has one pid namespace.
+pub fn rewrite_status(text: &[u8], m: &dyn PidMap) -> Vec<u8> {
+    let s = String::from_utf8_lossy(text);
+    let mut out = String::with_capacity(s.len());
+    for line in s.split_inclusive('\n') {
+        let Some((key, val)) = line.split_once(':') else {
+            out.push_str(line);
+            continue;
+        };
+        let first = || val.split_whitespace().next()?.parse::<i64>().ok();
+        let new = match key {
+            "Tgid" | "Pid" | "NStgid" | "NSpid" => first().map(|v| m.pid(v)),
+            "PPid" => first().map(|v| m.ppid(v)),
+            "TracerPid" => first().map(|v| if v > 0 { m.pid(v) } else { v }),
+            "NSpgid" => first().map(|v| m.pgrp(v)),
+            "NSsid" => first().map(|v| m.sid(v)),
+            _ => None,
+        };
+        match new {
+            Some(v) => {
+                out.push_str(key);
+                out.push_str(":\t");
+                out.push_str(&v.to_string());
+                out.push('\n');
+            }
+            None => out.push_str(line),
+        }
+    }
+    out.into_bytes()
+}
+
+/// The rewriting of one process of this node.
+struct NodeMap<'a> {
+    node: &'a Node,
+    /// The cluster parent of a process clan started (its kernel parent is its shepherd).
+    clan_parent: i64,
+}
+
+impl PidMap for NodeMap<'_> {
+    fn pid(&self, local: i64) -> i64 {
+        u32::try_from(local)
+            .ok()
+            .and_then(|p| Gpid::new(self.node.id, p))
+            .map_or(local, |g| g.raw() as i64)
+    }
+    fn ppid(&self, local: i64) -> i64 {
+        match u32::try_from(local) {
+            Ok(0) | Err(_) => 0,
+            Ok(p) if self.node.view.is_shepherd_pid(p) => self.clan_parent,
+            Ok(_) => self.pid(local),
+        }
+    }
+    fn pgrp(&self, local: i64) -> i64 {
+        u32::try_from(local).map_or(local, |g| self.node.cluster_id(Kind::Group, g) as i64)
+    }
+    fn sid(&self, local: i64) -> i64 {
+        u32::try_from(local).map_or(local, |s| self.node.cluster_id(Kind::Session, s) as i64)
+    }
+}
+
+/// Sums the numbers of several nodes' `loadavg`: the loads and the counts add up, the last
+/// pid is the highest gpid.
+pub fn merge_loadavg(parts: &[(NodeId, String)]) -> String {
+    let (mut l, mut run, mut total, mut last) = ([0f64; 3], 0u64, 0u64, 0u64);
+    for (n, t) in parts {
+        let f: Vec<&str> = t.split_whitespace().collect();
+        for (i, x) in l.iter_mut().enumerate() {
+            *x += f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+        }
+        if let Some((r, a)) = f.get(3).and_then(|v| v.split_once('/')) {
+            run += r.parse::<u64>().unwrap_or(0);
+            total += a.parse::<u64>().unwrap_or(0);
+        }
+        let lp = f.get(4).and_then(|v| v.parse::<u32>().ok()).unwrap_or(0);
+        if let Some(g) = Gpid::new(*n, lp) {
+            last = last.max(g.raw());
+        }
+    }
+    format!("{:.2} {:.2} {:.2} {run}/{total} {last}\n", l[0], l[1], l[2])
+}
+
+/// Sums `meminfo` line by line (`Hugepagesize` is a size, not an amount: the first node's).
+pub fn merge_meminfo(parts: &[(NodeId, String)]) -> String {
+    let mut keys: Vec<(String, u64, bool)> = Vec::new();
+    for (_, t) in parts {
+        for line in t.lines() {
+            let Some((k, v)) = line.split_once(':') else {
+                continue;
+            };
+            let mut w = v.split_whitespace();
+            let n: u64 = w.next().and_then(|x| x.parse().ok()).unwrap_or(0);
+            let kb = w.next() == Some("kB");
+            match keys.iter_mut().find(|(key, _, _)| key == k) {
+                Some(e) if k != "Hugepagesize" => e.1 += n,
+                Some(_) => {}
+                None => keys.push((k.to_string(), n, kb)),
+            }
+        }
+    }
+    let mut out = String::new();
+    for (k, n, kb) in keys {
+        let key = format!("{k}:");
+        if kb {
+            out.push_str(&format!("{key:<16}{n:>8} kB\n"));
+        } else {
+            out.push_str(&format!("{key:<16}{n:>8}\n"));
+        }
+    }
+    out
+}
+
+/// Merges `stat`: the `cpu` line and the counters summed (per column for `intr` and
+/// `softirq`), `cpuN` lines renumbered node after node, `btime` the earliest.
+pub fn merge_stat(parts: &[(NodeId, String)]) -> String {
+    let mut cpu: Vec<u64> = Vec::new();
+    let mut cpus: Vec<String> = Vec::new();
+    let mut order: Vec<String> = Vec::new();
+    let mut sums: std::collections::HashMap<String, Vec<u64>> = Default::default();
+    let mut btime: Option<u64> = None;
+    let add = |acc: &mut Vec<u64>, vals: &[u64]| {
+        if acc.len() < vals.len() {
+            acc.resize(vals.len(), 0);
+        }
+        for (a, v) in acc.iter_mut().zip(vals) {
+            *a += v;
+        }
+    };
+    for (_, t) in parts {
+        for line in t.lines() {
+            let mut w = line.split_whitespace();
+            let Some(key) = w.next() else { continue };
+            let vals: Vec<u64> = w.filter_map(|x| x.parse().ok()).collect();
+            if key == "cpu" {
+                add(&mut cpu, &vals);
+            } else if let Some(_n) = key.strip_prefix("cpu").filter(|n| n.parse::<u32>().is_ok()) {
+                let rest: Vec<String> = vals.iter().map(u64::to_string).collect();
+                cpus.push(format!("cpu{} {}", cpus.len(), rest.join(" ")));
+            } else if key == "btime" {
+                let b = vals.first().copied().unwrap_or(0);
+                btime = Some(btime.map_or(b, |x: u64| x.min(b)));
+            } else {
+                if !sums.contains_key(key) {
+                    order.push(key.to_string());
+                }
+                add(sums.entry(key.to_string()).or_default(), &vals);
+            }
+        }
+    }
+    let join = |v: &[u64]| v.iter().map(u64::to_string).collect::<Vec<_>>().join(" ");
+    let mut out = format!("cpu  {}\n", join(&cpu));
+    for c in cpus {
+        out.push_str(&c);
+        out.push('\n');
+    }
+    for k in order {
+        out.push_str(&format!("{k} {}\n", join(&sums[&k])));
+        if k == "ctxt" {
+            if let Some(b) = btime.take() {
+                out.push_str(&format!("btime {b}\n"));
+            }
+        }
+    }
+    if let Some(b) = btime {
+        out.push_str(&format!("btime {b}\n"));
+    }
+    out
+}
+
+/// `uptime`: the longest-running node's, with the idle time of every CPU summed.
+pub fn merge_uptime(parts: &[(NodeId, String)]) -> String {
+    let (mut up, mut idle) = (0f64, 0f64);
+    for (_, t) in parts {
+        let mut w = t.split_whitespace().filter_map(|x| x.parse::<f64>().ok());
+        up = up.max(w.next().unwrap_or(0.0));
+        idle += w.next().unwrap_or(0.0);
+    }
+    format!("{up:.2} {idle:.2}\n")
+}
+
+/// `cpuinfo`: every node's processors, renumbered node after node.
+pub fn merge_cpuinfo(parts: &[(NodeId, String)]) -> String {
+    let mut out = String::new();
+    let mut n = 0;
+    for (_, t) in parts {
+        for block in t.split("\n\n").filter(|b| !b.trim().is_empty()) {
+            for line in block.lines() {
+                match line.split_once(':') {
+                    Some((k, _)) if k.trim() == "processor" => {
+                        out.push_str(&format!("{k}: {n}\n"));
+                        n += 1;
+                    }
+                    _ => {
+                        out.push_str(line);
+                        out.push('\n');
+                    }
+                }
+            }
+            out.push('\n');
+        }
+    }
+    out
+}
+
+fn merge(name: &str, parts: &[(NodeId, String)]) -> Result<String> {
+    Ok(match name {
+        "loadavg" => merge_loadavg(parts),
+        "meminfo" => merge_meminfo(parts),
+        "stat" => merge_stat(parts),
+        "uptime" => merge_uptime(parts),
+        "cpuinfo" => merge_cpuinfo(parts),
+        other => {
+            return Err(Error::NotFound(format!(
+                "no cluster file {other:?} (cluster files: {})",
+                CLUSTER_FILES.join(", ")
+            )))
+        }
+    })
+}
+
+/// A relative path inside a process directory: plain names only.
+fn check_path(path: &str) -> Result<Vec<&str>> {
+    if path.is_empty() {
+        return Ok(Vec::new());
+    }
+    let parts: Vec<&str> = path.split('/').collect();
+    if parts
+        .iter()
+        .any(|p| p.is_empty() || *p == "." || *p == ".." || p.contains('\0'))
+    {
+        return Err(Error::Invalid(format!("invalid /proc path {path:?}")));
+    }
+    Ok(parts)
+}
+
+fn io_err(e: std::io::Error, what: &str) -> Error {
+    match e.raw_os_error() {
+        Some(libc::EACCES) | Some(libc::EPERM) => {
+            Error::Permission(format!("permission denied: {what}"))
+        }
+        _ => Error::NotFound(format!("no such file: {what}")),
+    }
+}
+
+impl Node {
+    /// The local pid of `gpid` when it is a process of this node that users see.
+    fn proc_pid(&self, gpid: u64) -> Result<u32> {
+        let g = Gpid::from_raw(gpid)
+            .filter(|g| g.node() == self.id)
+            .ok_or_else(|| {
+                Error::Invalid(format!("{gpid} is not a process of node {}", self.id))
+            })?;
+        let p = g.local();
+        if self.view.is_shepherd_pid(p) || self.view.stat_entry(&p.to_string()).is_err() {
+            return Err(Error::NoSuchProcess(g));
+        }
+        Ok(p)
+    }
+
+    /// Path `parts` under the process, in the node's numbers (`task/<gpid>` → `task/<tid>`).
+    fn local_path(&self, pid: u32, parts: &[&str]) -> Result<String> {
+        let mut out = pid.to_string();
+        for (i, p) in parts.iter().enumerate() {
+            out.push('/');
+            if i == 1 && parts[0] == "task" {
+                let tid = p
+                    .parse::<u64>()
+                    .ok()
+                    .and_then(Gpid::from_raw)
+                    .filter(|g| g.node() == self.id)
+                    .ok_or_else(|| Error::NotFound(format!("no such thread {p}")))?;
+                out.push_str(&tid.local().to_string());
+            } else {
+                out.push_str(p);
+            }
+        }
+        Ok(out)
+    }
+
+    /// May `reader` see what `rel` (a path of the view, under process `pid`) holds?
+    fn check_read(&self, reader: &Reader, pid: u32, parts: &[&str], rel: &str) -> Result<()> {
+        let (mode, uid, gid) = self.view.stat_entry(rel).map_err(|e| io_err(e, rel))?;
+        let is_dir = mode & libc::S_IFMT == libc::S_IFDIR;
+        let is_link = mode & libc::S_IFMT == libc::S_IFLNK;
+        if !is_link && !reader.may_read(mode, uid, gid) {
+            return Err(Error::Permission(format!("permission denied: /proc/{rel}")));
+        }
+        // The entry (or the thread's entry) the kernel guards: `task/TID/x` as `x`.
+        let name = match parts {
+            ["task", _, rest @ ..] => rest.first().copied(),
+            _ => parts.first().copied(),
+        };
+        let guarded = name.is_some_and(|n| PTRACE_GUARDED.contains(&n));
+        if guarded && !(is_dir && parts.len() == 1) && reader.uid != 0 {
+            let status = self
+                .view
+                .read_file(&format!("{pid}/status"), 16384)
+                .map_err(|e| io_err(e, rel))?;
+            let ids = ids_of_status(&String::from_utf8_lossy(&status));
+            // The kernel gives a non-dumpable process's files to root.
+            let (_, env_owner, _) = self
+                .view
+                .stat_entry(&format!("{pid}/environ"))
+                .map_err(|e| io_err(e, rel))?;
+            let same = !ids.uids.is_empty()
+                && ids.uids.iter().take(3).all(|&u| u == reader.uid)
+                && ids.gids.iter().take(3).all(|&g| g == reader.gid);
+            if !same || env_owner != reader.uid {
+                return Err(Error::Permission(format!("permission denied: /proc/{rel}")));
+            }
+        }
+        Ok(())
+    }
+
+    fn rewrite(&self, pid: u32, file: &str, data: Vec<u8>) -> Vec<u8> {
+        let m = NodeMap {
+            node: self,
+            clan_parent: Gpid::new(self.id, pid)
+                .and_then(|g| self.vprocs.read().get(&g).map(|v| v.parent))
+                .map_or(0, |p| p as i64),
+        };
+        match file {
+            "stat" => rewrite_stat(&data, &m).unwrap_or(data),
+            "status" => rewrite_status(&data, &m),
+            _ => data,
+        }
+    }
+
+    fn read_one(&self, reader: &Reader, pid: u32, parts: &[&str]) -> Result<Vec<u8>> {
+        let rel = self.local_path(pid, parts)?;
+        self.check_read(reader, pid, parts, &rel)?;
+        let data = self
+            .view
+            .read_file(&rel, MAX_FILE)
+            .map_err(|e| io_err(e, &rel))?;
+        // The rewritten file is the last component's (`task/TID/stat` as `stat`).
+        Ok(self.rewrite(pid, parts.last().copied().unwrap_or(""), data))
+    }
+
+    fn proc_entry(&self, pid: u32) -> Option<pb::ProcEntry> {
+        let (_, uid, gid) = self.view.stat_entry(&pid.to_string()).ok()?;
+        let attrs = self.view.attrs(pid, false)?;
+        Some(pb::ProcEntry {
+            gpid: Gpid::new(self.id, pid)?.raw(),
+            uid,
+            gid,
+            start_ticks: attrs.start_ticks,
+            files: Vec::new(),
+        })
+    }
+
+    /// This node's answer to a /proc request (runs on a blocking thread).
+    pub fn proc_local(&self, req: &pb::ProcRequest) -> Result<pb::ProcReply> {
+        use pb::ProcOp as P;
+        let reader = Reader::from_creds(req.reader.as_ref().unwrap_or(&self.own_creds()));
+        let op = P::try_from(req.op)
+            .map_err(|_| Error::Invalid(format!("unknown /proc operation {}", req.op)))?;
+        let mut reply = pb::ProcReply::default();
+        match op {
+            P::ProcList | P::ProcSnapshot => {
+                for f in &req.files {
+                    check_path(f)?;
+                }
+                let mut pids = self.view.pids();
+                pids.sort_unstable();
+                for pid in pids {
+                    let Some(mut e) = self.proc_entry(pid) else {
+                        continue; // gone, or a shepherd
+                    };
+                    for f in &req.files {
+                        let parts: Vec<&str> = f.split('/').collect();
+                        let (data, error) = match self.read_one(&reader, pid, &parts) {
+                            Ok(d) => (d, None),
+                            Err(e) => (Vec::new(), Some(e.into())),
+                        };
+                        e.files.push(pb::ProcFile {
+                            name: f.clone(),
+                            data,
+                            error,
+                        });
+                    }
+                    reply.procs.push(e);
+                }
+            }
+            P::ProcRead => {
+                let parts = check_path(&req.path)?;
+                if parts.is_empty() {
+                    return Err(Error::Invalid("read of a process directory".into()));
+                }
+                let pid = self.proc_pid(req.gpid)?;
+                reply.data = self.read_one(&reader, pid, &parts)?;
+            }
+            P::ProcReadlink => {
+                let parts = check_path(&req.path)?;
+                let pid = self.proc_pid(req.gpid)?;
+                let rel = self.local_path(pid, &parts)?;
+                self.check_read(&reader, pid, &parts, &rel)?;
+                reply.data = self
+                    .view
+                    .readlink_entry(&rel)
+                    .map_err(|e| io_err(e, &rel))?;
+            }
+            P::ProcReaddir => {
+                let parts = check_path(&req.path)?;
+                let pid = self.proc_pid(req.gpid)?;
+                let rel = self.local_path(pid, &parts)?;
+                if !parts.is_empty() {
+                    self.check_read(&reader, pid, &parts, &rel)?;
+                }
+                let tasks = parts == ["task"];
+                for name in self.view.list_entry(&rel).map_err(|e| io_err(e, &rel))? {
+                    let Ok((mode, uid, gid)) = self.view.stat_entry(&format!("{rel}/{name}"))
+                    else {
+                        continue; // gone meanwhile
+                    };
+                    let name = if tasks {
+                        match name.parse::<u32>().ok().and_then(|t| Gpid::new(self.id, t)) {
+                            Some(g) => g.raw().to_string(),
+                            None => continue,
+                        }
+                    } else {
+                        name
+                    };
+                    reply.entries.push(pb::DirEntry {
+                        name,
+                        mode,
+                        uid,
+                        gid,
+                    });
+                }
+            }
+            P::ProcGlobal => {
+                let parts = check_path(&req.path)?;
+                let [name] = parts[..] else {
+                    return Err(Error::Invalid(format!("invalid node file {:?}", req.path)));
+                };
+                if name.bytes().all(|b| b.is_ascii_digit()) || name == "self" {
+                    return Err(Error::Invalid(format!("{name:?} is not a node file")));
+                }
+                let (mode, uid, gid) = self.view.stat_entry(name).map_err(|e| io_err(e, name))?;
+                if mode & libc::S_IFMT != libc::S_IFREG || !reader.may_read(mode, uid, gid) {
+                    return Err(Error::Permission(format!(
+                        "permission denied: /proc/{name}"
+                    )));
+                }
+                reply.data = self
+                    .view
+                    .read_file(name, MAX_FILE)
+                    .map_err(|e| io_err(e, name))?;
+            }
+        }
+        Ok(reply)
+    }
+
+    /// A /proc request from a local client: listings from every node at once (a node that
+    /// does not answer in time is left out and named in `down`), a process's files from its
+    /// node, cluster files merged.
+    pub async fn proc_request(
+        self: &Arc<Self>,
+        mut req: pb::ProcRequest,
+        creds: &pb::Creds,
+    ) -> Result<pb::ProcReply> {
+        use pb::ProcOp as P;
+        // A root client (the FUSE server) reads on behalf of its callers.
+        let reader = match req.reader.take() {
+            Some(r) if creds.uid == 0 => r,
+            _ => creds.clone(),
+        };
+        req.reader = Some(reader);
+        let op = P::try_from(req.op)
+            .map_err(|_| Error::Invalid(format!("unknown /proc operation {}", req.op)))?;
+        match op {
+            P::ProcRead | P::ProcReadlink | P::ProcReaddir => {
+                let g = Gpid::from_raw(req.gpid)
+                    .ok_or_else(|| Error::NotFound(format!("no such process {}", req.gpid)))?;
+                let mut replies = self.proc_on(vec![g.node()], req, None).await;
+                let (_, r) = replies.pop().expect("one node asked");
+                r
+            }
+            P::ProcGlobal if req.nodes.len() == 1 => {
+                let n = NodeId::new(req.nodes[0])
+                    .ok_or_else(|| Error::NotFound(format!("no such node {}", req.nodes[0])))?;
+                self.target_nodes(&req.nodes)?;
+                let mut replies = self.proc_on(vec![n], req, None).await;
+                let (_, r) = replies.pop().expect("one node asked");
+                r
+            }
+            P::ProcGlobal => {
+                let name = req.path.clone();
+                merge(&name, &[])?; // a name it knows, before asking anyone
+                let targets = self.target_nodes(&req.nodes)?;
+                let mut parts = Vec::new();
+                let mut reply = pb::ProcReply::default();
+                for (n, r) in self.proc_on(targets, req, Some(NODE_TIMEOUT)).await {
+                    match r {
+                        Ok(r) => parts.push((n, String::from_utf8_lossy(&r.data).into_owned())),
+                        Err(Error::Permission(m)) => return Err(Error::Permission(m)),
+                        Err(_) => reply.down.push(n.get()),
+                    }
+                }
+                reply.data = merge(&name, &parts)?.into_bytes();
+                Ok(reply)
+            }
+            P::ProcList | P::ProcSnapshot => {
+                let targets = self.target_nodes(&req.nodes)?;
+                let mut reply = pb::ProcReply::default();
+                for (n, r) in self.proc_on(targets, req, Some(NODE_TIMEOUT)).await {
+                    match r {
+                        Ok(mut r) => reply.procs.append(&mut r.procs),
+                        Err(Error::Invalid(m)) => return Err(Error::Invalid(m)),
+                        Err(_) => reply.down.push(n.get()),
+                    }
+                }
+                Ok(reply)
+            }
+        }
+    }
+
+    /// Sends `req` to each of `nodes` at once (this one answered on a blocking thread);
+    /// a node that does not answer within `limit` is an error for that node.
+    async fn proc_on(
+        self: &Arc<Self>,
+        nodes: Vec<NodeId>,
+        req: pb::ProcRequest,
+        limit: Option<Duration>,
+    ) -> Vec<(NodeId, Result<pb::ProcReply>)> {
+        let mut set = tokio::task::JoinSet::new();
+        for n in nodes {
+            let (node, req) = (self.clone(), req.clone());
+            let limit = limit.unwrap_or(Duration::from_millis(node.cfg.dead_after_ms));
+            set.spawn(async move {
+                let res = if n == node.id {
+                    let node2 = node.clone();
+                    tokio::task::spawn_blocking(move || node2.proc_local(&req))
+                        .await
+                        .unwrap_or_else(|e| Err(Error::Internal(e.to_string())))
+                } else {
+                    let op = pb::peer_request::Op::Proc(req);
+                    match tokio::time::timeout(limit, node.call(n, node.own_creds(), op)).await {
+                        Ok(Ok(pb::peer_reply::Reply::Proc(r))) => Ok(r),
+                        Ok(Ok(other)) => {
+                            Err(Error::Internal(format!("unexpected reply {other:?}")))
+                        }
+                        Ok(Err(e)) => Err(e),
+                        Err(_) => Err(Error::NodeDown(format!("node {n} did not answer"))),
+                    }
+                };
+                (n, res)
+            });
+        }
+        let mut out = set.join_all().await;
+        out.sort_by_key(|(n, _)| *n);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Plus;
+    impl PidMap for Plus {
+        fn pid(&self, l: i64) -> i64 {
+            10_000_000 + l
+        }
+        fn ppid(&self, l: i64) -> i64 {
+            if l == 0 {
+                0
+            } else {
+                20_000_000 + l
+            }
+        }
+        fn pgrp(&self, l: i64) -> i64 {
+            30_000_000 + l
+        }
+        fn sid(&self, l: i64) -> i64 {
+            40_000_000 + l
+        }
+    }
+
+    #[test]
+    fn stat_fields_become_cluster_ids_and_the_rest_stays() {
+        let s = b"57 (a) b) c) S 12 57 57 34816 57 4194560 111 0 0 0 1 2 0 0 20 0 1 0 99 1 2\n";
+        let out = rewrite_stat(s, &Plus).unwrap();
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "10000057 (a) b) c) S 20000012 30000057 40000057 34816 30000057 4194560 111 0 0 0 \
+             1 2 0 0 20 0 1 0 99 1 2\n"
+        );
+        // No controlling terminal: tpgid -1 stays.
+        let s = b"5 (sh) S 1 5 5 0 -1 0\n";
+        assert_eq!(
+            rewrite_stat(s, &Plus).unwrap(),
+            b"10000005 (sh) S 20000001 30000005 40000005 0 -1 0\n"
+        );
+        for junk in [
+            &b""[..],
+            b"(",
+            b")(",
+            b"x (y) z",
+            b"12 (",
+            b"\xff\xfe (a) S 1 2 3 4 5",
+        ] {
+            let _ = rewrite_stat(junk, &Plus);
+        }
+    }
+
+    #[test]
+    fn status_ids_become_cluster_ids() {
+        let s = b"Name:\tsleep\nUmask:\t0022\nState:\tS (sleeping)\nTgid:\t9\nNgid:\t0\nPid:\t9\n\
+PPid:\t0\nTracerPid:\t0\nUid:\t0\t0\t0\t0\nNStgid:\t9\t3\nNSpid:\t9\t3\nNSpgid:\t7\t1\n\
+NSsid:\t7\t1\nThreads:\t1\n";
+        let out = String::from_utf8(rewrite_status(s, &Plus)).unwrap();
+        assert!(out.contains("\nTgid:\t10000009\n"), "{out}");
+        assert!(out.contains("\nPid:\t10000009\n"), "{out}");
+        assert!(out.contains("\nPPid:\t0\n"), "{out}");
+        assert!(out.contains("\nTracerPid:\t0\n"), "{out}");
+        assert!(out.contains("\nNSpid:\t10000009\n"), "{out}");
+        assert!(out.contains("\nNSpgid:\t30000007\n"), "{out}");
+        assert!(out.contains("\nNSsid:\t40000007\n"), "{out}");
+        assert!(out.contains("\nUid:\t0\t0\t0\t0\n") && out.ends_with("Threads:\t1\n"));
+        let _ = rewrite_status(b"\xff:\n:::\nPid:\tx\n", &Plus);
+    }
+
+    fn n(i: u32) -> NodeId {
+        NodeId::new(i).unwrap()
+    }
+
+    #[test]
+    fn cluster_files_add_up() {
+        let la = merge_loadavg(&[
+            (n(1), "0.50 0.25 0.10 2/100 4000\n".into()),
+            (n(2), "1.00 0.50 0.20 1/50 17\n".into()),
+        ]);
+        assert_eq!(la, "1.50 0.75 0.30 3/150 20000017\n");
+        let mi = merge_meminfo(&[
+            (
+                n(1),
+                "MemTotal:        1000 kB\nHugePages_Total:       2\nHugepagesize:       2048 kB\n"
+                    .into(),
+            ),
+            (
+                n(2),
+                "MemTotal:         500 kB\nHugePages_Total:       1\nHugepagesize:       2048 kB\n"
+                    .into(),
+            ),
+        ]);
+        assert_eq!(
+            mi,
+            "MemTotal:           1500 kB\nHugePages_Total:       3\nHugepagesize:       2048 kB\n"
+        );
+        let st = merge_stat(&[
+            (
+                n(1),
+                "cpu  1 2 3\ncpu0 1 2 3\nintr 10 1 2\nctxt 5\nbtime 100\nprocesses 7\n".into(),
+            ),
+            (
+                n(2),
+                "cpu  4 5 6\ncpu0 4 5 6\nintr 20 3\nctxt 6\nbtime 90\nprocesses 1\n".into(),
+            ),
+        ]);
+        assert_eq!(
+            st,
+            "cpu  5 7 9\ncpu0 1 2 3\ncpu1 4 5 6\nintr 30 4 2\nctxt 11\nbtime 90\nprocesses 8\n"
+        );
+        assert_eq!(
+            merge_uptime(&[(n(1), "10.5 3.0\n".into()), (n(2), "20.25 1.0\n".into())]),
+            "20.25 4.00\n"
+        );
+        let ci = merge_cpuinfo(&[
+            (
+                n(1),
+                "processor\t: 0\nmodel name\t: X\n\nprocessor\t: 1\nmodel name\t: X\n\n".into(),
+            ),
+            (n(2), "processor\t: 0\nmodel name\t: Y\n\n".into()),
+        ]);
+        assert_eq!(ci.matches("processor").count(), 3);
+        assert!(ci.contains("processor\t: 2\nmodel name\t: Y\n"), "{ci}");
+        assert!(merge("nope", &[]).is_err());
+    }
+
+    #[test]
+    fn dac_as_the_kernel() {
+        let r = Reader {
+            uid: 1000,
+            gid: 1000,
+            groups: vec![5],
+        };
+        assert!(r.may_read(0o100444, 0, 0));
+        assert!(r.may_read(0o100400, 1000, 0));
+        assert!(!r.may_read(0o100400, 1001, 1000));
+        assert!(r.may_read(0o100040, 0, 5));
+        assert!(!r.may_read(0o100044, 1000, 0)); // the owner's bits, not the others'
+        let root = Reader {
+            uid: 0,
+            gid: 0,
+            groups: vec![],
+        };
+        assert!(root.may_read(0o100000, 1000, 1000));
+    }
+
+    #[test]
+    fn paths_are_plain_names() {
+        assert!(check_path("status").is_ok());
+        assert!(check_path("task/10000005/stat").is_ok());
+        assert!(check_path("").unwrap().is_empty());
+        for bad in [
+            "../1/environ",
+            "fd/../../x",
+            "a//b",
+            "/status",
+            "task/.",
+            "x\0y",
+        ] {
+            assert!(check_path(bad).is_err(), "{bad}");
+        }
+    }
+}
