@@ -512,8 +512,28 @@ impl Node {
         })
     }
 
-    /// This node's answer to a /proc request (runs on a blocking thread).
+    /// This node's answer to a /proc request (runs on a blocking thread). Errors name the
+    /// file as the cluster sees it (`/proc/GPID/PATH`).
     pub fn proc_local(&self, req: &pb::ProcRequest) -> Result<pb::ProcReply> {
+        let shown = || {
+            if req.path.is_empty() {
+                format!("/proc/{}", req.gpid)
+            } else if req.gpid == 0 {
+                format!("/proc/{}", req.path)
+            } else {
+                format!("/proc/{}/{}", req.gpid, req.path)
+            }
+        };
+        self.proc_local_inner(req).map_err(|e| match e {
+            Error::Permission(_) => Error::Permission(format!("permission denied: {}", shown())),
+            Error::NotFound(m) if m.starts_with("no such file") => {
+                Error::NotFound(format!("no such file: {}", shown()))
+            }
+            e => e,
+        })
+    }
+
+    fn proc_local_inner(&self, req: &pb::ProcRequest) -> Result<pb::ProcReply> {
         use pb::ProcOp as P;
         let reader = Reader::from_creds(req.reader.as_ref().unwrap_or(&self.own_creds()));
         let op = P::try_from(req.op)
