@@ -115,6 +115,8 @@ pub struct RunSpec {
     pub detached: bool,
     /// The most processes the job's task may have on each node it runs on (0: as it is).
     pub max_procs: u32,
+    /// `clan shell`: /proc is the cluster view and signals to gpids go through clan.
+    pub cluster_proc: bool,
 }
 
 impl RunSpec {
@@ -191,6 +193,7 @@ impl RunSpec {
                 rows: u32::from(self.winsize.0),
                 cols: u32::from(self.winsize.1),
                 max_procs: self.max_procs,
+                cluster_proc: self.cluster_proc,
             }),
             node: self.node.map(|n| n.get()).unwrap_or(0),
             policy: self.policy as i32,

@@ -103,6 +103,17 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
     std::fs::create_dir_all(state.join("sh"))
         .with_context(|| format!("create {}", state.display()))?;
     std::fs::create_dir_all(state.join("logs"))?;
+    // The cluster /proc of `clan shell`: where the node's view is mounted, where a shell
+    // binds the node's own procfs, and the preload shim.
+    for d in ["proc", "nodeproc"] {
+        std::fs::create_dir_all(state.join(d))?;
+    }
+    if let Err(e) = clan_shim::install(&state) {
+        warn!(
+            "cannot install the clan shell shim in {}: {e}",
+            state.display()
+        );
+    }
     let pidfile = state.join("cland.pid");
     if let Some(pid) = std::fs::read_to_string(&pidfile)
         .ok()

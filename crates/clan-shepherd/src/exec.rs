@@ -24,6 +24,8 @@ pub struct ChildPlan {
     pub cgroup_procs: Option<String>,
     /// `cgroup.procs` files of v1 hierarchies to join as well.
     pub v1_procs: Vec<String>,
+    /// `clan shell`: the cluster view over /proc (view, where the node's procfs goes).
+    pub cluster_proc: Option<(CString, CString)>,
     pub mnt_ns: Option<OwnedFd>,
     pub uts_ns: Option<OwnedFd>,
     pub stdio: [RawFd; 3],
@@ -57,6 +59,44 @@ fn fail(err_fd: RawFd, errno: Errno, what: &str) -> ! {
     }
 }
 
+/// A mount namespace of the process's own, a slave of the node's (new mounts of the node
+/// still arrive, its own never leave): the node's procfs bound at `node_proc` (a real procfs,
+/// for `/proc/self` and its magic links), the cluster view at `view` over `/proc`.
+fn cluster_proc(view: &CString, node_proc: &CString) -> Result<(), (Errno, &'static str)> {
+    use nix::mount::{mount, MsFlags};
+    nix::sched::unshare(CloneFlags::CLONE_NEWNS).map_err(|e| (e, "unshare a mount namespace"))?;
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_SLAVE,
+        None::<&str>,
+    )
+    .map_err(|e| (e, "make / a slave mount"))?;
+    mount(
+        Some("/proc"),
+        node_proc.as_c_str(),
+        None::<&str>,
+        MsFlags::MS_BIND | MsFlags::MS_REC,
+        None::<&str>,
+    )
+    .map_err(|e| (e, "bind the node's /proc"))?;
+    mount(
+        Some(view.as_c_str()),
+        "/proc",
+        None::<&str>,
+        MsFlags::MS_BIND,
+        None::<&str>,
+    )
+    .map_err(|e| {
+        (
+            e,
+            "mount the cluster /proc view (is the node's view server running?)",
+        )
+    })?;
+    Ok(())
+}
+
 /// Runs in the forked child; never returns.
 pub fn child(plan: ChildPlan, err_fd: RawFd) -> ! {
     if let Some(ns) = &plan.mnt_ns {
@@ -76,6 +116,11 @@ pub fn child(plan: ChildPlan, err_fd: RawFd) -> ! {
                 Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)),
                 "join the task's cgroup",
             );
+        }
+    }
+    if let Some((view, node_proc)) = &plan.cluster_proc {
+        if let Err((e, what)) = cluster_proc(view, node_proc) {
+            fail(err_fd, e, what);
         }
     }
     for procs in &plan.v1_procs {

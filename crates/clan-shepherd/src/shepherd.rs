@@ -422,6 +422,25 @@ fn start(
         if !spec.cluster_dir.is_empty() {
             add("CLAN_DIR", spec.cluster_dir.clone());
         }
+        if let Some(cp) = &spec.cluster_proc {
+            add("CLAN_BIN", cp.clan_bin.clone());
+            // The shim first, before any LD_PRELOAD of the caller's.
+            let preload = match env
+                .iter()
+                .position(|e| e.as_bytes().starts_with(b"LD_PRELOAD="))
+                .map(|i| env.remove(i))
+            {
+                Some(old) if old.as_bytes().len() > 11 => {
+                    format!(
+                        "{} {}",
+                        cp.shim,
+                        String::from_utf8_lossy(&old.as_bytes()[11..])
+                    )
+                }
+                _ => cp.shim.clone(),
+            };
+            env.extend(cstr(format!("LD_PRELOAD={preload}").as_bytes()));
+        }
         env
     };
     let child = match fork_in(&spec.cgroup) {
@@ -447,6 +466,9 @@ fn start(
                     .iter()
                     .map(|d| format!("{d}/cgroup.procs"))
                     .collect(),
+                cluster_proc: spec.cluster_proc.as_ref().and_then(|cp| {
+                    Some((cstr(cp.view.as_bytes())?, cstr(cp.node_proc.as_bytes())?))
+                }),
                 mnt_ns,
                 uts_ns,
                 stdio: child_fds,

@@ -9,6 +9,7 @@ use clan_core::{Gpid, NamedMutex, NodeId, WaitStatus};
 use clan_proto::pb::{self, shepherd_in::Msg as In, shepherd_out::Msg as Out};
 use clan_proto::{read_frame, write_frame};
 use std::path::Path;
+use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::Arc;
 use tokio::io::AsyncWriteExt;
@@ -114,6 +115,51 @@ impl Node {
         res
     }
 
+    /// Where a `clan shell` of this node finds the cluster view, the node's procfs and the
+    /// shim; refused when the node's view server is not mounted.
+    fn cluster_proc_spec(&self) -> Result<pb::ClusterProc> {
+        use std::os::unix::fs::MetadataExt;
+        let view = self.state_dir.join("proc");
+        // As the node's mount namespace sees it.
+        let seen = |p: &std::path::Path| {
+            if self.view.ns_init == 0 {
+                p.to_path_buf()
+            } else {
+                PathBuf::from(format!("/proc/{}/root{}", self.view.ns_init, p.display()))
+            }
+        };
+        let mounted = match (
+            std::fs::metadata(seen(&view)),
+            std::fs::metadata(seen(&self.state_dir)),
+        ) {
+            (Ok(v), Ok(parent)) => v.dev() != parent.dev(),
+            _ => false,
+        };
+        if !mounted {
+            return Err(Error::Invalid(format!(
+                "node {} serves no cluster /proc view (no FUSE, or its view server is not \
+                 running: see `{}`)",
+                self.id,
+                view.display()
+            )));
+        }
+        let bin = self
+            .shepherd_bin
+            .parent()
+            .map(PathBuf::from)
+            .unwrap_or_default();
+        Ok(pb::ClusterProc {
+            view: view.display().to_string(),
+            node_proc: self.state_dir.join("nodeproc").display().to_string(),
+            shim: self
+                .state_dir
+                .join(clan_shim::FILE_NAME)
+                .display()
+                .to_string(),
+            clan_bin: bin.join("clan").display().to_string(),
+        })
+    }
+
     async fn spawn_local_inner(self: &Arc<Self>, req: SpawnLocal) -> Result<Arc<VProc>> {
         if req.spec.argv.is_empty() {
             return Err(Error::Invalid("empty command".into()));
@@ -165,6 +211,11 @@ impl Node {
             hostname: String::new(),
             v1_cgroups,
             parent: req.parent,
+            cluster_proc: if req.spec.cluster_proc {
+                Some(self.cluster_proc_spec()?)
+            } else {
+                None
+            },
         };
         let (mut stdin, mut stdout) = self.take_shepherd().await?;
         if write_frame(&mut stdin, &spec).await.is_err() {
