@@ -66,6 +66,23 @@ clan wait "$victim" || true
 run clan nodes
 run clan node start 4
 
+say "clan run -N 2 -d -- sh -c '(setsid yes >/dev/null &); exec sleep 605'    # a job whose processes try to get away"
+job=$(clan run -N 2 -d -- sh -c '(setsid yes >/dev/null &); exec sleep 605' 2>&1 >/dev/null | awk '{print $2}')
+say "clan run -N 2 -d -- sleep 606    # a second job, to switch with"
+job2=$(clan run -N 2 -d -- sleep 606 2>&1 >/dev/null | awk '{print $2}')
+run clan job tree "$job"
+run clan job suspend "$job"
+run clan job show "$job"
+run clan job switch "$job" "$job2"
+run clan job switch "$job2" "$job"
+run clan job kill "$job"
+run clan job kill "$job2"
+say "clan run --max-procs 20 -- bash -c 'f() { f | f & }; f'   # a fork bomb bounded by its task's pids limit"
+bomb=$(clan run -d --max-procs 20 -- bash -c 'f() { f | f & }; f' 2>&1 >/dev/null | awk '{print $2}')
+sleep 1
+clan job show "$bomb"
+run clan job kill "$bomb"
+
 for g in "${gpids[0]}" "${gpids[1]}" "${gpids[3]}"; do clan kill -s KILL "$g"; done
 clan wait "${gpids[0]}" "${gpids[1]}" "${gpids[3]}" >/dev/null || true
 
