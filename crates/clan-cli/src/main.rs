@@ -57,6 +57,9 @@ enum Cmd {
     Stats(cmd::stats::Args),
     /// Register, remove or show this node's load manager.
     Loadmgr(cmd::loadmgr::Args),
+    /// Mount or unmount the cluster /proc (every process of every node as /GPID).
+    #[command(subcommand)]
+    Proc(cmd::proc::Args),
 }
 
 /// Turns `clan kill -9 G` and `clan kill -TERM G` into `clan kill -s 9 G`, as kill(1) allows.
@@ -119,6 +122,7 @@ fn main() -> ExitCode {
             Cmd::Logs(a) => with(client(), |c| cmd::logs::run(c, a)).await,
             Cmd::Stats(a) => with(client(), |c| cmd::stats::run(c, a)).await,
             Cmd::Loadmgr(a) => with(client(), |c| cmd::loadmgr::run(c, a)).await,
+            Cmd::Proc(a) => cmd::proc::run(a, cli.dir.clone(), cli.from),
         }
     })
 }

@@ -5,6 +5,7 @@ pub mod loadmgr;
 pub mod logs;
 pub mod node;
 pub mod nodes;
+pub mod proc;
 pub mod ps;
 pub mod run;
 pub mod sigsend;

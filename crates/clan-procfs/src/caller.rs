@@ -1,0 +1,342 @@
+//! Who sends a request: the reader's identity that cland applies the kernel's rules to,
+//! and whether the caller is a process of the cluster (for `self` and `thread-self`).
+//!
+//! Everything is read from a /proc given as a parameter (the server's, in the host's pid
+//! namespace, where FUSE reports callers' pids), so tests can use a fake tree.
+
+use clan_core::GPID_SPAN;
+use parking_lot::Mutex;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// How long the nodes' pid namespaces are trusted before they are read again (a node
+/// restarted by `clan node start` has a new init).
+const NS_TTL: Duration = Duration::from_secs(2);
+
+/// The reader of a request: what cland needs to apply the kernel's permission rules.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Reader {
+    pub uid: u32,
+    pub gid: u32,
+    /// Supplementary groups, sorted.
+    pub groups: Vec<u32>,
+}
+
+impl Reader {
+    pub fn root() -> Reader {
+        Reader {
+            uid: 0,
+            gid: 0,
+            groups: Vec::new(),
+        }
+    }
+
+    pub fn to_creds(&self, pid: u32) -> clan_proto::pb::Creds {
+        clan_proto::pb::Creds {
+            uid: self.uid,
+            gid: self.gid,
+            groups: self.groups.clone(),
+            pid,
+            ..Default::default()
+        }
+    }
+}
+
+/// One field of a `status` file (`"Groups"`, `"NSpid"`): the text after the colon.
+pub fn status_field<'a>(status: &'a str, key: &str) -> Option<&'a str> {
+    status.lines().find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        (k == key).then_some(v.trim())
+    })
+}
+
+/// The numbers of a status field, skipping what does not parse.
+pub fn status_numbers(status: &str, key: &str) -> Vec<u64> {
+    status_field(status, key)
+        .map(|v| {
+            v.split_whitespace()
+                .filter_map(|x| x.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The reader behind a FUSE request: its uid and gid as FUSE reports them, and the
+/// supplementary groups of the calling thread (`Groups:` of its status).
+pub fn reader(proc_root: &Path, uid: u32, gid: u32, pid: u32) -> Reader {
+    let mut groups: Vec<u32> = if pid == 0 {
+        Vec::new()
+    } else {
+        std::fs::read_to_string(proc_root.join(pid.to_string()).join("status"))
+            .map(|s| {
+                status_numbers(&s, "Groups")
+                    .into_iter()
+                    .filter_map(|g| u32::try_from(g).ok())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    groups.sort_unstable();
+    groups.dedup();
+    Reader { uid, gid, groups }
+}
+
+/// Where a caller stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Caller {
+    /// A process of the cluster: its gpid and its thread's.
+    Cluster { gpid: u64, thread: u64 },
+    /// A process of this machine outside the cluster, by host pid and thread id.
+    Host { pid: u32, tid: u32 },
+    /// Not visible from here (FUSE reports pid 0).
+    Unknown,
+}
+
+impl Caller {
+    /// Target of `self`: relative to the view's root for a process of the cluster, the
+    /// host's /proc otherwise.
+    pub fn self_link(&self) -> Option<String> {
+        match self {
+            Caller::Cluster { gpid, .. } => Some(gpid.to_string()),
+            Caller::Host { pid, .. } => Some(format!("/proc/{pid}")),
+            Caller::Unknown => None,
+        }
+    }
+
+    /// Target of `thread-self`.
+    pub fn thread_self_link(&self) -> Option<String> {
+        match self {
+            Caller::Cluster { gpid, thread } => Some(format!("{gpid}/task/{thread}")),
+            Caller::Host { pid, tid } => Some(format!("/proc/{pid}/task/{tid}")),
+            Caller::Unknown => None,
+        }
+    }
+}
+
+/// Each node that has a pid namespace of its own, with that namespace (`pid:[N]`).
+type NodeNamespaces = Vec<(u32, PathBuf)>;
+
+/// Decides whether callers are processes of the cluster.
+pub struct Locator {
+    proc_root: PathBuf,
+    cluster_dir: PathBuf,
+    node: u32,
+    /// (when read, each node's pid namespace link when it has one of its own)
+    ns: Mutex<Option<(Instant, NodeNamespaces)>>,
+}
+
+impl Locator {
+    /// `node` is the node the server talks to (the node of this machine).
+    pub fn new(proc_root: PathBuf, cluster_dir: PathBuf, node: u32) -> Locator {
+        Locator {
+            proc_root,
+            cluster_dir,
+            node,
+            ns: Mutex::new(None),
+        }
+    }
+
+    /// The pid namespaces of the nodes that run in one of their own (a local cluster's
+    /// nodes: `<cluster dir>/node<N>/init.pid` holds each namespace init's host pid).
+    fn node_namespaces(&self) -> NodeNamespaces {
+        let mut cached = self.ns.lock();
+        if let Some((at, v)) = cached.as_ref() {
+            if at.elapsed() < NS_TTL {
+                return v.clone();
+            }
+        }
+        let own = std::fs::read_link(self.proc_root.join("self/ns/pid")).ok();
+        let mut v = Vec::new();
+        for e in std::fs::read_dir(&self.cluster_dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let Some(n) = e
+                .file_name()
+                .to_str()
+                .and_then(|s| s.strip_prefix("node"))
+                .and_then(|s| s.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            let Some(init) = std::fs::read_to_string(e.path().join("init.pid"))
+                .ok()
+                .and_then(|s| s.trim().parse::<u32>().ok())
+            else {
+                continue;
+            };
+            if let Ok(ns) = std::fs::read_link(self.proc_root.join(format!("{init}/ns/pid"))) {
+                if Some(&ns) != own.as_ref() {
+                    v.push((n, ns));
+                }
+            }
+        }
+        *cached = Some((Instant::now(), v.clone()));
+        v
+    }
+
+    /// Whether the thread `tid` (host pid namespace) is a process of the cluster, and
+    /// which. On a real cluster (no node has a pid namespace of its own) every process of
+    /// this machine is one, of this machine's node, with its host pid; on a local
+    /// cluster, a process in a node's pid namespace is, with its pid there (the last
+    /// `NSpid`). This is the one place that decides it.
+    pub fn caller(&self, tid: u32) -> Caller {
+        if tid == 0 {
+            return Caller::Unknown;
+        }
+        let dir = self.proc_root.join(tid.to_string());
+        let Ok(status) = std::fs::read_to_string(dir.join("status")) else {
+            return Caller::Unknown;
+        };
+        let pid = status_numbers(&status, "Tgid")
+            .first()
+            .and_then(|&p| u32::try_from(p).ok())
+            .unwrap_or(tid);
+        let namespaces = self.node_namespaces();
+        if namespaces.is_empty() {
+            let node = u64::from(self.node) * GPID_SPAN;
+            return Caller::Cluster {
+                gpid: node + u64::from(pid),
+                thread: node + u64::from(tid),
+            };
+        }
+        let Ok(ns) = std::fs::read_link(dir.join("ns/pid")) else {
+            return Caller::Unknown;
+        };
+        let Some(&(node, _)) = namespaces.iter().find(|(_, n)| *n == ns) else {
+            return Caller::Host { pid, tid };
+        };
+        let last = |s: &str| status_numbers(s, "NSpid").last().copied();
+        let thread = last(&status);
+        let process = if pid == tid {
+            thread
+        } else {
+            std::fs::read_to_string(self.proc_root.join(format!("{pid}/status")))
+                .ok()
+                .and_then(|s| last(&s))
+        };
+        match (process, thread) {
+            (Some(p), Some(t)) if p < GPID_SPAN && t < GPID_SPAN => {
+                let base = u64::from(node) * GPID_SPAN;
+                Caller::Cluster {
+                    gpid: base + p,
+                    thread: base + t,
+                }
+            }
+            _ => Caller::Host { pid, tid },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+
+    struct Fake {
+        dir: tempfile::TempDir,
+    }
+
+    impl Fake {
+        fn new() -> Fake {
+            let f = Fake {
+                dir: tempfile::tempdir().unwrap(),
+            };
+            std::fs::create_dir_all(f.proc().join("self/ns")).unwrap();
+            symlink("pid:[1]", f.proc().join("self/ns/pid")).unwrap();
+            std::fs::create_dir_all(f.cluster()).unwrap();
+            f
+        }
+        fn proc(&self) -> PathBuf {
+            self.dir.path().join("proc")
+        }
+        fn cluster(&self) -> PathBuf {
+            self.dir.path().join("cluster")
+        }
+        fn process(&self, pid: u32, tgid: u32, ns: &str, nspid: &str) {
+            let d = self.proc().join(pid.to_string());
+            std::fs::create_dir_all(d.join("ns")).unwrap();
+            std::fs::write(
+                d.join("status"),
+                format!("Name:\tx\nTgid:\t{tgid}\nPid:\t{pid}\nNSpid:\t{nspid}\nGroups:\t27 4 \n"),
+            )
+            .unwrap();
+            symlink(ns, d.join("ns/pid")).unwrap();
+        }
+        fn node(&self, n: u32, init: u32, ns: &str) {
+            self.process(init, init, ns, &format!("{init}\t1"));
+            let d = self.cluster().join(format!("node{n}"));
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(d.join("init.pid"), format!("{init}\n")).unwrap();
+        }
+    }
+
+    #[test]
+    fn real_cluster_every_process_is_of_this_node() {
+        let f = Fake::new();
+        f.process(4711, 4711, "pid:[1]", "4711");
+        f.process(4712, 4711, "pid:[1]", "4712");
+        let l = Locator::new(f.proc(), f.cluster(), 3);
+        assert_eq!(
+            l.caller(4712),
+            Caller::Cluster {
+                gpid: 30_004_711,
+                thread: 30_004_712
+            }
+        );
+        assert_eq!(l.caller(0), Caller::Unknown);
+        assert_eq!(l.caller(9), Caller::Unknown);
+    }
+
+    #[test]
+    fn local_cluster_by_pid_namespace() {
+        let f = Fake::new();
+        f.node(1, 100, "pid:[11]");
+        f.node(2, 200, "pid:[22]");
+        f.process(300, 300, "pid:[22]", "300\t5");
+        f.process(301, 300, "pid:[22]", "301\t6");
+        f.process(400, 400, "pid:[1]", "400");
+        let l = Locator::new(f.proc(), f.cluster(), 1);
+        assert_eq!(
+            l.caller(301),
+            Caller::Cluster {
+                gpid: 20_000_005,
+                thread: 20_000_006
+            }
+        );
+        assert_eq!(l.caller(400), Caller::Host { pid: 400, tid: 400 });
+        assert_eq!(
+            Caller::Host { pid: 400, tid: 401 }
+                .thread_self_link()
+                .as_deref(),
+            Some("/proc/400/task/401")
+        );
+        assert_eq!(
+            Caller::Cluster {
+                gpid: 20_000_005,
+                thread: 20_000_006
+            }
+            .thread_self_link()
+            .as_deref(),
+            Some("20000005/task/20000006")
+        );
+    }
+
+    #[test]
+    fn groups_of_the_caller() {
+        let f = Fake::new();
+        f.process(55, 55, "pid:[1]", "55");
+        let r = reader(&f.proc(), 1000, 1000, 55);
+        assert_eq!(r.groups, vec![4, 27]);
+        assert!(reader(&f.proc(), 1, 1, 0).groups.is_empty());
+        assert!(reader(&f.proc(), 1, 1, 99).groups.is_empty());
+    }
+
+    #[test]
+    fn malformed_status_is_no_panic() {
+        assert_eq!(status_numbers("NSpid:\tx y 7\n", "NSpid"), vec![7]);
+        assert!(status_numbers("garbage", "NSpid").is_empty());
+        assert_eq!(status_field("Groups:\n", "Groups"), Some(""));
+    }
+}

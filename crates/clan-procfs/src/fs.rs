@@ -1,0 +1,283 @@
+//! The FUSE layer: each request becomes a call of the [`View`] on a tokio task, which
+//! replies when the answer is there, so a slow node never holds up other readers.
+//! Files are opened with direct I/O: their size is unknown (0 in their attributes, as in
+//! /proc), and their contents, fetched at open, are read by offset.
+
+use crate::source::Source;
+use crate::view::{Contents, Dirent, View, Who};
+use fuser::{
+    AccessFlags, Errno, FileHandle, Filesystem, FopenFlags, Generation, INodeNo, LockOwner,
+    OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, Request,
+};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use tokio::runtime::Handle;
+
+/// Open directories: their entries once listed (at the first readdir).
+type OpenDirs = Arc<Mutex<HashMap<u64, Option<Arc<Vec<Dirent>>>>>>;
+
+/// The file system served to the kernel.
+pub struct ProcFs<S> {
+    view: Arc<View<S>>,
+    rt: Handle,
+    files: Arc<Mutex<HashMap<u64, Arc<Contents>>>>,
+    dirs: OpenDirs,
+    next: AtomicU64,
+}
+
+fn who(req: &Request) -> Who {
+    Who {
+        uid: req.uid(),
+        gid: req.gid(),
+        pid: req.pid(),
+    }
+}
+
+fn errno(e: i32) -> Errno {
+    Errno::from_i32(e)
+}
+
+fn slice(data: &[u8], offset: u64, size: u32) -> &[u8] {
+    let start = usize::try_from(offset)
+        .unwrap_or(usize::MAX)
+        .min(data.len());
+    let end = start.saturating_add(size as usize).min(data.len());
+    &data[start..end]
+}
+
+impl<S: Source> ProcFs<S> {
+    /// Serves `view`, running its work on `rt`.
+    pub fn new(view: View<S>, rt: Handle) -> ProcFs<S> {
+        ProcFs {
+            view: Arc::new(view),
+            rt,
+            files: Arc::new(Mutex::new(HashMap::new())),
+            dirs: Arc::new(Mutex::new(HashMap::new())),
+            next: AtomicU64::new(1),
+        }
+    }
+
+    fn handle(&self) -> u64 {
+        self.next.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn fill(entries: &[Dirent], offset: u64, mut reply: ReplyDirectory) {
+        let skip = usize::try_from(offset).unwrap_or(usize::MAX);
+        for (i, e) in entries.iter().enumerate().skip(skip) {
+            if reply.add(INodeNo(e.ino), (i + 1) as u64, e.kind, &e.name) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+}
+
+impl<S: Source> Filesystem for ProcFs<S> {
+    fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let (view, who, name) = (self.view.clone(), who(req), name.to_owned());
+        self.rt.spawn(async move {
+            match view.lookup(&who, parent.0, &name).await {
+                Ok(a) => reply.entry(&view.ttl(), &a, Generation(0)),
+                Err(e) => reply.error(errno(e)),
+            }
+        });
+    }
+
+    fn getattr(&self, req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        let (view, who) = (self.view.clone(), who(req));
+        self.rt.spawn(async move {
+            match view.getattr(&who, ino.0).await {
+                Ok(a) => reply.attr(&view.ttl(), &a),
+                Err(e) => reply.error(errno(e)),
+            }
+        });
+    }
+
+    fn readlink(&self, req: &Request, ino: INodeNo, reply: ReplyData) {
+        let (view, who) = (self.view.clone(), who(req));
+        self.rt.spawn(async move {
+            match view.readlink(&who, ino.0).await {
+                Ok(t) => reply.data(&t),
+                Err(e) => reply.error(errno(e)),
+            }
+        });
+    }
+
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        if flags.0 & libc::O_ACCMODE != libc::O_RDONLY {
+            return reply.error(Errno::EROFS);
+        }
+        let (view, who, files, fh) = (
+            self.view.clone(),
+            who(req),
+            self.files.clone(),
+            self.handle(),
+        );
+        self.rt.spawn(async move {
+            match view.open(&who, ino.0).await {
+                Ok(c) => {
+                    files.lock().insert(fh, Arc::new(c));
+                    reply.opened(FileHandle(fh), FopenFlags::FOPEN_DIRECT_IO);
+                }
+                Err(e) => reply.error(errno(e)),
+            }
+        });
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let Some(c) = self.files.lock().get(&fh.0).cloned() else {
+            return reply.error(Errno::EBADF);
+        };
+        match &*c {
+            Contents::Data(d) => reply.data(slice(d, offset, size)),
+            Contents::File(_) => {
+                // A local file may block (or be slow): read it off the loop.
+                self.rt.spawn_blocking(move || {
+                    let Contents::File(f) = &*c else { return };
+                    let mut buf = vec![0u8; size as usize];
+                    match f.read_at(&mut buf, offset) {
+                        Ok(n) => reply.data(&buf[..n]),
+                        Err(e) => reply.error(errno(e.raw_os_error().unwrap_or(libc::EIO))),
+                    }
+                });
+            }
+        }
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.files.lock().remove(&fh.0);
+        reply.ok();
+    }
+
+    fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        // Listed at the first readdir, so that opening a directory (as killall does with
+        // /proc/PID) costs nothing.
+        let fh = self.handle();
+        self.dirs.lock().insert(fh, None);
+        reply.opened(FileHandle(fh), FopenFlags::empty());
+    }
+
+    fn readdir(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        reply: ReplyDirectory,
+    ) {
+        if offset > 0 {
+            if let Some(Some(entries)) = self.dirs.lock().get(&fh.0).cloned() {
+                return Self::fill(&entries, offset, reply);
+            }
+        }
+        let (view, who, dirs) = (self.view.clone(), who(req), self.dirs.clone());
+        self.rt.spawn(async move {
+            match view.readdir(&who, ino.0).await {
+                Ok(v) => {
+                    let v = Arc::new(v);
+                    if let Some(slot) = dirs.lock().get_mut(&fh.0) {
+                        *slot = Some(v.clone());
+                    }
+                    Self::fill(&v, offset, reply);
+                }
+                Err(e) => reply.error(errno(e)),
+            }
+        });
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        self.dirs.lock().remove(&fh.0);
+        reply.ok();
+    }
+
+    fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+        if mask.contains(AccessFlags::W_OK) {
+            return reply.error(Errno::EROFS);
+        }
+        let (view, who) = (self.view.clone(), who(req));
+        self.rt.spawn(async move {
+            match view.getattr(&who, ino.0).await {
+                Ok(a) => {
+                    let bits = u32::from(a.perm);
+                    let class = if who.uid == 0 {
+                        // root: everything but executing what no one may execute
+                        if mask.contains(AccessFlags::X_OK)
+                            && a.kind != fuser::FileType::Directory
+                            && bits & 0o111 == 0
+                        {
+                            return reply.error(Errno::EACCES);
+                        }
+                        return reply.ok();
+                    } else if who.uid == a.uid {
+                        bits >> 6
+                    } else if who.gid == a.gid
+                        || view.reader(&who).groups.binary_search(&a.gid).is_ok()
+                    {
+                        bits >> 3
+                    } else {
+                        bits
+                    };
+                    let want = (if mask.contains(AccessFlags::R_OK) {
+                        4
+                    } else {
+                        0
+                    }) | (if mask.contains(AccessFlags::X_OK) {
+                        1
+                    } else {
+                        0
+                    });
+                    if class & want == want {
+                        reply.ok()
+                    } else {
+                        reply.error(Errno::EACCES)
+                    }
+                }
+                Err(e) => reply.error(errno(e)),
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::slice;
+
+    #[test]
+    fn reads_by_offset_never_past_the_end() {
+        let d = b"0123456789";
+        assert_eq!(slice(d, 0, 4), b"0123");
+        assert_eq!(slice(d, 8, 4), b"89");
+        assert_eq!(slice(d, 10, 4), b"");
+        assert_eq!(slice(d, u64::MAX, u32::MAX), b"");
+    }
+}

@@ -1,0 +1,335 @@
+//! Inode numbers of the view.
+//!
+//! A number says what it stands for, so that it is stable for a process's life and a
+//! program holding an fd on `/GPID` can read the gpid back from `fstat`:
+//!
+//! | inode | what |
+//! |---|---|
+//! | 1 ... 9 | the root, `self`, `thread-self`, `nodes`, the five cluster files |
+//! | `1 << 20 \| n << 4 \| k` | `nodes/n` (k = 0) and its files (k = 1 ... 5) |
+//! | `gpid << 24` | the directory `/GPID` |
+//! | `gpid << 24 \| 1 << 20 \| i` | a path inside it (i: its index in the process's table) |
+//! | `1 << 63 \| i` | a path passed through to the local /proc (i: index in that table) |
+//!
+//! Gpids are below 2^31 (213 nodes of 10^7), so `gpid << 24` stays below 2^55.
+
+use std::collections::HashMap;
+
+pub const ROOT: u64 = 1;
+pub const SELF: u64 = 2;
+pub const THREAD_SELF: u64 = 3;
+pub const NODES: u64 = 4;
+const CLUSTER_BASE: u64 = 5;
+const NODE_BASE: u64 = 1 << 20;
+const PROC_SHIFT: u32 = 24;
+const PROC_PATH: u64 = 1 << 20;
+const PROC_INDEX: u64 = (1 << 20) - 1;
+const PASS: u64 = 1 << 63;
+
+/// The files every node has and the cluster merges.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum NodeFile {
+    Loadavg,
+    Meminfo,
+    Stat,
+    Uptime,
+    Cpuinfo,
+}
+
+impl NodeFile {
+    pub const ALL: [NodeFile; 5] = [
+        NodeFile::Loadavg,
+        NodeFile::Meminfo,
+        NodeFile::Stat,
+        NodeFile::Uptime,
+        NodeFile::Cpuinfo,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            NodeFile::Loadavg => "loadavg",
+            NodeFile::Meminfo => "meminfo",
+            NodeFile::Stat => "stat",
+            NodeFile::Uptime => "uptime",
+            NodeFile::Cpuinfo => "cpuinfo",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<NodeFile> {
+        NodeFile::ALL.into_iter().find(|f| f.name() == name)
+    }
+
+    fn index(self) -> u64 {
+        NodeFile::ALL.iter().position(|&f| f == self).unwrap_or(0) as u64
+    }
+}
+
+/// What an inode stands for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Node {
+    Root,
+    SelfLink,
+    ThreadSelf,
+    /// `nodes/`
+    Nodes,
+    /// A cluster file in the root (merged by cland).
+    Cluster(NodeFile),
+    /// `nodes/N/`
+    NodeDir(u32),
+    /// `nodes/N/FILE`: that node's own file.
+    NodeFile(u32, NodeFile),
+    /// `/GPID`
+    Proc(u64),
+    /// `/GPID/PATH` (`status`, `task/TID/stat`, `fd/3`)
+    ProcPath(u64, String),
+    /// `PATH` of the local /proc (`sys/kernel/pid_max`, `1234/status`)
+    Pass(String),
+}
+
+impl Node {
+    /// The node of `name` inside a process (`""`: the process directory itself).
+    pub fn in_proc(gpid: u64, path: &str) -> Node {
+        if path.is_empty() {
+            Node::Proc(gpid)
+        } else {
+            Node::ProcPath(gpid, path.to_string())
+        }
+    }
+
+    /// The directory that holds this node (the root for the root).
+    pub fn parent(&self) -> Node {
+        match self {
+            Node::Root
+            | Node::SelfLink
+            | Node::ThreadSelf
+            | Node::Nodes
+            | Node::Cluster(_)
+            | Node::Proc(_) => Node::Root,
+            Node::NodeDir(_) => Node::Nodes,
+            Node::NodeFile(n, _) => Node::NodeDir(*n),
+            Node::ProcPath(g, p) => match p.rsplit_once('/') {
+                Some((dir, _)) => Node::ProcPath(*g, dir.to_string()),
+                None => Node::Proc(*g),
+            },
+            Node::Pass(p) => match p.rsplit_once('/') {
+                Some((dir, _)) => Node::Pass(dir.to_string()),
+                None => Node::Root,
+            },
+        }
+    }
+}
+
+/// Paths interned to small numbers that are never reused.
+#[derive(Debug, Default)]
+struct PathTable {
+    by_path: HashMap<String, u64>,
+    by_index: HashMap<u64, String>,
+    next: u64,
+}
+
+impl PathTable {
+    fn intern(&mut self, path: &str, limit: u64) -> Option<u64> {
+        if let Some(&i) = self.by_path.get(path) {
+            return Some(i);
+        }
+        if self.next > limit {
+            return None;
+        }
+        let i = self.next;
+        self.next += 1;
+        self.by_path.insert(path.to_string(), i);
+        self.by_index.insert(i, path.to_string());
+        Some(i)
+    }
+
+    fn get(&self, i: u64) -> Option<&String> {
+        self.by_index.get(&i)
+    }
+
+    fn retain(&mut self, keep: impl Fn(&str) -> bool) {
+        self.by_path.retain(|p, _| keep(p));
+        self.by_index.retain(|_, p| keep(p));
+    }
+}
+
+/// The tables behind the numbers that are not computed.
+#[derive(Debug, Default)]
+pub struct Inodes {
+    procs: HashMap<u64, PathTable>,
+    pass: PathTable,
+}
+
+/// The gpid an inode belongs to (`/GPID` or a path inside it).
+pub fn gpid_of(ino: u64) -> Option<u64> {
+    (ino & PASS == 0 && ino >> PROC_SHIFT != 0).then_some(ino >> PROC_SHIFT)
+}
+
+impl Inodes {
+    /// The number of `node`; `None` when a table is full or the node can not be numbered
+    /// (a gpid out of range).
+    pub fn ino(&mut self, node: &Node) -> Option<u64> {
+        Some(match node {
+            Node::Root => ROOT,
+            Node::SelfLink => SELF,
+            Node::ThreadSelf => THREAD_SELF,
+            Node::Nodes => NODES,
+            Node::Cluster(f) => CLUSTER_BASE + f.index(),
+            Node::NodeDir(n) if *n < 1 << 16 => NODE_BASE | u64::from(*n) << 4,
+            Node::NodeFile(n, f) if *n < 1 << 16 => {
+                NODE_BASE | u64::from(*n) << 4 | (f.index() + 1)
+            }
+            Node::NodeDir(_) | Node::NodeFile(..) => return None,
+            Node::Proc(g) if (1..1 << 39).contains(g) => g << PROC_SHIFT,
+            Node::ProcPath(g, p) if (1..1 << 39).contains(g) => {
+                let i = self.procs.entry(*g).or_default().intern(p, PROC_INDEX)?;
+                g << PROC_SHIFT | PROC_PATH | i
+            }
+            Node::Proc(_) | Node::ProcPath(..) => return None,
+            Node::Pass(p) => PASS | self.pass.intern(p, PASS - 1)?,
+        })
+    }
+
+    /// What `ino` stands for, if it was numbered.
+    pub fn node(&self, ino: u64) -> Option<Node> {
+        if ino & PASS != 0 {
+            return self.pass.get(ino & !PASS).cloned().map(Node::Pass);
+        }
+        if let Some(g) = gpid_of(ino) {
+            let low = ino & ((1 << PROC_SHIFT) - 1);
+            return match low {
+                0 => Some(Node::Proc(g)),
+                _ if low & !PROC_INDEX == PROC_PATH => self
+                    .procs
+                    .get(&g)?
+                    .get(low & PROC_INDEX)
+                    .cloned()
+                    .map(|p| Node::ProcPath(g, p)),
+                _ => None,
+            };
+        }
+        match ino {
+            ROOT => Some(Node::Root),
+            SELF => Some(Node::SelfLink),
+            THREAD_SELF => Some(Node::ThreadSelf),
+            NODES => Some(Node::Nodes),
+            i if (CLUSTER_BASE..CLUSTER_BASE + 5).contains(&i) => NodeFile::ALL
+                .get((i - CLUSTER_BASE) as usize)
+                .map(|&f| Node::Cluster(f)),
+            i if i & NODE_BASE != 0 && i < NODE_BASE << 1 => {
+                let n = ((i & !NODE_BASE) >> 4) as u32;
+                match i & 0xf {
+                    0 => Some(Node::NodeDir(n)),
+                    k => NodeFile::ALL
+                        .get(k as usize - 1)
+                        .map(|&f| Node::NodeFile(n, f)),
+                }
+            }
+            _ => None,
+        }
+    }
+
+    /// Forgets the paths of processes for which `keep` is false (they are gone).
+    pub fn retain_procs(&mut self, keep: impl Fn(u64) -> bool) {
+        self.procs.retain(|&g, _| keep(g));
+    }
+
+    /// Forgets passed-through paths for which `keep` is false.
+    pub fn retain_pass(&mut self, keep: impl Fn(&str) -> bool) {
+        self.pass.retain(keep);
+    }
+
+    /// How many paths are interned (processes, passed through).
+    pub fn sizes(&self) -> (usize, usize) {
+        (
+            self.procs.values().map(|t| t.by_path.len()).sum(),
+            self.pass.by_path.len(),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers_round_trip() {
+        let mut t = Inodes::default();
+        let nodes = [
+            Node::Root,
+            Node::SelfLink,
+            Node::ThreadSelf,
+            Node::Nodes,
+            Node::Cluster(NodeFile::Loadavg),
+            Node::Cluster(NodeFile::Cpuinfo),
+            Node::NodeDir(3),
+            Node::NodeFile(3, NodeFile::Meminfo),
+            Node::NodeFile(213, NodeFile::Cpuinfo),
+            Node::Proc(20_000_005),
+            Node::ProcPath(20_000_005, "status".into()),
+            Node::ProcPath(20_000_005, "task/20000007/stat".into()),
+            Node::ProcPath(2_130_000_000, "fd/3".into()),
+            Node::Pass("sys/kernel/pid_max".into()),
+            Node::Pass("1234".into()),
+        ];
+        let mut seen = std::collections::HashSet::new();
+        for n in &nodes {
+            let i = t.ino(n).expect("numbered");
+            assert!(seen.insert(i), "{n:?} got a number already taken");
+            assert_eq!(t.node(i).as_ref(), Some(n), "ino {i:#x}");
+            assert_eq!(t.ino(n), Some(i), "stable");
+        }
+    }
+
+    #[test]
+    fn gpid_readable_from_the_number() {
+        let mut t = Inodes::default();
+        let d = t.ino(&Node::Proc(30_004_711)).unwrap();
+        let f = t.ino(&Node::ProcPath(30_004_711, "stat".into())).unwrap();
+        assert_eq!(gpid_of(d), Some(30_004_711));
+        assert_eq!(gpid_of(f), Some(30_004_711));
+        assert_eq!(gpid_of(ROOT), None);
+        let p = t.ino(&Node::Pass("1".into())).unwrap();
+        assert_eq!(gpid_of(p), None);
+        let n = t.ino(&Node::NodeFile(7, NodeFile::Stat)).unwrap();
+        assert_eq!(gpid_of(n), None);
+    }
+
+    #[test]
+    fn unknown_numbers_are_nothing() {
+        let t = Inodes::default();
+        assert_eq!(t.node(0), None);
+        assert_eq!(t.node(10), None);
+        assert_eq!(t.node(PASS | 5), None);
+        assert_eq!(t.node(20_000_005 << 24 | PROC_PATH | 9), None);
+        assert_eq!(t.node(20_000_005 << 24 | 3), None);
+        assert_eq!(t.node(NODE_BASE | 3 << 4 | 9), None);
+    }
+
+    #[test]
+    fn forgotten_processes_keep_their_numbers_apart() {
+        let mut t = Inodes::default();
+        let a = t.ino(&Node::ProcPath(10_000_001, "status".into())).unwrap();
+        t.retain_procs(|g| g != 10_000_001);
+        assert_eq!(t.node(a), None);
+        let b = t.ino(&Node::ProcPath(10_000_001, "stat".into())).unwrap();
+        assert_eq!(t.node(b), Some(Node::ProcPath(10_000_001, "stat".into())));
+    }
+
+    #[test]
+    fn parents() {
+        assert_eq!(
+            Node::ProcPath(10_000_001, "task/10000002/fd".into()).parent(),
+            Node::ProcPath(10_000_001, "task/10000002".into())
+        );
+        assert_eq!(
+            Node::ProcPath(10_000_001, "task".into()).parent(),
+            Node::Proc(10_000_001)
+        );
+        assert_eq!(Node::Pass("sys".into()).parent(), Node::Root);
+        assert_eq!(
+            Node::Pass("sys/kernel".into()).parent(),
+            Node::Pass("sys".into())
+        );
+        assert_eq!(Node::NodeFile(2, NodeFile::Stat).parent(), Node::NodeDir(2));
+    }
+}

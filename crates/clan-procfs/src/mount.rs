@@ -1,0 +1,352 @@
+//! Mounting and serving the view: checks of the mount point, the watcher that removes the
+//! mount when the server dies, readiness, and a clean unmount on SIGTERM, SIGINT, SIGHUP.
+//!
+//! The watcher is a child forked before any thread exists. It holds the read end of a pipe
+//! whose write end only the server has (close-on-exec, so no helper the server starts
+//! keeps it). When the server dies, however it dies, the pipe reaches EOF and the watcher
+//! detaches the mount it was told about (`umount2(MNT_DETACH)` as root, `fusermount3 -u
+//! -z` otherwise), so no dead mount ("transport endpoint is not connected") is left.
+
+use crate::fs::ProcFs;
+use crate::mountinfo;
+use crate::source::Cland;
+use crate::view::{Options, View};
+use clan_core::{ExitCode as X, NodeId};
+use fuser::{Config, MountOption, Session, SessionACL};
+use nix::sys::signal::{SigSet, Signal};
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// What the server needs to know.
+#[derive(Debug)]
+pub struct ServeOptions {
+    pub mountpoint: PathBuf,
+    pub cluster_dir: PathBuf,
+    pub node: NodeId,
+    /// Told `ready` (or `error CODE MESSAGE`) once, then closed.
+    pub ready: Vec<OwnedFd>,
+    /// How long one request to cland may take before the reader gets EIO.
+    pub timeout: Duration,
+    /// FUSE event-loop threads.
+    pub threads: usize,
+}
+
+/// Why the view could not be mounted.
+#[derive(Debug, thiserror::Error)]
+pub enum MountError {
+    #[error("{0}: no such directory")]
+    Missing(PathBuf),
+    #[error("{0}: not a directory")]
+    NotDir(PathBuf),
+    #[error("{0} is already a mount point")]
+    Mounted(PathBuf),
+    #[error("mount {0}: permission denied ({1})")]
+    Permission(PathBuf, String),
+    #[error("{0}")]
+    NoDaemon(String),
+    #[error("{0}")]
+    Other(String),
+}
+
+impl MountError {
+    /// The documented exit code (docs/proc.md).
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            MountError::Missing(_) | MountError::NotDir(_) => X::NOT_FOUND,
+            MountError::Mounted(_) => X::FAILURE,
+            MountError::Permission(..) => X::PERMISSION,
+            MountError::NoDaemon(_) => X::NO_DAEMON,
+            MountError::Other(_) => X::FAILURE,
+        }
+    }
+}
+
+/// Checks that `dir` is a directory that nothing is mounted on; returns its canonical
+/// path.
+pub fn check_mountpoint(dir: &Path) -> Result<PathBuf, MountError> {
+    match std::fs::metadata(dir) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => return Err(MountError::NotDir(dir.to_path_buf())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(MountError::Missing(dir.to_path_buf()))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            return Err(MountError::Permission(dir.to_path_buf(), e.to_string()))
+        }
+        Err(e) => return Err(MountError::Other(format!("{}: {e}", dir.display()))),
+    }
+    let canon = dir
+        .canonicalize()
+        .map_err(|e| MountError::Other(format!("{}: {e}", dir.display())))?;
+    if mountinfo::top_at(&mountinfo::read(), &canon).is_some() {
+        return Err(MountError::Mounted(dir.to_path_buf()));
+    }
+    Ok(canon)
+}
+
+/// Detaches the mount at `point` (lazily: readers inside it keep what they have open).
+pub fn detach(point: &Path) -> std::io::Result<()> {
+    if nix::unistd::geteuid().is_root() {
+        return nix::mount::umount2(point, nix::mount::MntFlags::MNT_DETACH)
+            .map_err(std::io::Error::from);
+    }
+    let mut last = std::io::Error::other("fusermount3 not found");
+    for bin in ["fusermount3", "fusermount"] {
+        match std::process::Command::new(bin)
+            .args(["-u", "-q", "-z", "--"])
+            .arg(point)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+        {
+            Ok(s) if s.success() => return Ok(()),
+            Ok(s) => last = std::io::Error::other(format!("{bin} -u -z: {s}")),
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
+}
+
+/// Unmounts the cluster /proc at `point`: a plain unmount, lazily if it is busy.
+pub fn unmount(point: &Path) -> std::io::Result<()> {
+    if nix::unistd::geteuid().is_root() {
+        return match nix::mount::umount(point) {
+            Ok(()) => Ok(()),
+            Err(nix::errno::Errno::EBUSY) => detach(point),
+            Err(e) => Err(e.into()),
+        };
+    }
+    for bin in ["fusermount3", "fusermount"] {
+        if let Ok(s) = std::process::Command::new(bin)
+            .args(["-u", "-q", "--"])
+            .arg(point)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+        {
+            if s.success() {
+                return Ok(());
+            }
+        }
+    }
+    detach(point)
+}
+
+/// Tells the readiness fds how the mount went, then closes them.
+pub fn tell(ready: &mut Vec<OwnedFd>, outcome: Result<(), &MountError>) {
+    let line = match outcome {
+        Ok(()) => "ready\n".to_string(),
+        Err(e) => format!(
+            "error {} {}\n",
+            e.exit_code(),
+            e.to_string().replace('\n', " ")
+        ),
+    };
+    for fd in ready.drain(..) {
+        let mut f = std::fs::File::from(fd);
+        let _ = f.write_all(line.as_bytes());
+    }
+}
+
+/// Forks the watcher of the mount at `point`; returns the write end of its pipe, which
+/// the caller must keep for as long as it serves. Call while the process has one thread.
+fn spawn_watcher(point: &Path) -> Result<OwnedFd, MountError> {
+    let (rd, wr) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+        .map_err(|e| MountError::Other(format!("pipe: {e}")))?;
+    let before = mountinfo::top_at(&mountinfo::read(), point).map(|m| m.id);
+    // SAFETY: called before any thread is started (checked by the callers' order: the
+    // runtime and the FUSE loops come after), so the child may do anything.
+    match unsafe { nix::unistd::fork() } {
+        Ok(nix::unistd::ForkResult::Child) => {
+            drop(wr);
+            watch(rd, point, before);
+        }
+        Ok(nix::unistd::ForkResult::Parent { .. }) => Ok(wr),
+        Err(e) => Err(MountError::Other(format!("fork the watcher: {e}"))),
+    }
+}
+
+/// The watcher's life: wait for EOF, then detach the mount the server made, if it is
+/// still there. Never returns.
+fn watch(rd: OwnedFd, point: &Path, before: Option<u64>) -> ! {
+    use nix::sys::signal::{signal, SigHandler};
+    for s in [
+        Signal::SIGINT,
+        Signal::SIGTERM,
+        Signal::SIGHUP,
+        Signal::SIGPIPE,
+    ] {
+        // SAFETY: SIG_IGN installs no handler code.
+        let _ = unsafe { signal(s, SigHandler::SigIgn) };
+    }
+    let _ = nix::sys::signal::sigprocmask(
+        nix::sys::signal::SigmaskHow::SIG_SETMASK,
+        Some(&SigSet::empty()),
+        None,
+    );
+    let _ = std::env::set_current_dir("/");
+    let _ = nix::sys::prctl::set_name(c"clan-procfs-w");
+    // Keep only stdio and the pipe: a readiness fd kept open here would make whoever
+    // waits for its EOF wait for the watcher.
+    let keep = rd.as_raw_fd();
+    if let Ok(rd_dir) = std::fs::read_dir("/proc/self/fd") {
+        let fds: Vec<i32> = rd_dir
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse().ok())
+            .filter(|&fd| fd > 2 && fd != keep)
+            .collect();
+        for fd in fds {
+            // SAFETY: closing fds this process no longer uses; none is owned by a live
+            // Rust object in this single-threaded child except `rd`, which is kept.
+            unsafe { libc::close(fd) };
+        }
+    }
+    let mut pipe = std::fs::File::from(rd);
+    let mut ours: Option<u64> = None;
+    let mut b = [0u8; 1];
+    loop {
+        match pipe.read(&mut b) {
+            Ok(0) => break,
+            Ok(_) if b[0] == b'M' => {
+                ours = mountinfo::top_at(&mountinfo::read(), point)
+                    .filter(mountinfo::Mount::is_cluster_proc)
+                    .map(|m| m.id);
+            }
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => break,
+        }
+    }
+    let top = mountinfo::top_at(&mountinfo::read(), point);
+    let dead = match (top, ours) {
+        (Some(t), Some(id)) => t.id == id,
+        // The server died between mounting and telling: the new view on top is its.
+        (Some(t), None) => t.is_cluster_proc() && Some(t.id) != before,
+        (None, _) => false,
+    };
+    if dead {
+        let _ = detach(point);
+    }
+    // SAFETY: _exit ends the process without running the parent's atexit handlers.
+    unsafe { libc::_exit(0) }
+}
+
+fn mount_error(point: &Path, e: std::io::Error) -> MountError {
+    let fuse_dev = nix::unistd::access(
+        "/dev/fuse",
+        nix::unistd::AccessFlags::R_OK | nix::unistd::AccessFlags::W_OK,
+    );
+    if !nix::unistd::geteuid().is_root() && fuse_dev.is_err() {
+        return MountError::Permission(
+            point.to_path_buf(),
+            "/dev/fuse is not accessible to this user: ask root to mount it".into(),
+        );
+    }
+    if e.kind() == std::io::ErrorKind::PermissionDenied
+        || matches!(e.raw_os_error(), Some(libc::EPERM) | Some(libc::EACCES))
+        || e.to_string().contains("ermission")
+    {
+        MountError::Permission(point.to_path_buf(), e.to_string())
+    } else {
+        MountError::Other(format!("mount {}: {e}", point.display()))
+    }
+}
+
+/// Mounts the view at `o.mountpoint` and serves it until it is unmounted or a signal
+/// asks to stop (then it unmounts). Must be called while the process has one thread.
+pub fn serve(mut o: ServeOptions) -> Result<(), MountError> {
+    let r = serve_inner(&mut o);
+    if let Err(e) = &r {
+        tell(&mut o.ready, Err(e));
+    }
+    r
+}
+
+fn serve_inner(o: &mut ServeOptions) -> Result<(), MountError> {
+    let point = check_mountpoint(&o.mountpoint)?;
+    let watcher = spawn_watcher(&point)?;
+    // Signals go to one thread that waits for them; every thread started from here on
+    // inherits the mask.
+    let mut stop = SigSet::empty();
+    for s in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+        stop.add(s);
+    }
+    stop.thread_block()
+        .map_err(|e| MountError::Other(format!("block signals: {e}")))?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("clan-procfs")
+        .enable_all()
+        .build()
+        .map_err(|e| MountError::Other(format!("runtime: {e}")))?;
+    let socket = clan_client::socket_path(&o.cluster_dir, o.node);
+    let cland = Cland::new(socket, o.node, 4, o.timeout);
+    rt.block_on(cland.check())
+        .map_err(|e| MountError::NoDaemon(e.to_string()))?;
+    let root = nix::unistd::geteuid().is_root();
+    let view = View::new(cland, Options::new(o.cluster_dir.clone(), o.node.get()));
+    let fs = ProcFs::new(view, rt.handle().clone());
+    let mut config = Config::default();
+    config.mount_options = vec![
+        MountOption::FSName(mountinfo::SOURCE.into()),
+        MountOption::Subtype(mountinfo::SOURCE.into()),
+        MountOption::RO,
+        MountOption::NoSuid,
+        MountOption::NoDev,
+        MountOption::NoExec,
+    ];
+    config.acl = if root {
+        SessionACL::All
+    } else {
+        SessionACL::Owner
+    };
+    config.n_threads = Some(o.threads.max(1));
+    let mut session = Session::new(fs, &point, &config).map_err(|e| mount_error(&point, e))?;
+    let mut w = std::fs::File::from(watcher);
+    let _ = w.write_all(b"M");
+    tracing::info!(mountpoint = %point.display(), node = %o.node, "cluster /proc mounted");
+    tell(&mut o.ready, Ok(()));
+    let mut unmounter = session.unmount_callable();
+    let at = point.clone();
+    std::thread::Builder::new()
+        .name("clan-procfs-sig".into())
+        .spawn(move || {
+            let mut first = true;
+            while let Ok(sig) = stop.wait() {
+                if !first {
+                    // Asked twice: stop at once; the watcher detaches the mount.
+                    std::process::exit(128 + sig as i32);
+                }
+                first = false;
+                tracing::info!(signal = ?sig, "unmounting");
+                if unmounter.unmount().is_err() {
+                    let _ = detach(&at);
+                }
+            }
+        })
+        .map_err(|e| MountError::Other(format!("signal thread: {e}")))?;
+    let r = session.run();
+    drop(w);
+    // A passed-through read may still block (a reader of /proc/kmsg): do not wait for it.
+    rt.shutdown_timeout(Duration::from_millis(200));
+    r.map_err(|e| MountError::Other(format!("serving {}: {e}", point.display())))
+}
+
+/// An fd number given on the command line, as an owned fd; `None` when it is not open.
+pub fn fd_from_number(n: i32) -> Option<OwnedFd> {
+    if n < 0 || nix::fcntl::fcntl(n, nix::fcntl::FcntlArg::F_GETFD).is_err() {
+        return None;
+    }
+    // Close-on-exec: no helper the server starts should keep the caller waiting.
+    let _ = nix::fcntl::fcntl(
+        n,
+        nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+    );
+    // SAFETY: the fd is open (F_GETFD succeeded) and was handed to this process for this
+    // purpose only; nothing else owns it.
+    Some(unsafe { OwnedFd::from_raw_fd(n) })
+}

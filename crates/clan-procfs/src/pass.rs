@@ -1,0 +1,104 @@
+//! Access to the local /proc as the reader: the names the view passes through (`sys/`,
+//! `tty/`, a host process's own `/proc/PID`) are opened, listed and read with the
+//! reader's identity, so the kernel applies its own rules (modes, ptrace checks, what
+//! `kallsyms` shows) exactly as if the reader had asked it.
+//!
+//! A server running as root does each such operation on a thread of its own that first
+//! takes the reader's uids, gids and groups with raw syscalls, which change the calling
+//! thread only (glibc's wrappers would change every thread). Taking a non-zero uid clears
+//! the thread's effective capabilities, so no privilege of the server leaks to the
+//! reader. The thread ends with the operation and its credentials with it. A server that
+//! is not root uses its own identity: then only its owner can use the mount.
+
+use crate::caller::Reader;
+use std::io;
+
+/// Runs `f` with the identity of `reader` when the server is root and the reader is not;
+/// otherwise with the server's. Blocks until `f` is done.
+pub fn as_reader<T, F>(reader: &Reader, switch: bool, f: F) -> io::Result<T>
+where
+    T: Send + 'static,
+    F: FnOnce() -> io::Result<T> + Send + 'static,
+{
+    if !switch || reader.uid == 0 {
+        return f();
+    }
+    let r = reader.clone();
+    std::thread::Builder::new()
+        .name("clan-procfs-as".into())
+        .spawn(move || {
+            become_reader(&r)?;
+            f()
+        })?
+        .join()
+        .unwrap_or_else(|_| Err(io::Error::other("reader thread panicked")))
+}
+
+/// Gives the calling thread (only) the reader's groups, gids and uids.
+fn become_reader(r: &Reader) -> io::Result<()> {
+    let groups: Vec<libc::gid_t> = r.groups.clone();
+    let check = |ret: libc::c_long| {
+        if ret == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    };
+    // SAFETY: raw setgroups with a pointer to `groups.len()` valid gid_t values that live
+    // across the call; it changes only this thread's supplementary groups.
+    check(unsafe { libc::syscall(libc::SYS_setgroups, groups.len(), groups.as_ptr()) })?;
+    // SAFETY: raw setresgid/setresuid take plain integers and change only this thread's
+    // credentials (no glibc broadcast to the other threads).
+    check(unsafe { libc::syscall(libc::SYS_setresgid, r.gid, r.gid, r.gid) })?;
+    // SAFETY: as above.
+    check(unsafe { libc::syscall(libc::SYS_setresuid, r.uid, r.uid, r.uid) })?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ids() -> (u32, u32) {
+        let s = std::fs::read_to_string("/proc/thread-self/status").unwrap();
+        let first = |k: &str| {
+            crate::caller::status_numbers(&s, k)
+                .get(1)
+                .copied()
+                .unwrap_or(u64::MAX) as u32
+        };
+        (first("Uid"), first("Gid"))
+    }
+
+    #[test]
+    fn reader_thread_has_the_readers_ids_and_the_server_keeps_its_own() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: needs root");
+            return;
+        }
+        let r = Reader {
+            uid: 65534,
+            gid: 65534,
+            groups: vec![65534],
+        };
+        let seen = as_reader(&r, true, || Ok(ids())).unwrap();
+        assert_eq!(seen, (65534, 65534));
+        assert_eq!(ids(), (0, 0));
+        // The reader's rights, not root's: this process's environ is root's and guarded.
+        let mine = format!("/proc/{}/environ", std::process::id());
+        let p = mine.clone();
+        let e = as_reader(&r, true, move || std::fs::read(p)).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EACCES));
+        assert!(std::fs::read(&mine).is_ok());
+    }
+
+    #[test]
+    fn root_reader_or_no_switch_runs_in_place() {
+        let me = std::thread::current().id();
+        let same = as_reader(&Reader::root(), true, move || {
+            Ok(std::thread::current().id() == me)
+        })
+        .unwrap();
+        assert!(same);
+    }
+}

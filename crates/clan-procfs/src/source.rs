@@ -1,0 +1,156 @@
+//! Where the view's contents come from: a node's cland (`ProcRequest` on its local
+//! socket), behind a trait so that the view's logic can be tested with a fake.
+
+use clan_client::{Client, ClientError};
+use clan_core::NodeId;
+use clan_proto::pb;
+use parking_lot::Mutex;
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Semaphore;
+
+/// Why a request to the source failed, as the view tells a reader.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Failure {
+    #[error("not found: {0}")]
+    NotFound(String),
+    #[error("permission denied: {0}")]
+    Permission(String),
+    #[error("node down: {0}")]
+    NodeDown(String),
+    #[error("invalid request: {0}")]
+    Invalid(String),
+    /// cland not running, restarting, too slow, or it said something unexpected.
+    #[error("cland unavailable: {0}")]
+    Unavailable(String),
+}
+
+impl Failure {
+    /// The errno a reader of a process's file gets: the kernel's for a process that is
+    /// gone (a process of a dead node is gone too) or a file it may not read.
+    pub fn errno(&self) -> i32 {
+        match self {
+            Failure::NotFound(_) | Failure::NodeDown(_) => libc::ENOENT,
+            Failure::Permission(_) => libc::EACCES,
+            Failure::Invalid(_) => libc::EINVAL,
+            Failure::Unavailable(_) => libc::EIO,
+        }
+    }
+
+    /// From an error a node attached to one file of a snapshot.
+    pub fn from_pb(e: &pb::Error) -> Failure {
+        use pb::ErrorCode as C;
+        let m = e.message.clone();
+        match e.kind() {
+            C::NotFound => Failure::NotFound(m),
+            C::Permission => Failure::Permission(m),
+            C::NodeDown => Failure::NodeDown(m),
+            C::Invalid => Failure::Invalid(m),
+            _ => Failure::Unavailable(m),
+        }
+    }
+
+    fn from_client(e: ClientError) -> Failure {
+        match e {
+            ClientError::Remote(e) => Failure::from_pb(&e),
+            e => Failure::Unavailable(e.to_string()),
+        }
+    }
+}
+
+/// A source of /proc contents for the cluster.
+pub trait Source: Send + Sync + 'static {
+    /// One `ProcRequest`.
+    fn proc(
+        &self,
+        req: pb::ProcRequest,
+    ) -> impl Future<Output = Result<pb::ProcReply, Failure>> + Send;
+    /// The nodes of the cluster.
+    fn nodes(&self) -> impl Future<Output = Result<Vec<u32>, Failure>> + Send;
+}
+
+/// A node's cland, through a small pool of connections (one `Client` serves one request
+/// at a time). A request that fails for want of cland or takes longer than the timeout
+/// fails with [`Failure::Unavailable`]; its connection is dropped, and the next request
+/// connects again.
+pub struct Cland {
+    path: PathBuf,
+    node: NodeId,
+    free: Mutex<Vec<Arc<Client>>>,
+    permits: Semaphore,
+    timeout: Duration,
+}
+
+impl Cland {
+    /// `size` connections at most to the cland at `path` (node `node`).
+    pub fn new(path: PathBuf, node: NodeId, size: usize, timeout: Duration) -> Cland {
+        Cland {
+            path,
+            node,
+            free: Mutex::new(Vec::new()),
+            permits: Semaphore::new(size.max(1)),
+            timeout,
+        }
+    }
+
+    /// Runs `f` on a pooled client with the timeout.
+    async fn with<T, F, Fut>(&self, f: F) -> Result<T, Failure>
+    where
+        F: FnOnce(Arc<Client>) -> Fut,
+        Fut: Future<Output = Result<T, ClientError>>,
+    {
+        let _permit = self
+            .permits
+            .acquire()
+            .await
+            .map_err(|_| Failure::Unavailable("shutting down".into()))?;
+        let client = self
+            .free
+            .lock()
+            .pop()
+            .unwrap_or_else(|| Arc::new(Client::at(self.path.clone(), self.node)));
+        match tokio::time::timeout(self.timeout, f(client.clone())).await {
+            Ok(Ok(v)) => {
+                self.free.lock().push(client);
+                Ok(v)
+            }
+            // cland answered: the connection is fine.
+            Ok(Err(e @ ClientError::Remote(_))) => {
+                self.free.lock().push(client);
+                Err(Failure::from_client(e))
+            }
+            // Dropped: a connection whose reply was not read can not be reused.
+            Ok(Err(e)) => Err(Failure::from_client(e)),
+            Err(_) => Err(Failure::Unavailable(format!(
+                "cland of node {} did not answer within {:?}",
+                self.node, self.timeout
+            ))),
+        }
+    }
+
+    /// Whether cland answers at all (before mounting).
+    pub async fn check(&self) -> Result<(), ClientError> {
+        let c = Client::at(self.path.clone(), self.node);
+        match tokio::time::timeout(self.timeout, c.nodes()).await {
+            Ok(r) => r.map(|_| ()),
+            Err(_) => Err(ClientError::Protocol(format!(
+                "cland of node {} did not answer within {:?}",
+                self.node, self.timeout
+            ))),
+        }
+    }
+}
+
+impl Source for Cland {
+    async fn proc(&self, req: pb::ProcRequest) -> Result<pb::ProcReply, Failure> {
+        self.with(|c| async move { c.proc(req).await }).await
+    }
+
+    async fn nodes(&self) -> Result<Vec<u32>, Failure> {
+        self.with(|c| async move { c.nodes().await })
+            .await
+            .map(|v| v.into_iter().map(|n| n.id).collect())
+    }
+}

@@ -1,0 +1,736 @@
+//! What the mount shows: names, attributes, contents (architecture.md, "One /proc for the
+//! cluster"). The FUSE layer (`fs.rs`) only turns requests into calls of [`View`].
+//!
+//! - The root: a directory per gpid (from a snapshot), `self`, `thread-self`, the cluster
+//!   files, `nodes/N/`, and every other non-numeric name of the local /proc passed through
+//!   (`sys/kernel/pid_max` reads 99999999). Numbers below 10,000,000 are not listed but
+//!   resolve to the local `/proc/N`, so a host process finds its own entry.
+//! - `/GPID/...`: entries, files and links served by cland with the reader's identity.
+//! - A listing of the root fetches a snapshot (`stat status cmdline statm` of every
+//!   process) that serves opens of those files for a second.
+
+use crate::caller::{self, Caller, Locator, Reader};
+use crate::inode::{Inodes, Node, NodeFile, NODES, SELF, THREAD_SELF};
+use crate::pass;
+use crate::source::{Failure, Source};
+use clan_core::{Gpid, GPID_SPAN};
+use clan_proto::pb;
+use fuser::{FileAttr, FileType, INodeNo};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::ffi::{OsStr, OsString};
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+/// The files a snapshot carries for every process (what ps reads of each).
+pub const SNAPSHOT_FILES: [&str; 4] = ["stat", "status", "cmdline", "statm"];
+
+/// What `sys/kernel/pid_max` reads: as many digits as the largest gpid of up to 9 nodes,
+/// so tools size their PID columns for gpids.
+pub const PID_MAX: &[u8] = b"99999999\n";
+
+/// Names of the root that the view defines itself (never passed through).
+const OWN_NAMES: [&str; 8] = [
+    "self",
+    "thread-self",
+    "nodes",
+    "loadavg",
+    "meminfo",
+    "stat",
+    "uptime",
+    "cpuinfo",
+];
+
+/// An errno for the reader.
+pub type Errno = i32;
+
+/// How the view is set up.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The local /proc (the server's).
+    pub proc_root: PathBuf,
+    /// The cluster directory (`node<N>/init.pid` of a local cluster's nodes).
+    pub cluster_dir: PathBuf,
+    /// The node the server talks to.
+    pub node: u32,
+    /// How long a snapshot serves opens, and process entries stay in the kernel's cache.
+    pub ttl: Duration,
+    /// Whether passed-through names are accessed with the reader's identity (the server
+    /// is root); otherwise with the server's.
+    pub switch_identity: bool,
+}
+
+impl Options {
+    pub fn new(cluster_dir: PathBuf, node: u32) -> Options {
+        Options {
+            proc_root: PathBuf::from("/proc"),
+            cluster_dir,
+            node,
+            ttl: Duration::from_secs(1),
+            switch_identity: nix::unistd::geteuid().is_root(),
+        }
+    }
+}
+
+/// The caller of one request, as FUSE reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Who {
+    pub uid: u32,
+    pub gid: u32,
+    /// Thread id in the server's pid namespace (0: not visible there).
+    pub pid: u32,
+}
+
+/// One name of a directory listing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Dirent {
+    pub ino: u64,
+    pub kind: FileType,
+    pub name: OsString,
+}
+
+/// The contents of an open file.
+#[derive(Debug)]
+pub enum Contents {
+    /// Fetched at open, read by offset.
+    Data(Vec<u8>),
+    /// A passed-through file, opened as the reader, read by offset.
+    File(std::fs::File),
+}
+
+struct Snapshot {
+    at: Instant,
+    reader: Reader,
+    procs: HashMap<u64, pb::ProcEntry>,
+}
+
+/// A listing of a process directory as one reader sees it: (reader, gpid, path).
+type ListKey = (Reader, u64, String);
+/// Cached values with the time they were fetched.
+type Timed<K, V> = Mutex<HashMap<K, (Instant, V)>>;
+
+/// The view: the logic of the file system, independent of FUSE.
+pub struct View<S> {
+    src: S,
+    opts: Options,
+    locator: Locator,
+    inodes: Mutex<Inodes>,
+    snapshot: Mutex<Option<Arc<Snapshot>>>,
+    listings: Timed<ListKey, Arc<Vec<pb::DirEntry>>>,
+    owners: Timed<u64, (u32, u32)>,
+    nodes: Mutex<Option<(Instant, Vec<u32>)>>,
+    readers: Timed<u32, Reader>,
+    swept: Mutex<Instant>,
+}
+
+fn attr(ino: u64, kind: FileType, perm: u32, uid: u32, gid: u32) -> FileAttr {
+    let t = SystemTime::now();
+    FileAttr {
+        ino: INodeNo(ino),
+        size: 0,
+        blocks: 0,
+        atime: t,
+        mtime: t,
+        ctime: t,
+        crtime: t,
+        kind,
+        perm: (perm & 0o7777) as u16,
+        nlink: if kind == FileType::Directory { 2 } else { 1 },
+        uid,
+        gid,
+        rdev: 0,
+        blksize: 4096,
+        flags: 0,
+    }
+}
+
+/// The file type of a kernel st_mode.
+pub fn kind_of_mode(mode: u32) -> FileType {
+    match mode & libc::S_IFMT {
+        libc::S_IFDIR => FileType::Directory,
+        libc::S_IFLNK => FileType::Symlink,
+        _ => FileType::RegularFile,
+    }
+}
+
+fn io_errno(e: &std::io::Error) -> Errno {
+    e.raw_os_error().unwrap_or(libc::EIO)
+}
+
+fn is_number(s: &str) -> bool {
+    !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit())
+}
+
+/// The first component of a passed-through path.
+fn first(path: &str) -> &str {
+    path.split('/').next().unwrap_or(path)
+}
+
+impl<S: Source> View<S> {
+    pub fn new(src: S, opts: Options) -> View<S> {
+        View {
+            locator: Locator::new(opts.proc_root.clone(), opts.cluster_dir.clone(), opts.node),
+            src,
+            opts,
+            inodes: Mutex::new(Inodes::default()),
+            snapshot: Mutex::new(None),
+            listings: Mutex::new(HashMap::new()),
+            owners: Mutex::new(HashMap::new()),
+            nodes: Mutex::new(None),
+            readers: Mutex::new(HashMap::new()),
+            swept: Mutex::new(Instant::now()),
+        }
+    }
+
+    /// How long the kernel may keep entries and attributes.
+    pub fn ttl(&self) -> Duration {
+        self.opts.ttl
+    }
+
+    fn ino(&self, node: &Node) -> Result<u64, Errno> {
+        self.inodes.lock().ino(node).ok_or(libc::ENOMEM)
+    }
+
+    fn node(&self, ino: u64) -> Result<Node, Errno> {
+        self.inodes.lock().node(ino).ok_or(libc::ENOENT)
+    }
+
+    /// The reader behind `who` (its groups read at most once a second per thread).
+    pub fn reader(&self, who: &Who) -> Reader {
+        let mut m = self.readers.lock();
+        if let Some((at, r)) = m.get(&who.pid) {
+            if at.elapsed() < self.opts.ttl && r.uid == who.uid && r.gid == who.gid {
+                return r.clone();
+            }
+        }
+        let r = caller::reader(&self.opts.proc_root, who.uid, who.gid, who.pid);
+        if m.len() > 4096 {
+            let ttl = self.opts.ttl;
+            m.retain(|_, (at, _)| at.elapsed() < ttl);
+        }
+        m.insert(who.pid, (Instant::now(), r.clone()));
+        r
+    }
+
+    async fn ask(
+        &self,
+        who: &Who,
+        op: pb::ProcOp,
+        gpid: u64,
+        path: &str,
+    ) -> Result<pb::ProcReply, Failure> {
+        let reader = self.reader(who);
+        self.src
+            .proc(pb::ProcRequest {
+                op: op as i32,
+                gpid,
+                path: path.to_string(),
+                reader: Some(reader.to_creds(who.pid)),
+                ..Default::default()
+            })
+            .await
+    }
+
+    // ------------------------------------------------------------------ processes
+
+    /// A process directory's entries (`path` "" for `/GPID` itself), at most a ttl old.
+    async fn listing(
+        &self,
+        who: &Who,
+        gpid: u64,
+        path: &str,
+        fresh: bool,
+    ) -> Result<Arc<Vec<pb::DirEntry>>, Errno> {
+        let key = (self.reader(who), gpid, path.to_string());
+        if !fresh {
+            if let Some((at, v)) = self.listings.lock().get(&key) {
+                if at.elapsed() < self.opts.ttl {
+                    return Ok(v.clone());
+                }
+            }
+        }
+        let reply = self
+            .ask(who, pb::ProcOp::ProcReaddir, gpid, path)
+            .await
+            .map_err(|e| e.errno())?;
+        let v = Arc::new(reply.entries);
+        if path.is_empty() {
+            if let Some(owner) = owner_of_entries(&v) {
+                self.owners.lock().insert(gpid, (Instant::now(), owner));
+            }
+        }
+        let mut m = self.listings.lock();
+        if m.len() > 4096 {
+            let ttl = self.opts.ttl;
+            m.retain(|_, (at, _)| at.elapsed() < ttl);
+            self.owners.lock().retain(|_, (at, _)| at.elapsed() < ttl);
+        }
+        m.insert(key, (Instant::now(), v.clone()));
+        Ok(v)
+    }
+
+    /// The owner of `/GPID` (uid, gid): from a fresh snapshot, else from its listing.
+    async fn owner(&self, who: &Who, gpid: u64) -> Result<(u32, u32), Errno> {
+        if Gpid::from_raw(gpid).is_none() {
+            return Err(libc::ENOENT);
+        }
+        if let Some(s) = self.snapshot.lock().as_ref() {
+            if s.at.elapsed() < self.opts.ttl {
+                if let Some(e) = s.procs.get(&gpid) {
+                    return Ok((e.uid, e.gid));
+                }
+            }
+        }
+        if let Some((at, o)) = self.owners.lock().get(&gpid) {
+            if at.elapsed() < self.opts.ttl {
+                return Ok(*o);
+            }
+        }
+        let v = self.listing(who, gpid, "", true).await?;
+        owner_of_entries(&v).ok_or(libc::ENOENT)
+    }
+
+    /// The entry `name` of the process directory `dir`.
+    async fn proc_entry(
+        &self,
+        who: &Who,
+        gpid: u64,
+        dir: &str,
+        name: &str,
+    ) -> Result<FileAttr, Errno> {
+        let v = self.listing(who, gpid, dir, false).await?;
+        let e = v.iter().find(|e| e.name == name).ok_or(libc::ENOENT)?;
+        let path = if dir.is_empty() {
+            name.to_string()
+        } else {
+            format!("{dir}/{name}")
+        };
+        let ino = self.ino(&Node::ProcPath(gpid, path))?;
+        let kind = kind_of_mode(e.mode);
+        Ok(attr(ino, kind, e.mode, e.uid, e.gid))
+    }
+
+    /// A snapshot of every process (for the reader), fetched now.
+    async fn take_snapshot(&self, who: &Who) -> Result<Arc<Snapshot>, Errno> {
+        let reader = self.reader(who);
+        let reply = self
+            .src
+            .proc(pb::ProcRequest {
+                op: pb::ProcOp::ProcSnapshot as i32,
+                files: SNAPSHOT_FILES.iter().map(|s| s.to_string()).collect(),
+                reader: Some(reader.to_creds(who.pid)),
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| match e {
+                Failure::Permission(_) => libc::EACCES,
+                _ => libc::EIO,
+            })?;
+        if !reply.down.is_empty() {
+            tracing::debug!(down = ?reply.down, "nodes left out of the listing");
+        }
+        let procs: HashMap<u64, pb::ProcEntry> = reply
+            .procs
+            .into_iter()
+            .filter(|e| Gpid::from_raw(e.gpid).is_some())
+            .map(|e| (e.gpid, e))
+            .collect();
+        let s = Arc::new(Snapshot {
+            at: Instant::now(),
+            reader,
+            procs,
+        });
+        *self.snapshot.lock() = Some(s.clone());
+        self.sweep(&s, &reply.down);
+        Ok(s)
+    }
+
+    /// Forgets the inode numbers of processes that are gone and of host processes that
+    /// are gone (at most every ten seconds).
+    fn sweep(&self, s: &Snapshot, down: &[u32]) {
+        let mut swept = self.swept.lock();
+        if swept.elapsed() < Duration::from_secs(10) {
+            return;
+        }
+        *swept = Instant::now();
+        let root = self.opts.proc_root.clone();
+        let mut inodes = self.inodes.lock();
+        inodes.retain_procs(|g| {
+            s.procs.contains_key(&g)
+                || Gpid::from_raw(g).is_some_and(|g| down.contains(&g.node().get()))
+        });
+        inodes.retain_pass(|p| {
+            let f = first(p);
+            !is_number(f) || root.join(f).exists()
+        });
+    }
+
+    /// Contents of a file of a process: from the last snapshot when it is fresh, was
+    /// taken for the same reader and holds the file, else asked for.
+    async fn proc_file(&self, who: &Who, gpid: u64, path: &str) -> Result<Vec<u8>, Errno> {
+        if SNAPSHOT_FILES.contains(&path) {
+            let reader = self.reader(who);
+            let snap = self.snapshot.lock().clone();
+            if let Some(s) = snap.filter(|s| s.at.elapsed() < self.opts.ttl && s.reader == reader) {
+                if let Some(f) = s
+                    .procs
+                    .get(&gpid)
+                    .and_then(|e| e.files.iter().find(|f| f.name == path))
+                {
+                    return match &f.error {
+                        Some(e) => Err(Failure::from_pb(e).errno()),
+                        None => Ok(f.data.clone()),
+                    };
+                }
+            }
+        }
+        self.ask(who, pb::ProcOp::ProcRead, gpid, path)
+            .await
+            .map(|r| r.data)
+            .map_err(|e| e.errno())
+    }
+
+    // ------------------------------------------------------------------ nodes
+
+    async fn node_ids(&self) -> Result<Vec<u32>, Errno> {
+        if let Some((at, v)) = self.nodes.lock().as_ref() {
+            if at.elapsed() < 2 * self.opts.ttl {
+                return Ok(v.clone());
+            }
+        }
+        let mut v = self.src.nodes().await.map_err(|_| libc::EIO)?;
+        v.sort_unstable();
+        *self.nodes.lock() = Some((Instant::now(), v.clone()));
+        Ok(v)
+    }
+
+    async fn node_file(&self, who: &Who, node: Option<u32>, f: NodeFile) -> Result<Vec<u8>, Errno> {
+        let reader = self.reader(who);
+        self.src
+            .proc(pb::ProcRequest {
+                op: pb::ProcOp::ProcGlobal as i32,
+                path: f.name().to_string(),
+                nodes: node.into_iter().collect(),
+                reader: Some(reader.to_creds(who.pid)),
+                ..Default::default()
+            })
+            .await
+            .map(|r| r.data)
+            .map_err(|e| match e {
+                Failure::Permission(_) => libc::EACCES,
+                Failure::NotFound(_) => libc::ENOENT,
+                _ => libc::EIO,
+            })
+    }
+
+    // ------------------------------------------------------------------ passed through
+
+    fn pass_path(&self, path: &str) -> PathBuf {
+        self.opts.proc_root.join(path)
+    }
+
+    async fn pass_io<T, F>(&self, who: &Who, f: F) -> Result<T, Errno>
+    where
+        T: Send + 'static,
+        F: FnOnce() -> std::io::Result<T> + Send + 'static,
+    {
+        let reader = self.reader(who);
+        let switch = self.opts.switch_identity;
+        tokio::task::spawn_blocking(move || pass::as_reader(&reader, switch, f))
+            .await
+            .map_err(|_| libc::EIO)?
+            .map_err(|e| io_errno(&e))
+    }
+
+    async fn pass_attr(&self, who: &Who, path: &str) -> Result<FileAttr, Errno> {
+        let p = self.pass_path(path);
+        let m = self
+            .pass_io(who, move || std::fs::symlink_metadata(p))
+            .await?;
+        let ino = self.ino(&Node::Pass(path.to_string()))?;
+        let ft = m.file_type();
+        let kind = if ft.is_dir() {
+            FileType::Directory
+        } else if ft.is_symlink() {
+            FileType::Symlink
+        } else if ft.is_fifo() {
+            FileType::NamedPipe
+        } else if ft.is_socket() {
+            FileType::Socket
+        } else if ft.is_char_device() {
+            FileType::CharDevice
+        } else if ft.is_block_device() {
+            FileType::BlockDevice
+        } else {
+            FileType::RegularFile
+        };
+        let mut a = attr(ino, kind, m.mode(), m.uid(), m.gid());
+        a.size = m.size();
+        a.nlink = m.nlink() as u32;
+        let at = |s: i64, ns: i64| {
+            SystemTime::UNIX_EPOCH + Duration::new(s.max(0) as u64, ns.clamp(0, 999_999_999) as u32)
+        };
+        a.atime = at(m.atime(), m.atime_nsec());
+        a.mtime = at(m.mtime(), m.mtime_nsec());
+        a.ctime = at(m.ctime(), m.ctime_nsec());
+        a.crtime = a.ctime;
+        Ok(a)
+    }
+
+    /// Whether a name of the root is passed through.
+    fn passed_through(name: &str) -> bool {
+        !OWN_NAMES.contains(&name) && !name.is_empty() && !name.contains('/')
+    }
+
+    // ------------------------------------------------------------------ operations
+
+    /// `name` in the directory `parent`.
+    pub async fn lookup(&self, who: &Who, parent: u64, name: &OsStr) -> Result<FileAttr, Errno> {
+        let name = name.to_str().ok_or(libc::ENOENT)?;
+        if name == "." || name == ".." || name.contains('/') || name.is_empty() {
+            return Err(libc::ENOENT);
+        }
+        match self.node(parent)? {
+            Node::Root => {
+                if let Some(f) = NodeFile::from_name(name) {
+                    return self.getattr(who, self.ino(&Node::Cluster(f))?).await;
+                }
+                match name {
+                    "self" => return self.getattr(who, SELF).await,
+                    "thread-self" => return self.getattr(who, THREAD_SELF).await,
+                    "nodes" => return self.getattr(who, NODES).await,
+                    _ => {}
+                }
+                if is_number(name) {
+                    let n: u64 = name.parse().map_err(|_| libc::ENOENT)?;
+                    if n >= GPID_SPAN {
+                        let (uid, gid) = self.owner(who, n).await?;
+                        let ino = self.ino(&Node::Proc(n))?;
+                        return Ok(attr(ino, FileType::Directory, 0o555, uid, gid));
+                    }
+                }
+                if Self::passed_through(name) {
+                    return self.pass_attr(who, name).await;
+                }
+                Err(libc::ENOENT)
+            }
+            Node::Nodes => {
+                let n: u32 = name.parse().map_err(|_| libc::ENOENT)?;
+                if !self.node_ids().await?.contains(&n) {
+                    return Err(libc::ENOENT);
+                }
+                let ino = self.ino(&Node::NodeDir(n))?;
+                Ok(attr(ino, FileType::Directory, 0o555, 0, 0))
+            }
+            Node::NodeDir(n) => {
+                let f = NodeFile::from_name(name).ok_or(libc::ENOENT)?;
+                let ino = self.ino(&Node::NodeFile(n, f))?;
+                Ok(attr(ino, FileType::RegularFile, 0o444, 0, 0))
+            }
+            Node::Proc(g) => self.proc_entry(who, g, "", name).await,
+            Node::ProcPath(g, p) => self.proc_entry(who, g, &p, name).await,
+            Node::Pass(p) => self.pass_attr(who, &format!("{p}/{name}")).await,
+            Node::SelfLink | Node::ThreadSelf | Node::Cluster(_) | Node::NodeFile(..) => {
+                Err(libc::ENOTDIR)
+            }
+        }
+    }
+
+    /// The attributes of `ino`.
+    pub async fn getattr(&self, who: &Who, ino: u64) -> Result<FileAttr, Errno> {
+        match self.node(ino)? {
+            Node::Root | Node::Nodes | Node::NodeDir(_) => {
+                Ok(attr(ino, FileType::Directory, 0o555, 0, 0))
+            }
+            Node::SelfLink | Node::ThreadSelf => Ok(attr(ino, FileType::Symlink, 0o777, 0, 0)),
+            Node::Cluster(_) | Node::NodeFile(..) => {
+                Ok(attr(ino, FileType::RegularFile, 0o444, 0, 0))
+            }
+            Node::Proc(g) => {
+                let (uid, gid) = self.owner(who, g).await?;
+                Ok(attr(ino, FileType::Directory, 0o555, uid, gid))
+            }
+            Node::ProcPath(g, p) => {
+                let (dir, name) = p.rsplit_once('/').unwrap_or(("", p.as_str()));
+                self.proc_entry(who, g, dir, name).await
+            }
+            Node::Pass(p) => self.pass_attr(who, &p).await,
+        }
+    }
+
+    /// The target of the link `ino`.
+    pub async fn readlink(&self, who: &Who, ino: u64) -> Result<Vec<u8>, Errno> {
+        match self.node(ino)? {
+            Node::SelfLink => self
+                .caller(who)
+                .self_link()
+                .map(String::into_bytes)
+                .ok_or(libc::ENOENT),
+            Node::ThreadSelf => self
+                .caller(who)
+                .thread_self_link()
+                .map(String::into_bytes)
+                .ok_or(libc::ENOENT),
+            Node::ProcPath(g, p) => self
+                .ask(who, pb::ProcOp::ProcReadlink, g, &p)
+                .await
+                .map(|r| r.data)
+                .map_err(|e| e.errno()),
+            Node::Pass(p) => {
+                let path = self.pass_path(&p);
+                let t = self.pass_io(who, move || std::fs::read_link(path)).await?;
+                Ok(t.into_os_string().into_encoded_bytes())
+            }
+            _ => Err(libc::EINVAL),
+        }
+    }
+
+    /// Whether the caller is a process of the cluster, and which.
+    pub fn caller(&self, who: &Who) -> Caller {
+        self.locator.caller(who.pid)
+    }
+
+    /// Opens the file `ino` for reading: its contents, or the local file to read.
+    pub async fn open(&self, who: &Who, ino: u64) -> Result<Contents, Errno> {
+        match self.node(ino)? {
+            Node::Cluster(f) => self.node_file(who, None, f).await.map(Contents::Data),
+            Node::NodeFile(n, f) => self.node_file(who, Some(n), f).await.map(Contents::Data),
+            Node::ProcPath(g, p) => self.proc_file(who, g, &p).await.map(Contents::Data),
+            Node::Pass(p) if p == "sys/kernel/pid_max" => Ok(Contents::Data(PID_MAX.to_vec())),
+            Node::Pass(p) => {
+                let path = self.pass_path(&p);
+                self.pass_io(who, move || std::fs::File::open(path))
+                    .await
+                    .map(Contents::File)
+            }
+            Node::Root | Node::Nodes | Node::NodeDir(_) | Node::Proc(_) => Err(libc::EISDIR),
+            Node::SelfLink | Node::ThreadSelf => Err(libc::ELOOP),
+        }
+    }
+
+    /// The entries of the directory `ino`, `.` and `..` first.
+    pub async fn readdir(&self, who: &Who, ino: u64) -> Result<Vec<Dirent>, Errno> {
+        let node = self.node(ino)?;
+        let parent = self.ino(&node.parent())?;
+        let mut out = vec![
+            Dirent {
+                ino,
+                kind: FileType::Directory,
+                name: ".".into(),
+            },
+            Dirent {
+                ino: parent,
+                kind: FileType::Directory,
+                name: "..".into(),
+            },
+        ];
+        let mut add = |node: Node, kind: FileType, name: &str| -> Result<(), Errno> {
+            out.push(Dirent {
+                ino: self.ino(&node)?,
+                kind,
+                name: name.into(),
+            });
+            Ok(())
+        };
+        match node {
+            Node::Root => {
+                let snap = self.take_snapshot(who).await?;
+                add(Node::SelfLink, FileType::Symlink, "self")?;
+                add(Node::ThreadSelf, FileType::Symlink, "thread-self")?;
+                for f in NodeFile::ALL {
+                    add(Node::Cluster(f), FileType::RegularFile, f.name())?;
+                }
+                add(Node::Nodes, FileType::Directory, "nodes")?;
+                let root = self.opts.proc_root.clone();
+                let local = self
+                    .pass_io(who, move || {
+                        let mut v = Vec::new();
+                        for e in std::fs::read_dir(root)? {
+                            let e = e?;
+                            let Some(name) = e.file_name().to_str().map(str::to_string) else {
+                                continue;
+                            };
+                            let ft = e.file_type().ok();
+                            v.push((name, ft));
+                        }
+                        Ok(v)
+                    })
+                    .await?;
+                for (name, ft) in local {
+                    if is_number(&name) || !Self::passed_through(&name) {
+                        continue;
+                    }
+                    let kind = ft
+                        .and_then(FileType::from_std)
+                        .unwrap_or(FileType::RegularFile);
+                    add(Node::Pass(name.clone()), kind, &name)?;
+                }
+                let mut gpids: Vec<u64> = snap.procs.keys().copied().collect();
+                gpids.sort_unstable();
+                for g in gpids {
+                    add(Node::Proc(g), FileType::Directory, &g.to_string())?;
+                }
+            }
+            Node::Nodes => {
+                for n in self.node_ids().await? {
+                    add(Node::NodeDir(n), FileType::Directory, &n.to_string())?;
+                }
+            }
+            Node::NodeDir(n) => {
+                for f in NodeFile::ALL {
+                    add(Node::NodeFile(n, f), FileType::RegularFile, f.name())?;
+                }
+            }
+            Node::Proc(g) => {
+                for e in self.listing(who, g, "", true).await?.iter() {
+                    add(
+                        Node::ProcPath(g, e.name.clone()),
+                        kind_of_mode(e.mode),
+                        &e.name,
+                    )?;
+                }
+            }
+            Node::ProcPath(g, p) => {
+                for e in self.listing(who, g, &p, true).await?.iter() {
+                    let path = format!("{p}/{}", e.name);
+                    add(Node::ProcPath(g, path), kind_of_mode(e.mode), &e.name)?;
+                }
+            }
+            Node::Pass(p) => {
+                let path = self.pass_path(&p);
+                let local = self
+                    .pass_io(who, move || {
+                        let mut v = Vec::new();
+                        for e in std::fs::read_dir(path)? {
+                            let e = e?;
+                            v.push((e.file_name(), e.file_type().ok()));
+                        }
+                        Ok(v)
+                    })
+                    .await?;
+                for (name, ft) in local {
+                    let Some(n) = name.to_str() else { continue };
+                    let kind = ft
+                        .and_then(FileType::from_std)
+                        .unwrap_or(FileType::RegularFile);
+                    add(Node::Pass(format!("{p}/{n}")), kind, n)?;
+                }
+            }
+            Node::SelfLink | Node::ThreadSelf | Node::Cluster(_) | Node::NodeFile(..) => {
+                return Err(libc::ENOTDIR)
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// The owner of a process directory from its listing: the kernel gives every entry of
+/// `/proc/PID` the owner of the directory itself (`status` first, it is always there).
+fn owner_of_entries(v: &[pb::DirEntry]) -> Option<(u32, u32)> {
+    v.iter()
+        .find(|e| e.name == "status")
+        .or_else(|| v.first())
+        .map(|e| (e.uid, e.gid))
+}
