@@ -122,6 +122,9 @@ pub struct View<S> {
     owners: Timed<u64, (u32, u32)>,
     nodes: Mutex<Option<(Instant, Vec<u32>)>>,
     readers: Timed<u32, Reader>,
+    /// Processes a node said are gone, since when (newer than a snapshot: not served
+    /// from it).
+    gone: Timed<u64, ()>,
     swept: Mutex<Instant>,
 }
 
@@ -180,6 +183,7 @@ impl<S: Source> View<S> {
             owners: Mutex::new(HashMap::new()),
             nodes: Mutex::new(None),
             readers: Mutex::new(HashMap::new()),
+            gone: Mutex::new(HashMap::new()),
             swept: Mutex::new(Instant::now()),
         }
     }
@@ -222,7 +226,8 @@ impl<S: Source> View<S> {
         path: &str,
     ) -> Result<pb::ProcReply, Failure> {
         let reader = self.reader(who);
-        self.src
+        let r = self
+            .src
             .proc(pb::ProcRequest {
                 op: op as i32,
                 gpid,
@@ -230,7 +235,34 @@ impl<S: Source> View<S> {
                 reader: Some(reader.to_creds(who.pid)),
                 ..Default::default()
             })
-            .await
+            .await;
+        // Gone: its node is down, or a name every process has is not there.
+        let always = path.is_empty() || SNAPSHOT_FILES.contains(&path);
+        if matches!(r, Err(Failure::NodeDown(_)))
+            || (always && matches!(r, Err(Failure::NotFound(_))))
+        {
+            self.forget(gpid);
+        }
+        r
+    }
+
+    /// Forgets what is cached of a process a node says is gone (the kernel may still
+    /// hold its entry for a ttl).
+    fn forget(&self, gpid: u64) {
+        self.owners.lock().remove(&gpid);
+        self.listings.lock().retain(|(_, g, _), _| *g != gpid);
+        let mut gone = self.gone.lock();
+        if gone.len() > 4096 {
+            let ttl = self.opts.ttl;
+            gone.retain(|_, (at, _)| at.elapsed() < ttl);
+        }
+        gone.insert(gpid, (Instant::now(), ()));
+    }
+
+    /// Whether the snapshot `s` may still speak for `gpid` (not gone since).
+    fn current(&self, s: &Snapshot, gpid: u64) -> bool {
+        s.at.elapsed() < self.opts.ttl
+            && self.gone.lock().get(&gpid).is_none_or(|(at, _)| *at < s.at)
     }
 
     // ------------------------------------------------------------------ processes
@@ -276,11 +308,10 @@ impl<S: Source> View<S> {
         if Gpid::from_raw(gpid).is_none() {
             return Err(libc::ENOENT);
         }
-        if let Some(s) = self.snapshot.lock().as_ref() {
-            if s.at.elapsed() < self.opts.ttl {
-                if let Some(e) = s.procs.get(&gpid) {
-                    return Ok((e.uid, e.gid));
-                }
+        let snap = self.snapshot.lock().clone();
+        if let Some(s) = snap.filter(|s| self.current(s, gpid)) {
+            if let Some(e) = s.procs.get(&gpid) {
+                return Ok((e.uid, e.gid));
             }
         }
         if let Some((at, o)) = self.owners.lock().get(&gpid) {
@@ -733,4 +764,383 @@ fn owner_of_entries(v: &[pb::DirEntry]) -> Option<(u32, u32)> {
         .find(|e| e.name == "status")
         .or_else(|| v.first())
         .map(|e| (e.uid, e.gid))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// A fake process's files: name → contents or the error its node gives.
+    type Files = HashMap<String, Result<Vec<u8>, pb::ErrorCode>>;
+
+    /// A cluster of fake processes; counts requests by operation.
+    #[derive(Default)]
+    struct Fake {
+        /// gpid → (uid, gid, files)
+        procs: Mutex<HashMap<u64, (u32, u32, Files)>>,
+        reads: AtomicUsize,
+        snapshots: AtomicUsize,
+        down: std::sync::atomic::AtomicBool,
+    }
+
+    fn err(code: pb::ErrorCode) -> pb::Error {
+        pb::Error {
+            code: code as i32,
+            message: format!("{code:?}"),
+        }
+    }
+
+    impl Source for Arc<Fake> {
+        async fn proc(&self, req: pb::ProcRequest) -> Result<pb::ProcReply, Failure> {
+            if self.down.load(Ordering::SeqCst) {
+                return Err(Failure::Unavailable("no cland".into()));
+            }
+            let procs = self.procs.lock();
+            let mut reply = pb::ProcReply::default();
+            match pb::ProcOp::try_from(req.op) {
+                Ok(pb::ProcOp::ProcSnapshot) => {
+                    self.snapshots.fetch_add(1, Ordering::SeqCst);
+                    for (g, (uid, gid, files)) in procs.iter() {
+                        reply.procs.push(pb::ProcEntry {
+                            gpid: *g,
+                            uid: *uid,
+                            gid: *gid,
+                            start_ticks: 0,
+                            files: req
+                                .files
+                                .iter()
+                                .filter_map(|f| {
+                                    let (data, error) = match files.get(f)? {
+                                        Ok(d) => (d.clone(), None),
+                                        Err(c) => (Vec::new(), Some(err(*c))),
+                                    };
+                                    Some(pb::ProcFile {
+                                        name: f.clone(),
+                                        data,
+                                        error,
+                                    })
+                                })
+                                .collect(),
+                        });
+                    }
+                }
+                Ok(pb::ProcOp::ProcRead) => {
+                    self.reads.fetch_add(1, Ordering::SeqCst);
+                    let (_, _, files) = procs
+                        .get(&req.gpid)
+                        .ok_or_else(|| Failure::from_pb(&err(pb::ErrorCode::NotFound)))?;
+                    match files.get(&req.path) {
+                        Some(Ok(d)) => reply.data = d.clone(),
+                        Some(Err(c)) => return Err(Failure::from_pb(&err(*c))),
+                        None => return Err(Failure::from_pb(&err(pb::ErrorCode::NotFound))),
+                    }
+                }
+                Ok(pb::ProcOp::ProcReaddir) => {
+                    let (uid, gid, files) = procs
+                        .get(&req.gpid)
+                        .ok_or_else(|| Failure::from_pb(&err(pb::ErrorCode::NotFound)))?;
+                    for name in files.keys().filter(|n| !n.contains('/')) {
+                        reply.entries.push(pb::DirEntry {
+                            name: name.clone(),
+                            mode: libc::S_IFREG | 0o444,
+                            uid: *uid,
+                            gid: *gid,
+                        });
+                    }
+                    reply.entries.push(pb::DirEntry {
+                        name: "cwd".into(),
+                        mode: libc::S_IFLNK | 0o777,
+                        uid: *uid,
+                        gid: *gid,
+                    });
+                }
+                Ok(pb::ProcOp::ProcReadlink) => reply.data = b"/work".to_vec(),
+                Ok(pb::ProcOp::ProcGlobal) => {
+                    reply.data = format!("{} of {:?}\n", req.path, req.nodes).into_bytes()
+                }
+                _ => return Err(Failure::Invalid("op".into())),
+            }
+            Ok(reply)
+        }
+
+        async fn nodes(&self) -> Result<Vec<u32>, Failure> {
+            Ok(vec![2, 1])
+        }
+    }
+
+    struct Setup {
+        _dir: tempfile::TempDir,
+        fake: Arc<Fake>,
+        view: View<Arc<Fake>>,
+    }
+
+    const ME: Who = Who {
+        uid: 0,
+        gid: 0,
+        pid: 0,
+    };
+
+    fn setup() -> Setup {
+        let dir = tempfile::tempdir().unwrap();
+        let proc = dir.path().join("proc");
+        for d in ["sys/kernel", "tty", "4711", "self/ns"] {
+            std::fs::create_dir_all(proc.join(d)).unwrap();
+        }
+        std::fs::write(proc.join("sys/kernel/pid_max"), "4194304\n").unwrap();
+        std::fs::write(proc.join("version"), "Linux\n").unwrap();
+        std::fs::write(proc.join("stat"), "the host's own\n").unwrap();
+        std::fs::write(proc.join("4711/status"), "Name:\thost\n").unwrap();
+        let fake = Arc::new(Fake::default());
+        {
+            let mut p = fake.procs.lock();
+            let files = |pid: &str| {
+                let mut m = HashMap::new();
+                m.insert("stat".to_string(), Ok(format!("{pid} (x) S").into_bytes()));
+                m.insert(
+                    "status".to_string(),
+                    Ok(format!("Pid:\t{pid}\n").into_bytes()),
+                );
+                m.insert("cmdline".to_string(), Ok(b"x\0".to_vec()));
+                m.insert("environ".to_string(), Err(pb::ErrorCode::Permission));
+                m
+            };
+            p.insert(10_000_001, (0, 0, files("10000001")));
+            p.insert(20_000_005, (1000, 100, files("20000005")));
+        }
+        let opts = Options {
+            proc_root: proc,
+            cluster_dir: dir.path().join("cluster"),
+            node: 1,
+            ttl: Duration::from_secs(30),
+            switch_identity: false,
+        };
+        Setup {
+            view: View::new(fake.clone(), opts),
+            fake,
+            _dir: dir,
+        }
+    }
+
+    fn names(v: &[Dirent]) -> Vec<String> {
+        v.iter()
+            .map(|d| d.name.to_string_lossy().into_owned())
+            .collect()
+    }
+
+    async fn read(v: &View<Arc<Fake>>, who: &Who, ino: u64) -> Result<Vec<u8>, Errno> {
+        match v.open(who, ino).await? {
+            Contents::Data(d) => Ok(d),
+            Contents::File(f) => {
+                let mut out = Vec::new();
+                std::io::Read::read_to_end(&mut &f, &mut out).map_err(|e| io_errno(&e))?;
+                Ok(out)
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn root_lists_processes_own_names_and_the_local_rest() {
+        let s = setup();
+        let root = names(&s.view.readdir(&ME, crate::inode::ROOT).await.unwrap());
+        for n in [
+            ".",
+            "..",
+            "self",
+            "thread-self",
+            "loadavg",
+            "stat",
+            "nodes",
+            "sys",
+            "tty",
+            "version",
+            "10000001",
+            "20000005",
+        ] {
+            assert!(root.contains(&n.to_string()), "{n} missing from {root:?}");
+        }
+        assert!(
+            !root.contains(&"4711".to_string()),
+            "local pids are not listed"
+        );
+        assert_eq!(root.iter().filter(|n| *n == "stat").count(), 1);
+    }
+
+    #[tokio::test]
+    async fn process_directory_owner_and_files() {
+        let s = setup();
+        let d = s
+            .view
+            .lookup(&ME, crate::inode::ROOT, OsStr::new("20000005"))
+            .await
+            .unwrap();
+        assert_eq!((d.uid, d.gid, d.kind), (1000, 100, FileType::Directory));
+        assert_eq!(crate::inode::gpid_of(d.ino.0), Some(20_000_005));
+        let st = s
+            .view
+            .lookup(&ME, d.ino.0, OsStr::new("status"))
+            .await
+            .unwrap();
+        assert_eq!(st.kind, FileType::RegularFile);
+        assert_eq!(
+            read(&s.view, &ME, st.ino.0).await.unwrap(),
+            b"Pid:\t20000005\n"
+        );
+        let cwd = s
+            .view
+            .lookup(&ME, d.ino.0, OsStr::new("cwd"))
+            .await
+            .unwrap();
+        assert_eq!(cwd.kind, FileType::Symlink);
+        assert_eq!(s.view.readlink(&ME, cwd.ino.0).await.unwrap(), b"/work");
+        let env = s
+            .view
+            .lookup(&ME, d.ino.0, OsStr::new("environ"))
+            .await
+            .unwrap();
+        assert_eq!(read(&s.view, &ME, env.ino.0).await, Err(libc::EACCES));
+        assert_eq!(
+            s.view
+                .lookup(&ME, d.ino.0, OsStr::new("nothing"))
+                .await
+                .unwrap_err(),
+            libc::ENOENT
+        );
+    }
+
+    #[tokio::test]
+    async fn snapshot_serves_opens_until_it_is_stale() {
+        let s = setup();
+        s.view.readdir(&ME, crate::inode::ROOT).await.unwrap();
+        assert_eq!(s.fake.snapshots.load(Ordering::SeqCst), 1);
+        let d = s
+            .view
+            .lookup(&ME, crate::inode::ROOT, OsStr::new("10000001"))
+            .await
+            .unwrap();
+        for f in ["stat", "status", "cmdline"] {
+            let a = s.view.lookup(&ME, d.ino.0, OsStr::new(f)).await.unwrap();
+            read(&s.view, &ME, a.ino.0).await.unwrap();
+        }
+        assert_eq!(
+            s.fake.reads.load(Ordering::SeqCst),
+            0,
+            "served from the snapshot"
+        );
+        // Another reader does not get this reader's snapshot.
+        let other = Who {
+            uid: 1000,
+            gid: 100,
+            pid: 0,
+        };
+        let a = s
+            .view
+            .lookup(&other, d.ino.0, OsStr::new("stat"))
+            .await
+            .unwrap();
+        read(&s.view, &other, a.ino.0).await.unwrap();
+        assert_eq!(s.fake.reads.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn a_gone_process_is_enoent_and_no_cland_is_eio() {
+        let s = setup();
+        let d = s
+            .view
+            .lookup(&ME, crate::inode::ROOT, OsStr::new("20000005"))
+            .await
+            .unwrap();
+        let st = s
+            .view
+            .lookup(&ME, d.ino.0, OsStr::new("status"))
+            .await
+            .unwrap();
+        s.fake.procs.lock().remove(&20_000_005);
+        assert_eq!(read(&s.view, &ME, st.ino.0).await, Err(libc::ENOENT));
+        assert_eq!(
+            s.view
+                .lookup(&ME, crate::inode::ROOT, OsStr::new("20000009"))
+                .await
+                .unwrap_err(),
+            libc::ENOENT
+        );
+        s.fake.down.store(true, Ordering::SeqCst);
+        assert_eq!(read(&s.view, &ME, st.ino.0).await, Err(libc::EIO));
+        assert_eq!(
+            s.view.readdir(&ME, crate::inode::ROOT).await.unwrap_err(),
+            libc::EIO
+        );
+        s.fake.down.store(false, Ordering::SeqCst);
+        assert!(s.view.readdir(&ME, crate::inode::ROOT).await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn passed_through_names_and_pid_max() {
+        let s = setup();
+        let root = crate::inode::ROOT;
+        let sys = s.view.lookup(&ME, root, OsStr::new("sys")).await.unwrap();
+        let k = s
+            .view
+            .lookup(&ME, sys.ino.0, OsStr::new("kernel"))
+            .await
+            .unwrap();
+        let pm = s
+            .view
+            .lookup(&ME, k.ino.0, OsStr::new("pid_max"))
+            .await
+            .unwrap();
+        assert_eq!(read(&s.view, &ME, pm.ino.0).await.unwrap(), PID_MAX);
+        let v = s
+            .view
+            .lookup(&ME, root, OsStr::new("version"))
+            .await
+            .unwrap();
+        assert_eq!(read(&s.view, &ME, v.ino.0).await.unwrap(), b"Linux\n");
+        // A local pid resolves, though it is not listed.
+        let host = s.view.lookup(&ME, root, OsStr::new("4711")).await.unwrap();
+        assert_eq!(host.kind, FileType::Directory);
+        let hs = s
+            .view
+            .lookup(&ME, host.ino.0, OsStr::new("status"))
+            .await
+            .unwrap();
+        assert_eq!(
+            read(&s.view, &ME, hs.ino.0).await.unwrap(),
+            b"Name:\thost\n"
+        );
+        // The cluster's stat, not the host's.
+        let st = s.view.lookup(&ME, root, OsStr::new("stat")).await.unwrap();
+        assert_eq!(read(&s.view, &ME, st.ino.0).await.unwrap(), b"stat of []\n");
+    }
+
+    #[tokio::test]
+    async fn nodes_directory() {
+        let s = setup();
+        let n = s
+            .view
+            .lookup(&ME, crate::inode::ROOT, OsStr::new("nodes"))
+            .await
+            .unwrap();
+        assert_eq!(
+            names(&s.view.readdir(&ME, n.ino.0).await.unwrap()),
+            [".", "..", "1", "2"]
+        );
+        let two = s.view.lookup(&ME, n.ino.0, OsStr::new("2")).await.unwrap();
+        let la = s
+            .view
+            .lookup(&ME, two.ino.0, OsStr::new("loadavg"))
+            .await
+            .unwrap();
+        assert_eq!(
+            read(&s.view, &ME, la.ino.0).await.unwrap(),
+            b"loadavg of [2]\n"
+        );
+        assert_eq!(
+            s.view
+                .lookup(&ME, n.ino.0, OsStr::new("7"))
+                .await
+                .unwrap_err(),
+            libc::ENOENT
+        );
+    }
 }

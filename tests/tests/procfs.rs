@@ -1,0 +1,719 @@
+//! The cluster /proc (issue 5): `clan proc mount` on real local clusters of three nodes,
+//! read by the test itself, by the Rust `procfs` crate, by unmodified procps and psmisc,
+//! and by other users; failures (a process that exits, a power cut, cland restarting,
+//! the server killed).
+
+use clan_core::Gpid;
+use clan_tests::{bin, eventually, host_processes_mentioning, need_root, test_user, Cluster};
+use std::io::ErrorKind;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+macro_rules! root_or_skip {
+    ($name:expr) => {
+        if !need_root($name) {
+            return;
+        }
+    };
+}
+
+static SEQ: AtomicU32 = AtomicU32::new(0);
+
+/// A cluster /proc mounted with `clan proc mount`; unmounted (and its directory removed)
+/// when dropped, also when the test panicked.
+struct Mounted {
+    dir: PathBuf,
+    server: i32,
+}
+
+impl Mounted {
+    fn new(c: &Cluster) -> Mounted {
+        let dir = std::env::temp_dir().join(format!(
+            "clan-procfs-{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::SeqCst)
+        ));
+        std::fs::create_dir_all(&dir).expect("mount point");
+        let out = c.clan_ok(&["proc", "mount", dir.to_str().expect("utf-8")]);
+        let server = out
+            .rsplit("clan-procfs pid ")
+            .next()
+            .and_then(|s| s.trim().trim_end_matches(')').parse().ok())
+            .unwrap_or_else(|| panic!("no server pid in {out:?}"));
+        Mounted { dir, server }
+    }
+
+    fn path(&self, rel: &str) -> PathBuf {
+        self.dir.join(rel)
+    }
+
+    fn read(&self, rel: &str) -> String {
+        std::fs::read_to_string(self.path(rel))
+            .unwrap_or_else(|e| panic!("read {rel} of the view: {e}"))
+    }
+}
+
+/// Whether something is mounted at `dir` in this mount namespace.
+fn mounted(dir: &Path) -> bool {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let want = dir.to_string_lossy();
+    info.lines()
+        .any(|l| l.split(' ').nth(4).is_some_and(|p| p == want))
+}
+
+fn alive(pid: i32) -> bool {
+    clan_daemon::pid_alive(pid)
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = Command::new(bin("clan"))
+            .args(["proc", "umount"])
+            .arg(&self.dir)
+            .stdin(Stdio::null())
+            .output();
+        if mounted(&self.dir) {
+            let _ = nix::mount::umount2(&self.dir, nix::mount::MntFlags::MNT_DETACH);
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while alive(self.server) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if alive(self.server) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(self.server),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        let _ = std::fs::remove_dir(&self.dir);
+        if !std::thread::panicking() {
+            assert!(!mounted(&self.dir), "{} still mounted", self.dir.display());
+        }
+    }
+}
+
+/// The fields of a `stat` line after the command: (pid, comm, fields from state on).
+fn parse_stat(s: &str) -> (u64, String, Vec<String>) {
+    let open = s.find('(').expect("stat has (comm)");
+    let close = s.rfind(')').expect("stat has (comm)");
+    let pid = s[..open].trim().parse().expect("stat pid");
+    let rest = s[close + 1..]
+        .split_whitespace()
+        .map(str::to_string)
+        .collect();
+    (pid, s[open + 1..close].to_string(), rest)
+}
+
+fn status_field(s: &str, key: &str) -> Option<String> {
+    s.lines()
+        .find_map(|l| l.strip_prefix(&format!("{key}:")))
+        .map(|v| v.trim().to_string())
+}
+
+/// `sh -c SCRIPT` in a private mount namespace whose /proc is the view.
+fn with_view_as_proc(m: &Mounted, script: &str) -> Output {
+    Command::new("unshare")
+        .args(["-m", "--propagation", "private", "sh", "-c"])
+        .arg(format!(
+            "mount --bind {} /proc && {script}",
+            m.dir.to_str().expect("utf-8")
+        ))
+        .stdin(Stdio::null())
+        .output()
+        .expect("unshare")
+}
+
+/// Runs `argv` as `uid` (its primary group, no other groups).
+fn as_user(uid: u32, argv: &[&str]) -> Output {
+    let gid = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))
+        .ok()
+        .flatten()
+        .map_or(uid, |u| u.gid.as_raw());
+    Command::new("setpriv")
+        .args([
+            &format!("--reuid={uid}"),
+            &format!("--regid={gid}"),
+            "--clear-groups",
+        ])
+        .args(argv)
+        .current_dir("/tmp")
+        .stdin(Stdio::null())
+        .output()
+        .expect("setpriv")
+}
+
+/// Three nodes with a sleep on each, and on node 2 a sleep whose parent is the `clan run`
+/// of a shell on node 1: returns (the sleeps, the child on node 2, its parent).
+fn populated() -> (Cluster, Vec<Gpid>, u64, u64) {
+    let c = Cluster::up(3);
+    let sleeps: Vec<Gpid> = (1..=3).map(|n| c.spawn(n, &["sleep", "600"])).collect();
+    c.spawn(1, &["sh", "-c", "clan run --node 2 -- sleep 601"]);
+    let (child, parent) = eventually(
+        "the remote child of node 1",
+        Duration::from_secs(20),
+        || {
+            let ps = c.ps(&[]);
+            let child = ps.iter().find(|p| p["cmd"] == "sleep 601")?["gpid"].as_u64()?;
+            let parent = ps.iter().find(|p| {
+                p["cmd"]
+                    .as_str()
+                    .is_some_and(|c| c.starts_with("clan run --node 2"))
+            })?["gpid"]
+                .as_u64()?;
+            Some((child, parent))
+        },
+    );
+    (c, sleeps, child, parent)
+}
+
+#[test]
+fn every_process_is_a_directory_with_gpids_in_status_and_stat() {
+    root_or_skip!("every_process_is_a_directory_with_gpids_in_status_and_stat");
+    let (c, sleeps, child, parent) = populated();
+    let m = Mounted::new(&c);
+    let listed: Vec<u64> = std::fs::read_dir(&m.dir)
+        .expect("list the view")
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .collect();
+    let ps = c.ps(&[]);
+    assert!(ps.len() >= 8, "ps: {ps:?}");
+    for p in &ps {
+        let g = p["gpid"].as_u64().expect("gpid");
+        assert!(listed.contains(&g), "{g} not listed in {listed:?}");
+        assert!(
+            std::fs::metadata(m.path(&g.to_string())).is_ok_and(|md| md.is_dir()),
+            "{g} is not a directory"
+        );
+        let status = m.read(&format!("{g}/status"));
+        assert_eq!(
+            status_field(&status, "Pid"),
+            Some(g.to_string()),
+            "{status}"
+        );
+        // The parent of a process clan started is the process that ran `clan run`.
+        let want_ppid = if g == child {
+            parent
+        } else {
+            p["ppid"].as_u64().expect("ppid")
+        };
+        assert_eq!(
+            status_field(&status, "PPid"),
+            Some(want_ppid.to_string()),
+            "{g}: {status}"
+        );
+        let (pid, _, rest) = parse_stat(&m.read(&format!("{g}/stat")));
+        assert_eq!(pid, g);
+        assert_eq!(rest[1], want_ppid.to_string(), "ppid field of {g}/stat");
+    }
+    // Parent links cross nodes.
+    assert_eq!(Gpid::from_raw(child).map(|g| g.node().get()), Some(2));
+    assert_eq!(Gpid::from_raw(parent).map(|g| g.node().get()), Some(1));
+    for (i, g) in sleeps.iter().enumerate() {
+        assert_eq!(g.node().get(), i as u32 + 1);
+        let (_, comm, _) = parse_stat(&m.read(&format!("{g}/stat")));
+        assert_eq!(comm, "sleep");
+    }
+}
+
+#[test]
+fn files_links_and_directories_of_a_process() {
+    root_or_skip!("files_links_and_directories_of_a_process");
+    let c = Cluster::up(3);
+    let g = c.spawn(3, &["sleep", "600"]);
+    let m = Mounted::new(&c);
+    let d = g.to_string();
+    assert_eq!(
+        std::fs::read(m.path(&format!("{d}/cmdline"))).unwrap(),
+        b"sleep\x00600\x00"
+    );
+    assert_eq!(m.read(&format!("{d}/comm")), "sleep\n");
+    let environ = std::fs::read(m.path(&format!("{d}/environ"))).unwrap();
+    assert!(
+        environ
+            .split(|&b| b == 0)
+            .any(|v| v == format!("CLAN_GPID={g}").as_bytes()),
+        "environ of {g} lacks CLAN_GPID"
+    );
+    let statm: Vec<u64> = m
+        .read(&format!("{d}/statm"))
+        .split_whitespace()
+        .map(|x| x.parse().expect("statm number"))
+        .collect();
+    assert_eq!(statm.len(), 7);
+    assert!(statm[0] > 0 && statm[1] > 0);
+    assert_eq!(
+        std::fs::read_link(m.path(&format!("{d}/exe"))).unwrap(),
+        PathBuf::from("/usr/bin/sleep")
+    );
+    assert_eq!(
+        std::fs::read_link(m.path(&format!("{d}/cwd"))).unwrap(),
+        std::env::current_dir().unwrap()
+    );
+    let mut fds: Vec<String> = std::fs::read_dir(m.path(&format!("{d}/fd")))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    fds.sort();
+    assert_eq!(fds, ["0", "1", "2"]);
+    assert!(std::fs::symlink_metadata(m.path(&format!("{d}/fd/1")))
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    let tasks: Vec<String> = std::fs::read_dir(m.path(&format!("{d}/task")))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(tasks, std::slice::from_ref(&d));
+    let (tid, _, _) = parse_stat(&m.read(&format!("{d}/task/{d}/stat")));
+    assert_eq!(tid, g.raw());
+    // Inode numbers carry the gpid (gpid << 24), for programs that fstat an fd on /GPID.
+    use std::os::unix::fs::MetadataExt;
+    let ino = std::fs::metadata(m.path(&d)).unwrap().ino();
+    assert_eq!(ino >> 24, g.raw());
+    // Read-only.
+    let e = std::fs::OpenOptions::new()
+        .write(true)
+        .open(m.path(&format!("{d}/comm")))
+        .unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EROFS));
+    // Names that are not processes pass through; pid_max is wide enough for gpids.
+    assert_eq!(m.read("sys/kernel/pid_max"), "99999999\n");
+    assert_eq!(
+        m.read("version"),
+        std::fs::read_to_string("/proc/version").unwrap()
+    );
+    assert!(m.read("filesystems").contains("proc"));
+    assert!(std::fs::read_dir(m.path("tty")).is_ok());
+    // A host process finds its own /proc/PID through the view (not listed, but there).
+    let me = std::process::id();
+    assert!(m
+        .read(&format!("{me}/status"))
+        .contains(&format!("Pid:\t{me}")));
+    assert_eq!(
+        std::fs::read_link(m.path("self")).unwrap(),
+        PathBuf::from(format!("/proc/{me}"))
+    );
+}
+
+#[test]
+fn self_is_the_gpid_for_a_process_of_the_cluster() {
+    root_or_skip!("self_is_the_gpid_for_a_process_of_the_cluster");
+    let c = Cluster::up(3);
+    let m = Mounted::new(&c);
+    let init: u32 = std::fs::read_to_string(c.node_dir(2).join("init.pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    // A shell in node 2's pid namespace (and the host's mount namespace, which has the
+    // view): `self` is its gpid, its status shows the gpid.
+    let o = Command::new("nsenter")
+        .args(["--target", &init.to_string(), "--pid", "--", "sh", "-c"])
+        .arg(format!(
+            "echo $$; readlink {0}/self; readlink {0}/thread-self; grep ^Pid: {0}/self/status",
+            m.dir.display()
+        ))
+        .output()
+        .expect("nsenter");
+    let out = String::from_utf8_lossy(&o.stdout);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(
+        lines.len(),
+        4,
+        "{out}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let local: u64 = lines[0].parse().unwrap();
+    let gpid: u64 = lines[1].parse().unwrap();
+    assert_eq!(gpid / 10_000_000, 2, "{out}");
+    assert!(
+        gpid > 20_000_000 + local,
+        "readlink runs after the shell: {out}"
+    );
+    let (pid, tid) = lines[2].split_once("/task/").expect("GPID/task/TID");
+    assert_eq!(pid, tid, "{out}");
+    assert_eq!(pid.parse::<u64>().unwrap() / 10_000_000, 2, "{out}");
+    assert!(lines[3].starts_with("Pid:\t2000"), "{out}");
+}
+
+#[test]
+fn cluster_files_merge_the_nodes() {
+    root_or_skip!("cluster_files_merge_the_nodes");
+    let c = Cluster::up(3);
+    let m = Mounted::new(&c);
+    let mut nodes: Vec<String> = std::fs::read_dir(m.path("nodes"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    nodes.sort();
+    assert_eq!(nodes, ["1", "2", "3"]);
+    let kb = |text: &str, key: &str| -> u64 {
+        status_field(text, key)
+            .and_then(|v| v.trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or_else(|| panic!("{key} in {text}"))
+    };
+    let mem = m.read("meminfo");
+    let total: u64 = (1..=3)
+        .map(|n| kb(&m.read(&format!("nodes/{n}/meminfo")), "MemTotal"))
+        .sum();
+    assert_eq!(kb(&mem, "MemTotal"), total);
+    let processors = |t: &str| t.lines().filter(|l| l.starts_with("processor")).count();
+    let cpus: usize = (1..=3)
+        .map(|n| processors(&m.read(&format!("nodes/{n}/cpuinfo"))))
+        .sum();
+    assert!(cpus >= 3);
+    assert_eq!(processors(&m.read("cpuinfo")), cpus);
+    let stat = m.read("stat");
+    let cpu_lines = |t: &str| {
+        t.lines()
+            .filter(|l| l.starts_with("cpu") && !l.starts_with("cpu "))
+            .count()
+    };
+    let per_node: usize = (1..=3)
+        .map(|n| cpu_lines(&m.read(&format!("nodes/{n}/stat"))))
+        .sum();
+    assert_eq!(cpu_lines(&stat), per_node);
+    assert!(stat.lines().any(|l| l.starts_with("cpu  ")));
+    let btime = |t: &str| -> u64 {
+        status_field(&t.replace(' ', ":"), "btime")
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let min_btime = (1..=3)
+        .map(|n| btime(&m.read(&format!("nodes/{n}/stat"))))
+        .min()
+        .unwrap();
+    assert_eq!(btime(&stat), min_btime);
+    let up = |t: &str| -> f64 { t.split_whitespace().next().unwrap().parse().unwrap() };
+    let node_up: Vec<f64> = (1..=3)
+        .map(|n| up(&m.read(&format!("nodes/{n}/uptime"))))
+        .collect();
+    let cluster_up = up(&m.read("uptime"));
+    assert!(
+        node_up.iter().all(|&u| cluster_up + 1.0 >= u),
+        "{cluster_up} {node_up:?}"
+    );
+    for f in ["loadavg", "nodes/1/loadavg", "nodes/3/loadavg"] {
+        let la = m.read(f);
+        let w: Vec<&str> = la.split_whitespace().collect();
+        assert_eq!(w.len(), 5, "{f}: {la}");
+        for x in &w[..3] {
+            x.parse::<f64>().unwrap_or_else(|_| panic!("{f}: {la}"));
+        }
+        let (run, all) = w[3].split_once('/').expect("running/total");
+        assert!(
+            run.parse::<u64>().is_ok() && all.parse::<u64>().is_ok(),
+            "{la}"
+        );
+    }
+}
+
+#[test]
+fn the_procfs_crate_reads_every_process() {
+    root_or_skip!("the_procfs_crate_reads_every_process");
+    let (c, sleeps, child, _) = populated();
+    let m = Mounted::new(&c);
+    let mut seen = Vec::new();
+    for p in procfs::process::all_processes_with_root(&m.dir).expect("list") {
+        let p = p.expect("open a process");
+        let stat = p
+            .stat()
+            .unwrap_or_else(|e| panic!("stat of {}: {e}", p.pid));
+        assert_eq!(stat.pid, p.pid);
+        let status = p
+            .status()
+            .unwrap_or_else(|e| panic!("status of {}: {e}", p.pid));
+        assert_eq!(status.pid, p.pid);
+        p.cmdline()
+            .unwrap_or_else(|e| panic!("cmdline of {}: {e}", p.pid));
+        p.statm()
+            .unwrap_or_else(|e| panic!("statm of {}: {e}", p.pid));
+        p.uid()
+            .unwrap_or_else(|e| panic!("owner of {}: {e}", p.pid));
+        seen.push(p.pid as u64);
+    }
+    for g in sleeps.iter().map(|g| g.raw()).chain([child]) {
+        assert!(seen.contains(&g), "{g} not read: {seen:?}");
+    }
+    let one = procfs::process::Process::new_with_root(m.path(&child.to_string())).unwrap();
+    assert_eq!(one.stat().unwrap().comm, "sleep");
+}
+
+#[test]
+fn procps_and_psmisc_list_every_node_with_gpids() {
+    root_or_skip!("procps_and_psmisc_list_every_node_with_gpids");
+    let (c, sleeps, child, parent) = populated();
+    let m = Mounted::new(&c);
+    let o = with_view_as_proc(
+        &m,
+        "ps -eo pid,ppid,user,stat,args && echo @@ && pgrep -f 'sleep 60[01]' && echo @@ && pstree -p 0",
+    );
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{out}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let parts: Vec<&str> = out.split("@@\n").collect();
+    assert_eq!(parts.len(), 3, "{out}");
+    let (ps, pgrep, pstree) = (parts[0], parts[1], parts[2]);
+    let rows: Vec<Vec<&str>> = ps
+        .lines()
+        .skip(1)
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    for g in &sleeps {
+        let row = rows
+            .iter()
+            .find(|r| r[0] == g.to_string())
+            .unwrap_or_else(|| panic!("{g} not in ps:\n{ps}"));
+        assert_eq!(row[2], "root");
+        assert_eq!(&row[4..], ["sleep", "600"], "{ps}");
+        assert!(pgrep.lines().any(|l| l == g.to_string()), "pgrep:\n{pgrep}");
+        assert!(pstree.contains(&format!("sleep({g})")), "pstree:\n{pstree}");
+    }
+    let row = rows
+        .iter()
+        .find(|r| r[0] == child.to_string())
+        .unwrap_or_else(|| panic!("{child} not in ps:\n{ps}"));
+    assert_eq!(
+        row[1],
+        parent.to_string(),
+        "ps shows the cross-node parent:\n{ps}"
+    );
+    assert!(pgrep.lines().any(|l| l == child.to_string()), "{pgrep}");
+    // pstree draws the child under the `clan run` of node 1 that started it.
+    assert!(
+        pstree.contains(&format!("clan({parent})---sleep({child})")),
+        "pstree:\n{pstree}"
+    );
+    // Nothing but gpids and the header: no host process is listed.
+    for r in &rows {
+        let pid: u64 = r[0].parse().unwrap();
+        assert!(pid >= 10_000_000, "host pid {pid} listed:\n{ps}");
+    }
+}
+
+#[test]
+fn environ_of_another_user_is_refused() {
+    root_or_skip!("environ_of_another_user_is_refused");
+    let c = Cluster::up(3);
+    let (a, b) = (test_user("clanpfsa"), test_user("clanpfsb"));
+    let m = Mounted::new(&c);
+    std::fs::set_permissions(&m.dir, std::os::unix::fs::PermissionsExt::from_mode(0o755)).ok();
+    let clan = bin("clan");
+    let dir = c.dir.to_str().unwrap().to_string();
+    let o = as_user(
+        a,
+        &[
+            "env",
+            &format!("CLAN_DIR={dir}"),
+            clan.to_str().unwrap(),
+            "run",
+            "-d",
+            "--node",
+            "2",
+            "--",
+            "sleep",
+            "600",
+        ],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let g: Gpid = String::from_utf8_lossy(&o.stdout).trim().parse().unwrap();
+    let root_g = c.spawn(3, &["sleep", "600"]);
+    let env = |uid: u32, g: Gpid| {
+        as_user(
+            uid,
+            &["cat", m.path(&format!("{g}/environ")).to_str().unwrap()],
+        )
+    };
+    // Its owner reads it; another user and root's process are refused, as the kernel would.
+    let own = env(a, g);
+    assert!(
+        own.status.success(),
+        "{}",
+        String::from_utf8_lossy(&own.stderr)
+    );
+    assert!(String::from_utf8_lossy(&own.stdout).contains(&format!("CLAN_GPID={g}")));
+    for (uid, g) in [(b, g), (a, root_g)] {
+        let o = env(uid, g);
+        assert!(!o.status.success());
+        assert!(
+            String::from_utf8_lossy(&o.stderr).contains("Permission denied"),
+            "{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    // Files everyone may read stay readable; the owner shows in the directory.
+    let st = as_user(
+        b,
+        &["cat", m.path(&format!("{g}/status")).to_str().unwrap()],
+    );
+    assert!(String::from_utf8_lossy(&st.stdout).contains(&format!("Pid:\t{g}")));
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(std::fs::metadata(m.path(&g.to_string())).unwrap().uid(), a);
+    // fd/ of another user's process is not listed for them.
+    let o = as_user(b, &["ls", m.path(&format!("{g}/fd")).to_str().unwrap()]);
+    assert!(!o.status.success());
+}
+
+#[test]
+fn an_exited_process_is_enoent() {
+    root_or_skip!("an_exited_process_is_enoent");
+    let c = Cluster::up(3);
+    let g = c.spawn(2, &["sleep", "600"]);
+    let m = Mounted::new(&c);
+    assert!(m.read(&format!("{g}/status")).contains("sleep"));
+    c.clan_ok(&["kill", "-s", "KILL", &g.to_string()]);
+    c.clan(&["wait", &g.to_string()]);
+    eventually(
+        "the process to leave the view",
+        Duration::from_secs(10),
+        || {
+            let e = std::fs::read_to_string(m.path(&format!("{g}/status"))).err()?;
+            (e.kind() == ErrorKind::NotFound).then_some(())
+        },
+    );
+    // The kernel may keep the entry for its time to live (1 s).
+    eventually("the directory to go", Duration::from_secs(5), || {
+        let e = std::fs::metadata(m.path(&g.to_string())).err()?;
+        (e.kind() == ErrorKind::NotFound).then_some(())
+    });
+    let listed = std::fs::read_dir(&m.dir)
+        .unwrap()
+        .flatten()
+        .any(|e| e.file_name().to_string_lossy() == g.to_string());
+    assert!(!listed);
+}
+
+#[test]
+fn a_power_cut_node_does_not_hang_a_listing() {
+    root_or_skip!("a_power_cut_node_does_not_hang_a_listing");
+    let c = Cluster::up(3);
+    let sleeps: Vec<Gpid> = (1..=3).map(|n| c.spawn(n, &["sleep", "600"])).collect();
+    let m = Mounted::new(&c);
+    c.power_cut(3);
+    let list = || -> Vec<String> {
+        std::fs::read_dir(&m.dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect()
+    };
+    for _ in 0..3 {
+        let t = Instant::now();
+        let names = list();
+        assert!(
+            t.elapsed() < Duration::from_secs(4),
+            "listing took {:?}",
+            t.elapsed()
+        );
+        for g in &sleeps[..2] {
+            assert!(names.contains(&g.to_string()), "{g} missing");
+        }
+        assert!(!names.contains(&sleeps[2].to_string()));
+        // A read of a process of the dead node ends too, with ENOENT.
+        let t = Instant::now();
+        let e = std::fs::read(m.path(&format!("{}/status", sleeps[2]))).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::NotFound);
+        assert!(t.elapsed() < Duration::from_secs(4));
+    }
+    // The cluster files leave the dead node out.
+    assert!(m.read("loadavg").split_whitespace().count() == 5);
+}
+
+#[test]
+fn cland_restarting_gives_eio_then_the_view_reconnects() {
+    root_or_skip!("cland_restarting_gives_eio_then_the_view_reconnects");
+    let c = Cluster::up(3);
+    let g = c.spawn(2, &["sleep", "600"]);
+    let m = Mounted::new(&c);
+    let status = format!("{g}/status");
+    assert!(m.read(&status).contains("sleep"));
+    // The view talks to node 1 (the lowest): kill its cland.
+    let pid = c.cland_pid(1);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    eventually("cland 1 to be gone", Duration::from_secs(10), || {
+        (!alive(pid)).then_some(())
+    });
+    let e = std::fs::read(m.path(&status)).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EIO));
+    let mut cland = c.restart_cland(1);
+    eventually("the view to reconnect", Duration::from_secs(20), || {
+        std::fs::read_to_string(m.path(&status)).ok()
+    });
+    drop(m);
+    drop(c); // clan down stops the daemon we started
+    let _ = cland.wait();
+}
+
+#[test]
+fn a_killed_server_leaves_no_mount_behind() {
+    root_or_skip!("a_killed_server_leaves_no_mount_behind");
+    let c = Cluster::up(3);
+    let m = Mounted::new(&c);
+    assert!(mounted(&m.dir));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(m.server),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    eventually(
+        "the watcher to remove the mount",
+        Duration::from_secs(10),
+        || (!mounted(&m.dir)).then_some(()),
+    );
+    let dir = m.dir.to_string_lossy().into_owned();
+    eventually("the watcher to end", Duration::from_secs(10), || {
+        host_processes_mentioning(&dir).is_empty().then_some(())
+    });
+    // The directory is a plain directory again.
+    assert_eq!(std::fs::read_dir(&m.dir).unwrap().count(), 0);
+}
+
+#[test]
+fn mount_errors_and_clean_unmount() {
+    root_or_skip!("mount_errors_and_clean_unmount");
+    let c = Cluster::up(3);
+    let m = Mounted::new(&c);
+    let code = |args: &[&str]| c.clan(args).status.code();
+    let d = m.dir.to_str().unwrap();
+    assert_eq!(
+        code(&["proc", "mount", d]),
+        Some(1),
+        "already a mount point"
+    );
+    assert_eq!(code(&["proc", "mount", "/nonexistent/clan"]), Some(3));
+    assert_eq!(code(&["proc", "mount", "/etc/passwd"]), Some(3));
+    assert_eq!(code(&["proc", "umount", "/tmp"]), Some(3));
+    // SIGTERM unmounts cleanly and ends the server.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(m.server),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    eventually(
+        "the server to unmount and end",
+        Duration::from_secs(10),
+        || (!mounted(&m.dir) && !alive(m.server)).then_some(()),
+    );
+    // And `clan proc umount` does the same.
+    let m2 = Mounted::new(&c);
+    let out = c.clan_ok(&["proc", "umount", m2.dir.to_str().unwrap()]);
+    assert!(out.contains("unmounted"));
+    assert!(!mounted(&m2.dir));
+    eventually("the second server to end", Duration::from_secs(10), || {
+        (!alive(m2.server)).then_some(())
+    });
+}
