@@ -61,6 +61,21 @@ impl<S: Source> ProcFs<S> {
         }
     }
 
+    /// Runs `work` (which replies): at once on the calling loop thread as far as it goes
+    /// without waiting (answers from caches cost no thread hop), the rest on the runtime.
+    fn run<F>(&self, work: F)
+    where
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        let _in_runtime = self.rt.enter();
+        let mut work = Box::pin(work);
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        if work.as_mut().poll(&mut cx).is_pending() {
+            // Polled again there with a real waker, as the Future contract allows.
+            self.rt.spawn(work);
+        }
+    }
+
     fn handle(&self) -> u64 {
         self.next.fetch_add(1, Ordering::Relaxed)
     }
@@ -79,7 +94,7 @@ impl<S: Source> ProcFs<S> {
 impl<S: Source> Filesystem for ProcFs<S> {
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let (view, who, name) = (self.view.clone(), who(req), name.to_owned());
-        self.rt.spawn(async move {
+        self.run(async move {
             match view.lookup(&who, parent.0, &name).await {
                 Ok(a) => reply.entry(&view.ttl(), &a, Generation(0)),
                 Err(e) => reply.error(errno(e)),
@@ -89,7 +104,7 @@ impl<S: Source> Filesystem for ProcFs<S> {
 
     fn getattr(&self, req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         let (view, who) = (self.view.clone(), who(req));
-        self.rt.spawn(async move {
+        self.run(async move {
             match view.getattr(&who, ino.0).await {
                 Ok(a) => reply.attr(&view.ttl(), &a),
                 Err(e) => reply.error(errno(e)),
@@ -99,7 +114,7 @@ impl<S: Source> Filesystem for ProcFs<S> {
 
     fn readlink(&self, req: &Request, ino: INodeNo, reply: ReplyData) {
         let (view, who) = (self.view.clone(), who(req));
-        self.rt.spawn(async move {
+        self.run(async move {
             match view.readlink(&who, ino.0).await {
                 Ok(t) => reply.data(&t),
                 Err(e) => reply.error(errno(e)),
@@ -117,7 +132,7 @@ impl<S: Source> Filesystem for ProcFs<S> {
             self.files.clone(),
             self.handle(),
         );
-        self.rt.spawn(async move {
+        self.run(async move {
             match view.open(&who, ino.0).await {
                 Ok(c) => {
                     files.lock().insert(fh, Arc::new(c));
@@ -194,7 +209,7 @@ impl<S: Source> Filesystem for ProcFs<S> {
             }
         }
         let (view, who, dirs) = (self.view.clone(), who(req), self.dirs.clone());
-        self.rt.spawn(async move {
+        self.run(async move {
             match view.readdir(&who, ino.0).await {
                 Ok(v) => {
                     let v = Arc::new(v);
@@ -225,7 +240,7 @@ impl<S: Source> Filesystem for ProcFs<S> {
             return reply.error(Errno::EROFS);
         }
         let (view, who) = (self.view.clone(), who(req));
-        self.rt.spawn(async move {
+        self.run(async move {
             match view.getattr(&who, ino.0).await {
                 Ok(a) => {
                     let bits = u32::from(a.perm);

@@ -310,6 +310,11 @@ fn serve_inner(o: &mut ServeOptions) -> Result<(), MountError> {
     let _ = w.write_all(b"M");
     tracing::info!(mountpoint = %point.display(), node = %o.node, "cluster /proc mounted");
     tell(&mut o.ready, Ok(()));
+    let ours = mountinfo::top_at(&mountinfo::read(), &point).map(|m| m.id);
+    std::thread::Builder::new()
+        .name("clan-procfs-mnt".into())
+        .spawn(move || end_when_unmounted(ours))
+        .map_err(|e| MountError::Other(format!("mount watch thread: {e}")))?;
     let mut unmounter = session.unmount_callable();
     let at = point.clone();
     std::thread::Builder::new()
@@ -334,6 +339,37 @@ fn serve_inner(o: &mut ServeOptions) -> Result<(), MountError> {
     // A passed-through read may still block (a reader of /proc/kmsg): do not wait for it.
     rt.shutdown_timeout(Duration::from_millis(200));
     r.map_err(|e| MountError::Other(format!("serving {}: {e}", point.display())))
+}
+
+/// Ends the server once its mount (`id`) is gone from its mount namespace, however it
+/// went (`clan proc umount`, umount, a signal): copies of the mount in namespaces made
+/// while it was there would otherwise keep it serving. Waits on mountinfo's change
+/// notification (POLLPRI), no polling.
+fn end_when_unmounted(id: Option<u64>) {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    let Some(id) = id else { return };
+    let Ok(f) = std::fs::File::open("/proc/self/mountinfo") else {
+        return;
+    };
+    let gone = || !mountinfo::read().iter().any(|m| m.id == id);
+    loop {
+        let mut fds = [PollFd::new(
+            std::os::fd::AsFd::as_fd(&f),
+            PollFlags::POLLPRI,
+        )];
+        match poll(&mut fds, PollTimeout::NONE) {
+            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+            Err(_) => return,
+        }
+        // Reading the file again re-arms the notification.
+        let mut sink = Vec::new();
+        let _ = (&f).read_to_end(&mut sink);
+        let _ = std::io::Seek::seek(&mut (&f), std::io::SeekFrom::Start(0));
+        if gone() {
+            tracing::info!("unmounted: ending");
+            std::process::exit(0);
+        }
+    }
 }
 
 /// An fd number given on the command line, as an owned fd; `None` when it is not open.

@@ -145,6 +145,7 @@ impl Cland {
 
 impl Source for Cland {
     async fn proc(&self, req: pb::ProcRequest) -> Result<pb::ProcReply, Failure> {
+        tracing::debug!(op = req.op, gpid = req.gpid, path = %req.path, files = ?req.files, "proc request");
         self.with(|c| async move { c.proc(req).await }).await
     }
 

@@ -7,7 +7,12 @@
 //!   resolve to the local `/proc/N`, so a host process finds its own entry.
 //! - `/GPID/...`: entries, files and links served by cland with the reader's identity.
 //! - A listing of the root fetches a snapshot (`stat status cmdline statm` of every
-//!   process) that serves opens of those files for a second.
+//!   process) that serves opens of those files for a second, for the same reader. While
+//!   it is fresh, names in `/GPID` come from a per-node template (every process directory
+//!   of a kernel has the same names and modes; the owner is the process's), the first
+//!   read of an `environ` or `cgroup` fetches that file for the whole node, and cluster
+//!   files are fetched once: what ps, pgrep and top read of every process costs a few
+//!   requests per node.
 
 use crate::caller::{self, Caller, Locator, Reader};
 use crate::inode::{Inodes, Node, NodeFile, NODES, SELF, THREAD_SELF};
@@ -26,6 +31,11 @@ use std::time::{Duration, Instant, SystemTime};
 
 /// The files a snapshot carries for every process (what ps reads of each).
 pub const SNAPSHOT_FILES: [&str; 4] = ["stat", "status", "cmdline", "statm"];
+
+/// Files that tools read of every process besides the snapshot's (ps: `environ`, pgrep:
+/// `cgroup`): read while a fresh snapshot holds the process, they are fetched for every
+/// process of its node at once.
+pub const BATCH_FILES: [&str; 2] = ["environ", "cgroup"];
 
 /// What `sys/kernel/pid_max` reads: as many digits as the largest gpid of up to 9 nodes,
 /// so tools size their PID columns for gpids.
@@ -122,6 +132,12 @@ pub struct View<S> {
     owners: Timed<u64, (u32, u32)>,
     nodes: Mutex<Option<(Instant, Vec<u32>)>>,
     readers: Timed<u32, Reader>,
+    /// Per node: the names of a process directory and their modes.
+    templates: Mutex<HashMap<u32, Arc<HashMap<String, u32>>>>,
+    /// Files of [`BATCH_FILES`] for every process of a node: (reader, node, file).
+    batches: Timed<(Reader, u32, String), Arc<HashMap<u64, pb::ProcFile>>>,
+    /// Cluster and node files fetched during a walk: (reader, node, file).
+    globals: Timed<(Reader, Option<u32>, NodeFile), Vec<u8>>,
     /// Processes a node said are gone, since when (newer than a snapshot: not served
     /// from it).
     gone: Timed<u64, ()>,
@@ -184,6 +200,9 @@ impl<S: Source> View<S> {
             nodes: Mutex::new(None),
             readers: Mutex::new(HashMap::new()),
             gone: Mutex::new(HashMap::new()),
+            templates: Mutex::new(HashMap::new()),
+            globals: Mutex::new(HashMap::new()),
+            batches: Mutex::new(HashMap::new()),
             swept: Mutex::new(Instant::now()),
         }
     }
@@ -288,7 +307,11 @@ impl<S: Source> View<S> {
             .await
             .map_err(|e| e.errno())?;
         let v = Arc::new(reply.entries);
-        if path.is_empty() {
+        if path.is_empty() && !v.is_empty() {
+            if let Some(node) = Gpid::from_raw(gpid).map(|g| g.node().get()) {
+                let t = v.iter().map(|e| (e.name.clone(), e.mode)).collect();
+                self.templates.lock().insert(node, Arc::new(t));
+            }
             if let Some(owner) = owner_of_entries(&v) {
                 self.owners.lock().insert(gpid, (Instant::now(), owner));
             }
@@ -308,11 +331,11 @@ impl<S: Source> View<S> {
         if Gpid::from_raw(gpid).is_none() {
             return Err(libc::ENOENT);
         }
-        let snap = self.snapshot.lock().clone();
-        if let Some(s) = snap.filter(|s| self.current(s, gpid)) {
-            if let Some(e) = s.procs.get(&gpid) {
-                return Ok((e.uid, e.gid));
-            }
+        if let Some(e) = self
+            .snapshot_for(gpid, None)
+            .and_then(|s| s.procs.get(&gpid).cloned())
+        {
+            return Ok((e.uid, e.gid));
         }
         if let Some((at, o)) = self.owners.lock().get(&gpid) {
             if at.elapsed() < self.opts.ttl {
@@ -331,16 +354,45 @@ impl<S: Source> View<S> {
         dir: &str,
         name: &str,
     ) -> Result<FileAttr, Errno> {
-        let v = self.listing(who, gpid, dir, false).await?;
-        let e = v.iter().find(|e| e.name == name).ok_or(libc::ENOENT)?;
         let path = if dir.is_empty() {
             name.to_string()
         } else {
             format!("{dir}/{name}")
         };
+        if dir.is_empty() {
+            if let Some(a) = self.template_entry(gpid, name, &path)? {
+                return Ok(a);
+            }
+        }
+        let v = self.listing(who, gpid, dir, false).await?;
+        let e = v.iter().find(|e| e.name == name).ok_or(libc::ENOENT)?;
         let ino = self.ino(&Node::ProcPath(gpid, path))?;
         let kind = kind_of_mode(e.mode);
         Ok(attr(ino, kind, e.mode, e.uid, e.gid))
+    }
+
+    /// A name of `/GPID` answered without asking: while a fresh snapshot holds the
+    /// process, from its node's template (the names and modes every process directory of
+    /// that kernel has) with the process's owner, as the kernel gives every entry.
+    /// `Ok(None)`: ask.
+    fn template_entry(&self, gpid: u64, name: &str, path: &str) -> Result<Option<FileAttr>, Errno> {
+        let Some(owner) = self
+            .snapshot_for(gpid, None)
+            .and_then(|s| s.procs.get(&gpid).map(|e| (e.uid, e.gid)))
+        else {
+            return Ok(None);
+        };
+        let Some(node) = Gpid::from_raw(gpid).map(|g| g.node().get()) else {
+            return Ok(None);
+        };
+        let Some(t) = self.templates.lock().get(&node).cloned() else {
+            return Ok(None);
+        };
+        let Some(mode) = t.get(name).copied() else {
+            return Err(libc::ENOENT);
+        };
+        let ino = self.ino(&Node::ProcPath(gpid, path.to_string()))?;
+        Ok(Some(attr(ino, kind_of_mode(mode), mode, owner.0, owner.1)))
     }
 
     /// A snapshot of every process (for the reader), fetched now.
@@ -398,22 +450,32 @@ impl<S: Source> View<S> {
         });
     }
 
+    /// The last snapshot if it may still speak for `gpid` and was taken for `reader`
+    /// (`None`: for any reader).
+    fn snapshot_for(&self, gpid: u64, reader: Option<&Reader>) -> Option<Arc<Snapshot>> {
+        let snap = self.snapshot.lock().clone()?;
+        (self.current(&snap, gpid) && reader.is_none_or(|r| *r == snap.reader)).then_some(snap)
+    }
+
     /// Contents of a file of a process: from the last snapshot when it is fresh, was
-    /// taken for the same reader and holds the file, else asked for.
+    /// taken for the same reader and holds the file; a file of [`BATCH_FILES`] read while
+    /// such a snapshot holds the process, from one request for every process of its node;
+    /// else asked for.
     async fn proc_file(&self, who: &Who, gpid: u64, path: &str) -> Result<Vec<u8>, Errno> {
-        if SNAPSHOT_FILES.contains(&path) {
-            let reader = self.reader(who);
-            let snap = self.snapshot.lock().clone();
-            if let Some(s) = snap.filter(|s| s.at.elapsed() < self.opts.ttl && s.reader == reader) {
-                if let Some(f) = s
-                    .procs
-                    .get(&gpid)
-                    .and_then(|e| e.files.iter().find(|f| f.name == path))
-                {
-                    return match &f.error {
-                        Some(e) => Err(Failure::from_pb(e).errno()),
-                        None => Ok(f.data.clone()),
-                    };
+        let reader = self.reader(who);
+        let served = |f: &pb::ProcFile| match &f.error {
+            Some(e) => Err(Failure::from_pb(e).errno()),
+            None => Ok(f.data.clone()),
+        };
+        if let Some(s) = self.snapshot_for(gpid, Some(&reader)) {
+            if let Some(e) = s.procs.get(&gpid) {
+                if let Some(f) = e.files.iter().find(|f| f.name == path) {
+                    return served(f);
+                }
+                if BATCH_FILES.contains(&path) {
+                    if let Some(f) = self.batch(who, &reader, gpid, path).await {
+                        return served(&f);
+                    }
                 }
             }
         }
@@ -421,6 +483,57 @@ impl<S: Source> View<S> {
             .await
             .map(|r| r.data)
             .map_err(|e| e.errno())
+    }
+
+    /// `path` of `gpid` from a batch: that file of every process of the node, fetched at
+    /// most once per ttl and reader.
+    async fn batch(
+        &self,
+        who: &Who,
+        reader: &Reader,
+        gpid: u64,
+        path: &str,
+    ) -> Option<pb::ProcFile> {
+        let node = Gpid::from_raw(gpid)?.node().get();
+        let key = (reader.clone(), node, path.to_string());
+        let cached = self.batches.lock().get(&key).cloned();
+        let files = match cached {
+            Some((at, m)) if at.elapsed() < self.opts.ttl && self.current_at(at, gpid) => m,
+            _ => {
+                let reply = self
+                    .src
+                    .proc(pb::ProcRequest {
+                        op: pb::ProcOp::ProcSnapshot as i32,
+                        files: vec![path.to_string()],
+                        nodes: vec![node],
+                        reader: Some(reader.to_creds(who.pid)),
+                        ..Default::default()
+                    })
+                    .await
+                    .ok()?;
+                let m: Arc<HashMap<u64, pb::ProcFile>> = Arc::new(
+                    reply
+                        .procs
+                        .into_iter()
+                        .filter_map(|mut e| Some((e.gpid, e.files.pop()?)))
+                        .collect(),
+                );
+                let mut b = self.batches.lock();
+                let ttl = self.opts.ttl;
+                b.retain(|_, (at, _)| at.elapsed() < ttl);
+                b.insert(key, (Instant::now(), m.clone()));
+                m
+            }
+        };
+        files.get(&gpid).filter(|f| f.name == path).cloned()
+    }
+
+    /// Whether something fetched at `at` may still speak for `gpid` (not gone since).
+    fn current_at(&self, at: Instant, gpid: u64) -> bool {
+        self.gone
+            .lock()
+            .get(&gpid)
+            .is_none_or(|(gone, _)| *gone < at)
     }
 
     // ------------------------------------------------------------------ nodes
@@ -437,9 +550,26 @@ impl<S: Source> View<S> {
         Ok(v)
     }
 
+    /// A cluster file (`node` None) or a node's own. While a walk is going on (a fresh
+    /// snapshot for this reader), one fetch serves the walk: pgrep and pstree read
+    /// `uptime` once per process.
     async fn node_file(&self, who: &Who, node: Option<u32>, f: NodeFile) -> Result<Vec<u8>, Errno> {
         let reader = self.reader(who);
-        self.src
+        let walk = self
+            .snapshot
+            .lock()
+            .clone()
+            .filter(|s| s.at.elapsed() < self.opts.ttl && s.reader == reader);
+        let key = (reader.clone(), node, f);
+        if let Some(s) = &walk {
+            if let Some((at, data)) = self.globals.lock().get(&key) {
+                if *at >= s.at && at.elapsed() < self.opts.ttl {
+                    return Ok(data.clone());
+                }
+            }
+        }
+        let data = self
+            .src
             .proc(pb::ProcRequest {
                 op: pb::ProcOp::ProcGlobal as i32,
                 path: f.name().to_string(),
@@ -453,7 +583,14 @@ impl<S: Source> View<S> {
                 Failure::Permission(_) => libc::EACCES,
                 Failure::NotFound(_) => libc::ENOENT,
                 _ => libc::EIO,
-            })
+            })?;
+        if walk.is_some() {
+            let mut g = self.globals.lock();
+            let ttl = self.opts.ttl;
+            g.retain(|_, (at, _)| at.elapsed() < ttl);
+            g.insert(key, (Instant::now(), data.clone()));
+        }
+        Ok(data)
     }
 
     // ------------------------------------------------------------------ passed through
@@ -780,6 +917,7 @@ mod tests {
         /// gpid → (uid, gid, files)
         procs: Mutex<HashMap<u64, (u32, u32, Files)>>,
         reads: AtomicUsize,
+        readdirs: AtomicUsize,
         snapshots: AtomicUsize,
         down: std::sync::atomic::AtomicBool,
     }
@@ -837,6 +975,7 @@ mod tests {
                     }
                 }
                 Ok(pb::ProcOp::ProcReaddir) => {
+                    self.readdirs.fetch_add(1, Ordering::SeqCst);
                     let (uid, gid, files) = procs
                         .get(&req.gpid)
                         .ok_or_else(|| Failure::from_pb(&err(pb::ErrorCode::NotFound)))?;
@@ -907,6 +1046,7 @@ mod tests {
             };
             p.insert(10_000_001, (0, 0, files("10000001")));
             p.insert(20_000_005, (1000, 100, files("20000005")));
+            p.insert(20_000_006, (1001, 100, files("20000006")));
         }
         let opts = Options {
             proc_root: proc,
@@ -1040,6 +1180,39 @@ mod tests {
             .unwrap();
         read(&s.view, &other, a.ino.0).await.unwrap();
         assert_eq!(s.fake.reads.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn a_walk_over_every_process_asks_once_per_node() {
+        // What ps does: list the root, then stat each /GPID and open five names in it.
+        let s = setup();
+        let root = crate::inode::ROOT;
+        s.view.readdir(&ME, root).await.unwrap();
+        for g in ["10000001", "20000005", "20000006"] {
+            let d = s.view.lookup(&ME, root, OsStr::new(g)).await.unwrap();
+            for f in ["stat", "status", "environ", "cmdline"] {
+                let a = s.view.lookup(&ME, d.ino.0, OsStr::new(f)).await.unwrap();
+                let _ = read(&s.view, &ME, a.ino.0).await;
+            }
+            let e = s.view.lookup(&ME, d.ino.0, OsStr::new("ctty")).await;
+            assert_eq!(e.unwrap_err(), libc::ENOENT);
+        }
+        assert_eq!(s.fake.reads.load(Ordering::SeqCst), 0);
+        // One listing per node teaches the names; one batch per node gives environ.
+        assert_eq!(s.fake.readdirs.load(Ordering::SeqCst), 2);
+        assert_eq!(s.fake.snapshots.load(Ordering::SeqCst), 1 + 2);
+        // Owners come from the snapshot, per process.
+        let d = s
+            .view
+            .lookup(&ME, root, OsStr::new("20000006"))
+            .await
+            .unwrap();
+        let st = s
+            .view
+            .lookup(&ME, d.ino.0, OsStr::new("stat"))
+            .await
+            .unwrap();
+        assert_eq!((st.uid, st.gid), (1001, 100));
     }
 
     #[tokio::test]
