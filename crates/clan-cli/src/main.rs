@@ -60,6 +60,9 @@ enum Cmd {
     /// Mount or unmount the cluster /proc (every process of every node as /GPID).
     #[command(subcommand)]
     Proc(cmd::proc::Args),
+    /// A shell (or CMD) on a node in which /proc is the cluster view and kill, pkill, ps,
+    /// top and pstree act on every node.
+    Shell(cmd::shell::Args),
 }
 
 /// Turns `clan kill -9 G` and `clan kill -TERM G` into `clan kill -s 9 G`, as kill(1) allows.
@@ -123,6 +126,13 @@ fn main() -> ExitCode {
             Cmd::Stats(a) => with(client(), |c| cmd::stats::run(c, a)).await,
             Cmd::Loadmgr(a) => with(client(), |c| cmd::loadmgr::run(c, a)).await,
             Cmd::Proc(a) => cmd::proc::run(a, cli.dir.clone(), cli.from),
+            Cmd::Shell(a) => match client() {
+                Ok(c) => cmd::shell::run(c, a).await,
+                Err(e) => {
+                    fail(&e);
+                    ExitCode::from(X::RUN_FAILED)
+                }
+            },
         }
     })
 }

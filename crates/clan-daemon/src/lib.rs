@@ -19,6 +19,7 @@ pub mod placement;
 pub mod process;
 pub mod procfs;
 pub mod session;
+pub mod viewserver;
 
 use anyhow::Context;
 use clan_core::{ClusterConfig, NodeId};
@@ -231,6 +232,24 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
     }
     let sock = socket_path(&state);
     node.serve_local(&sock).await?;
+    if root {
+        // The cluster /proc of `clan shell` (needs FUSE; cland runs without it).
+        let (st, dir, id, init, cgroup, bin) = (
+            state.clone(),
+            cfg.dir.clone(),
+            opts.node,
+            node.view.ns_init,
+            node.cgroup.clone(),
+            bin_dir.clone(),
+        );
+        let started = tokio::task::spawn_blocking(move || {
+            viewserver::ensure(&st, &dir, id, init, cgroup.as_ref(), &bin)
+        })
+        .await;
+        if let Ok(Err(e)) = started {
+            warn!("no cluster /proc view on this node (clan shell will refuse): {e:#}");
+        }
+    }
     info!(
         node = %opts.node,
         incarnation = node.incarnation(),
@@ -259,8 +278,9 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
 
 /// Kills every process of the node (its init, shepherds and tasks) for a local-cluster `down`.
 fn stop_processes(node: &Node) {
+    viewserver::stop(&node.state_dir);
     if let Some(cg) = &node.cgroup {
-        let mut dirs = vec![cg.sub("init"), cg.sub("shepherds")];
+        let mut dirs = vec![cg.sub("procfs"), cg.sub("init"), cg.sub("shepherds")];
         if let Ok(rd) = std::fs::read_dir(&cg.root) {
             dirs.extend(
                 rd.flatten()

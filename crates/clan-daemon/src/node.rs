@@ -273,6 +273,11 @@ impl Node {
                     if p.job == 0 {
                         p.job = vp.job;
                     }
+                    // Its kernel parent is its shepherd: the process that ran `clan run`
+                    // is its parent in the cluster (as the cluster /proc shows it).
+                    if p.ppid == 0 {
+                        p.ppid = vp.parent;
+                    }
                 }
             }
             procs

@@ -84,8 +84,13 @@ pub fn reader(proc_root: &Path, uid: u32, gid: u32, pid: u32) -> Reader {
 /// Where a caller stands.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Caller {
-    /// A process of the cluster: its gpid and its thread's.
-    Cluster { gpid: u64, thread: u64 },
+    /// A process of the cluster: its gpid and its thread's; `node_proc`: the node's real
+    /// procfs in its mount namespace (a `clan shell`), with its numbers there.
+    Cluster {
+        gpid: u64,
+        thread: u64,
+        node_proc: Option<(PathBuf, u64, u64)>,
+    },
     /// A process of this machine outside the cluster, by host pid and thread id.
     Host { pid: u32, tid: u32 },
     /// Not visible from here (FUSE reports pid 0).
@@ -97,6 +102,10 @@ impl Caller {
     /// host's /proc otherwise.
     pub fn self_link(&self) -> Option<String> {
         match self {
+            Caller::Cluster {
+                node_proc: Some((p, local, _)),
+                ..
+            } => Some(format!("{}/{local}", p.display())),
             Caller::Cluster { gpid, .. } => Some(gpid.to_string()),
             Caller::Host { pid, .. } => Some(format!("/proc/{pid}")),
             Caller::Unknown => None,
@@ -106,7 +115,11 @@ impl Caller {
     /// Target of `thread-self`.
     pub fn thread_self_link(&self) -> Option<String> {
         match self {
-            Caller::Cluster { gpid, thread } => Some(format!("{gpid}/task/{thread}")),
+            Caller::Cluster {
+                node_proc: Some((p, local, tid)),
+                ..
+            } => Some(format!("{}/{local}/task/{tid}", p.display())),
+            Caller::Cluster { gpid, thread, .. } => Some(format!("{gpid}/task/{thread}")),
             Caller::Host { pid, tid } => Some(format!("/proc/{pid}/task/{tid}")),
             Caller::Unknown => None,
         }
@@ -123,6 +136,7 @@ pub struct Locator {
     node: u32,
     /// (when read, each node's pid namespace link when it has one of its own)
     ns: Mutex<Option<(Instant, NodeNamespaces)>>,
+    node_proc: Option<PathBuf>,
 }
 
 impl Locator {
@@ -133,7 +147,33 @@ impl Locator {
             cluster_dir,
             node,
             ns: Mutex::new(None),
+            node_proc: None,
         }
+    }
+
+    /// Where clan shells of this server's node have the node's procfs.
+    pub fn with_node_proc(mut self, p: Option<PathBuf>) -> Locator {
+        self.node_proc = p;
+        self
+    }
+
+    /// The node's procfs as host process `pid` sees it, when it is mounted in its mount
+    /// namespace (a clan shell), with the numbers there of the process and the thread.
+    fn node_proc_of(&self, pid: u32, tid: u32, node: u32) -> Option<(PathBuf, u64, u64)> {
+        let p = self.node_proc.as_ref().filter(|_| node == self.node)?;
+        let inside = self
+            .proc_root
+            .join(pid.to_string())
+            .join("root")
+            .join(p.strip_prefix("/").unwrap_or(p));
+        if !inside.join("1/stat").exists() {
+            return None;
+        }
+        let num = |t: u32| -> Option<u64> {
+            let s = std::fs::read_to_string(self.proc_root.join(format!("{t}/status"))).ok()?;
+            status_numbers(&s, "NSpid").last().copied()
+        };
+        Some((p.clone(), num(pid)?, num(tid)?))
     }
 
     /// The pid namespaces of the nodes that run in one of their own (a local cluster's
@@ -199,6 +239,7 @@ impl Locator {
             return Caller::Cluster {
                 gpid: node + u64::from(pid),
                 thread: node + u64::from(tid),
+                node_proc: self.node_proc_of(pid, tid, self.node),
             };
         }
         let Ok(ns) = std::fs::read_link(dir.join("ns/pid")) else {
@@ -222,6 +263,7 @@ impl Locator {
                 Caller::Cluster {
                     gpid: base + p,
                     thread: base + t,
+                    node_proc: self.node_proc_of(pid, tid, node),
                 }
             }
             _ => Caller::Host { pid, tid },
@@ -282,7 +324,8 @@ mod tests {
             l.caller(4712),
             Caller::Cluster {
                 gpid: 30_004_711,
-                thread: 30_004_712
+                thread: 30_004_712,
+                node_proc: None,
             }
         );
         assert_eq!(l.caller(0), Caller::Unknown);
@@ -302,7 +345,8 @@ mod tests {
             l.caller(301),
             Caller::Cluster {
                 gpid: 20_000_005,
-                thread: 20_000_006
+                thread: 20_000_006,
+                node_proc: None,
             }
         );
         assert_eq!(l.caller(400), Caller::Host { pid: 400, tid: 400 });
@@ -315,7 +359,8 @@ mod tests {
         assert_eq!(
             Caller::Cluster {
                 gpid: 20_000_005,
-                thread: 20_000_006
+                thread: 20_000_006,
+                node_proc: None,
             }
             .thread_self_link()
             .as_deref(),

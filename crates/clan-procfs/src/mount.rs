@@ -31,6 +31,12 @@ pub struct ServeOptions {
     pub timeout: Duration,
     /// FUSE event-loop threads.
     pub threads: usize,
+    /// Mount in the mount namespace of this process (a local-cluster node's init) rather
+    /// than ours; the server itself stays in the host's namespaces, where FUSE reports its
+    /// callers' pids and its /proc shows them.
+    pub mount_ns: Option<u32>,
+    /// Where the node's clan shells have its real procfs (`self` points there for them).
+    pub node_proc: Option<PathBuf>,
 }
 
 /// Why the view could not be mounted.
@@ -163,7 +169,7 @@ fn spawn_watcher(point: &Path) -> Result<OwnedFd, MountError> {
     match unsafe { nix::unistd::fork() } {
         Ok(nix::unistd::ForkResult::Child) => {
             drop(wr);
-            watch(rd, point, before);
+            watch(rd, point, before, Path::new("/proc/self/mountinfo"));
         }
         Ok(nix::unistd::ForkResult::Parent { .. }) => Ok(wr),
         Err(e) => Err(MountError::Other(format!("fork the watcher: {e}"))),
@@ -172,7 +178,8 @@ fn spawn_watcher(point: &Path) -> Result<OwnedFd, MountError> {
 
 /// The watcher's life: wait for EOF, then detach the mount the server made, if it is
 /// still there. Never returns.
-fn watch(rd: OwnedFd, point: &Path, before: Option<u64>) -> ! {
+/// `mountinfo`: where the watcher's mount namespace lists its mounts.
+fn watch(rd: OwnedFd, point: &Path, before: Option<u64>, mountinfo_path: &Path) -> ! {
     use nix::sys::signal::{signal, SigHandler};
     for s in [
         Signal::SIGINT,
@@ -192,18 +199,14 @@ fn watch(rd: OwnedFd, point: &Path, before: Option<u64>) -> ! {
     let _ = nix::sys::prctl::set_name(c"clan-procfs-w");
     // Keep only stdio and the pipe: a readiness fd kept open here would make whoever
     // waits for its EOF wait for the watcher.
-    let keep = rd.as_raw_fd();
-    if let Ok(rd_dir) = std::fs::read_dir("/proc/self/fd") {
-        let fds: Vec<i32> = rd_dir
-            .flatten()
-            .filter_map(|e| e.file_name().to_str()?.parse().ok())
-            .filter(|&fd| fd > 2 && fd != keep)
-            .collect();
-        for fd in fds {
-            // SAFETY: closing fds this process no longer uses; none is owned by a live
-            // Rust object in this single-threaded child except `rd`, which is kept.
-            unsafe { libc::close(fd) };
+    let keep = rd.as_raw_fd() as u32;
+    // SAFETY: close_range only closes descriptors of this single-threaded child; the one
+    // owned Rust object here that holds one (`rd`) is kept.
+    unsafe {
+        if keep > 3 {
+            libc::syscall(libc::SYS_close_range, 3u32, keep - 1, 0u32);
         }
+        libc::syscall(libc::SYS_close_range, keep + 1, u32::MAX, 0u32);
     }
     let mut pipe = std::fs::File::from(rd);
     let mut ours: Option<u64> = None;
@@ -212,7 +215,7 @@ fn watch(rd: OwnedFd, point: &Path, before: Option<u64>) -> ! {
         match pipe.read(&mut b) {
             Ok(0) => break,
             Ok(_) if b[0] == b'M' => {
-                ours = mountinfo::top_at(&mountinfo::read(), point)
+                ours = mountinfo::top_at(&mountinfo::read_from(mountinfo_path), point)
                     .filter(mountinfo::Mount::is_cluster_proc)
                     .map(|m| m.id);
             }
@@ -221,7 +224,7 @@ fn watch(rd: OwnedFd, point: &Path, before: Option<u64>) -> ! {
             Err(_) => break,
         }
     }
-    let top = mountinfo::top_at(&mountinfo::read(), point);
+    let top = mountinfo::top_at(&mountinfo::read_from(mountinfo_path), point);
     let dead = match (top, ours) {
         (Some(t), Some(id)) => t.id == id,
         // The server died between mounting and telling: the new view on top is its.
@@ -266,9 +269,121 @@ pub fn serve(mut o: ServeOptions) -> Result<(), MountError> {
     r
 }
 
+/// Opens /dev/fuse and forks a child that enters the mount namespace of process `ns_pid`,
+/// mounts the connection at `point` there (replacing the dead view of an earlier server),
+/// reports, closes its copy of the connection and becomes the mount's watcher (as
+/// `spawn_watcher`'s). Returns the watcher's pipe, the connection to serve with
+/// `Session::from_fd`, and the watcher's pid (its mountinfo is the namespace's). Call while
+/// the process has one thread.
+/// The mounts of a node's namespace, read from inside it: our /proc/self is not in the
+/// node's procfs, its init (pid 1 there) is in the namespace.
+const NODE_MOUNTINFO: &str = "/proc/1/mountinfo";
+
+fn mount_in_ns(ns_pid: u32, point: &Path) -> Result<(OwnedFd, OwnedFd, u32), MountError> {
+    use nix::fcntl::OFlag;
+    let other = |what: &str, e: &dyn std::fmt::Display| MountError::Other(format!("{what}: {e}"));
+    let fuse: OwnedFd = std::fs::File::options()
+        .read(true)
+        .write(true)
+        .open("/dev/fuse")
+        .map_err(|e| mount_error(point, e))?
+        .into();
+    let ns = std::fs::File::open(format!("/proc/{ns_pid}/ns/mnt"))
+        .map_err(|e| other(&format!("the mount namespace of process {ns_pid}"), &e))?;
+    let (rd, wr) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| other("pipe", &e))?;
+    let (res_rd, res_wr) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| other("pipe", &e))?;
+    // SAFETY: called before any thread is started (serve_inner's order), so the child may
+    // do anything.
+    match unsafe { nix::unistd::fork() } {
+        Ok(nix::unistd::ForkResult::Child) => {
+            drop(wr);
+            drop(res_rd);
+            let mut report = std::fs::File::from(res_wr);
+            let mounted = (|| -> Result<Option<u64>, String> {
+                nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNS)
+                    .map_err(|e| format!("enter the mount namespace of {ns_pid}: {e}"))?;
+                let _ = std::env::set_current_dir("/");
+                if !point.is_dir() {
+                    return Err(format!("{} is not a directory there", point.display()));
+                }
+                let stale =
+                    mountinfo::top_at(&mountinfo::read_from(Path::new(NODE_MOUNTINFO)), point);
+                if stale
+                    .as_ref()
+                    .is_some_and(mountinfo::Mount::is_cluster_proc)
+                {
+                    let _ = detach(point);
+                }
+                let before =
+                    mountinfo::top_at(&mountinfo::read_from(Path::new(NODE_MOUNTINFO)), point)
+                        .map(|m| m.id);
+                let opts = format!(
+                    "fd={},rootmode=40000,user_id=0,group_id=0,allow_other",
+                    fuse.as_raw_fd()
+                );
+                use nix::mount::MsFlags as F;
+                nix::mount::mount(
+                    Some(mountinfo::SOURCE),
+                    point,
+                    Some(format!("fuse.{}", mountinfo::SOURCE).as_str()),
+                    F::MS_RDONLY | F::MS_NOSUID | F::MS_NODEV | F::MS_NOEXEC,
+                    Some(opts.as_str()),
+                )
+                .map_err(|e| format!("mount {}: {e}", point.display()))?;
+                Ok(before)
+            })();
+            // The connection is the server's alone: its death must abort it.
+            drop(fuse);
+            match mounted {
+                Ok(before) => {
+                    let _ = report.write_all(b"ok");
+                    drop(report);
+                    watch(rd, point, before, Path::new(NODE_MOUNTINFO));
+                }
+                Err(e) => {
+                    let _ = report.write_all(e.as_bytes());
+                    // SAFETY: _exit ends the child without the parent's atexit handlers.
+                    unsafe { libc::_exit(1) }
+                }
+            }
+        }
+        Ok(nix::unistd::ForkResult::Parent { child }) => {
+            drop(rd);
+            drop(res_wr);
+            let mut said = String::new();
+            let _ = std::fs::File::from(res_rd).read_to_string(&mut said);
+            if said != "ok" {
+                let _ = nix::sys::wait::waitpid(child, None);
+                return Err(MountError::Other(if said.is_empty() {
+                    "the mounting child died".into()
+                } else {
+                    said
+                }));
+            }
+            Ok((wr, fuse, child.as_raw() as u32))
+        }
+        Err(e) => Err(other("fork the mounting child", &e)),
+    }
+}
+
 fn serve_inner(o: &mut ServeOptions) -> Result<(), MountError> {
-    let point = check_mountpoint(&o.mountpoint)?;
-    let watcher = spawn_watcher(&point)?;
+    let (point, watcher, ns_mount) = match o.mount_ns {
+        None => {
+            let point = check_mountpoint(&o.mountpoint)?;
+            let w = spawn_watcher(&point)?;
+            (point, w, None)
+        }
+        Some(pid) => {
+            let point = o.mountpoint.clone();
+            let (w, fuse, watcher) = mount_in_ns(pid, &point)?;
+            (point, w, Some((fuse, watcher)))
+        }
+    };
+    // Where the mount's namespace lists its mounts.
+    let mountinfo_path = match &ns_mount {
+        Some((_, watcher)) => PathBuf::from(format!("/proc/{watcher}/mountinfo")),
+        None => PathBuf::from("/proc/self/mountinfo"),
+    };
     // Signals go to one thread that waits for them; every thread started from here on
     // inherits the mask.
     let mut stop = SigSet::empty();
@@ -288,7 +403,9 @@ fn serve_inner(o: &mut ServeOptions) -> Result<(), MountError> {
     rt.block_on(cland.check())
         .map_err(|e| MountError::NoDaemon(e.to_string()))?;
     let root = nix::unistd::geteuid().is_root();
-    let view = View::new(cland, Options::new(o.cluster_dir.clone(), o.node.get()));
+    let mut opts = Options::new(o.cluster_dir.clone(), o.node.get());
+    opts.node_proc = o.node_proc.clone();
+    let view = View::new(cland, opts);
     let fs = ProcFs::new(view, rt.handle().clone());
     let mut config = Config::default();
     config.mount_options = vec![
@@ -305,15 +422,22 @@ fn serve_inner(o: &mut ServeOptions) -> Result<(), MountError> {
         SessionACL::Owner
     };
     config.n_threads = Some(o.threads.max(1));
-    let mut session = Session::new(fs, &point, &config).map_err(|e| mount_error(&point, e))?;
+    let mut session = match ns_mount {
+        None => Session::new(fs, &point, &config).map_err(|e| mount_error(&point, e))?,
+        Some((fuse, _)) => {
+            let acl = config.acl;
+            Session::from_fd(fs, fuse, acl, config)
+                .map_err(|e| MountError::Other(format!("serve {}: {e}", point.display())))?
+        }
+    };
     let mut w = std::fs::File::from(watcher);
     let _ = w.write_all(b"M");
     tracing::info!(mountpoint = %point.display(), node = %o.node, "cluster /proc mounted");
     tell(&mut o.ready, Ok(()));
-    let ours = mountinfo::top_at(&mountinfo::read(), &point).map(|m| m.id);
+    let ours = mountinfo::top_at(&mountinfo::read_from(&mountinfo_path), &point).map(|m| m.id);
     std::thread::Builder::new()
         .name("clan-procfs-mnt".into())
-        .spawn(move || end_when_unmounted(ours))
+        .spawn(move || end_when_unmounted(ours, &mountinfo_path))
         .map_err(|e| MountError::Other(format!("mount watch thread: {e}")))?;
     let mut unmounter = session.unmount_callable();
     let at = point.clone();
@@ -345,13 +469,17 @@ fn serve_inner(o: &mut ServeOptions) -> Result<(), MountError> {
 /// went (`clan proc umount`, umount, a signal): copies of the mount in namespaces made
 /// while it was there would otherwise keep it serving. Waits on mountinfo's change
 /// notification (POLLPRI), no polling.
-fn end_when_unmounted(id: Option<u64>) {
+fn end_when_unmounted(id: Option<u64>, mountinfo_path: &Path) {
     use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
     let Some(id) = id else { return };
-    let Ok(f) = std::fs::File::open("/proc/self/mountinfo") else {
+    let Ok(f) = std::fs::File::open(mountinfo_path) else {
         return;
     };
-    let gone = || !mountinfo::read().iter().any(|m| m.id == id);
+    let gone = || {
+        !mountinfo::read_from(mountinfo_path)
+            .iter()
+            .any(|m| m.id == id)
+    };
     loop {
         let mut fds = [PollFd::new(
             std::os::fd::AsFd::as_fd(&f),

@@ -68,7 +68,12 @@ pub fn parse(text: &str) -> Vec<Mount> {
 
 /// The mounts of the calling process's mount namespace.
 pub fn read() -> Vec<Mount> {
-    parse(&std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default())
+    read_from(Path::new("/proc/self/mountinfo"))
+}
+
+/// The mounts of another mount namespace, from a process's mountinfo in it.
+pub fn read_from(mountinfo: &Path) -> Vec<Mount> {
+    parse(&std::fs::read_to_string(mountinfo).unwrap_or_default())
 }
 
 /// The mount on top at `point` (the last one mounted there), if any.

@@ -67,6 +67,9 @@ pub struct Options {
     pub node: u32,
     /// How long a snapshot serves opens, and process entries stay in the kernel's cache.
     pub ttl: Duration,
+    /// Where a `clan shell` of this node has the node's real procfs (`<state>/nodeproc`):
+    /// `self` points there for its processes, so that magic links keep working.
+    pub node_proc: Option<PathBuf>,
     /// Whether passed-through names are accessed with the reader's identity (the server
     /// is root); otherwise with the server's.
     pub switch_identity: bool,
@@ -79,6 +82,7 @@ impl Options {
             cluster_dir,
             node,
             ttl: Duration::from_secs(1),
+            node_proc: None,
             switch_identity: nix::unistd::geteuid().is_root(),
         }
     }
@@ -190,7 +194,8 @@ fn first(path: &str) -> &str {
 impl<S: Source> View<S> {
     pub fn new(src: S, opts: Options) -> View<S> {
         View {
-            locator: Locator::new(opts.proc_root.clone(), opts.cluster_dir.clone(), opts.node),
+            locator: Locator::new(opts.proc_root.clone(), opts.cluster_dir.clone(), opts.node)
+                .with_node_proc(opts.node_proc.clone()),
             src,
             opts,
             inodes: Mutex::new(Inodes::default()),
@@ -837,7 +842,13 @@ impl<S: Source> View<S> {
                 }
                 let mut gpids: Vec<u64> = snap.procs.keys().copied().collect();
                 gpids.sort_unstable();
-                for g in gpids {
+                // A process of the cluster does not find itself by gpid: tools that skip their
+                // own pid (pgrep, pkill) compare with getpid(), the node's number.
+                let me = match self.caller(who) {
+                    Caller::Cluster { gpid, .. } => Some(gpid),
+                    _ => None,
+                };
+                for g in gpids.into_iter().filter(|g| Some(*g) != me) {
                     add(Node::Proc(g), FileType::Directory, &g.to_string())?;
                 }
             }
@@ -1053,6 +1064,7 @@ mod tests {
             cluster_dir: dir.path().join("cluster"),
             node: 1,
             ttl: Duration::from_secs(30),
+            node_proc: None,
             switch_identity: false,
         };
         Setup {

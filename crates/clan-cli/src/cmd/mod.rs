@@ -8,6 +8,7 @@ pub mod nodes;
 pub mod proc;
 pub mod ps;
 pub mod run;
+pub mod shell;
 pub mod sigsend;
 pub mod stats;
 pub mod up;

@@ -92,7 +92,7 @@ fn stdin_is_null() -> bool {
     })
 }
 
-fn winsize() -> (u16, u16) {
+pub(crate) fn winsize() -> (u16, u16) {
     let mut ws = libc::winsize {
         ws_row: 0,
         ws_col: 0,
@@ -285,7 +285,14 @@ pub async fn run(c: Client, a: Args) -> ExitCode {
             return ExitCode::from(X::RUN_FAILED);
         }
     }
-    if a.detach {
+    run_spec(c, spec, a.label).await
+}
+
+/// Runs `spec` as `clan run` does: detached, or attached with this process as its stub;
+/// `label` prefixes each output line with the copy's rank.
+pub async fn run_spec(c: Client, spec: RunSpec, label: bool) -> ExitCode {
+    let tty = spec.tty;
+    if spec.detached {
         return match c.spawn(spec).await {
             Ok(s) => {
                 for g in &s.gpids {
@@ -427,7 +434,7 @@ pub async fn run(c: Client, a: Args) -> ExitCode {
         };
         match o.output {
             Some(Output::Stdout(d)) if stdout_open => {
-                let label = a.label.then(|| rank.get(&g).copied()).flatten();
+                let label = label.then(|| rank.get(&g).copied()).flatten();
                 let at_start = line_start.entry((g, true)).or_insert(true);
                 if write_out(&mut std::io::stdout(), &d, label, at_start).is_err() {
                     // Like a local process writing to a closed pipe.
@@ -440,7 +447,7 @@ pub async fn run(c: Client, a: Args) -> ExitCode {
                 let _ = write_out(
                     &mut std::io::stderr(),
                     &d,
-                    a.label.then(|| rank.get(&g).copied()).flatten(),
+                    label.then(|| rank.get(&g).copied()).flatten(),
                     line_start.entry((g, false)).or_insert(true),
                 );
             }

@@ -33,6 +33,14 @@ struct Args {
     /// How long one request to cland may take before the reader gets EIO.
     #[arg(long, value_name = "MS", default_value_t = 5000)]
     timeout_ms: u64,
+    /// Mount in the mount namespace of this process (a local-cluster node's init: how
+    /// cland mounts its node's view for `clan shell`); the server stays in ours.
+    #[arg(long, value_name = "PID")]
+    mount_ns: Option<u32>,
+    /// Where the node's `clan shell`s have the node's own procfs: `self` and `thread-self`
+    /// point there for them, so its magic links (`/proc/self/fd/N`) keep working.
+    #[arg(long, value_name = "DIR")]
+    node_proc: Option<PathBuf>,
     /// Where to mount.
     mountpoint: PathBuf,
 }
@@ -90,6 +98,8 @@ fn main() -> ExitCode {
         ready,
         timeout: Duration::from_millis(a.timeout_ms),
         threads: 2,
+        mount_ns: a.mount_ns,
+        node_proc: a.node_proc,
     };
     match mount::serve(o) {
         Ok(()) => ExitCode::SUCCESS,
