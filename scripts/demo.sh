@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 export PATH="$HOME/.cargo/bin:$PATH"
 cargo build --release --workspace --bins
-install -m 755 target/release/clan target/release/cland target/release/clan-shepherd /usr/local/bin/
+install -m 755 target/release/clan target/release/cland target/release/clan-shepherd target/release/clan-procfs /usr/local/bin/
 export PATH="/usr/local/bin:$PATH"
 unset CLAN_DIR CLAN_NODE
 
@@ -83,7 +83,11 @@ sleep 1
 clan job show "$bomb"
 run clan job kill "$bomb"
 
-for g in "${gpids[0]}" "${gpids[1]}" "${gpids[3]}"; do clan kill -s KILL "$g"; done
+say "clan shell --node 1 -- sh -c 'ps -eo pid,ppid,user,stat,args; pkill -f \"sleep 60[0]\"; pgrep -c -f \"sleep 60[0]\"'"
+echo "# unmodified procps in a shell whose /proc is the cluster's: every node's processes, by gpid"
+clan shell --node 1 -- sh -c 'ps -eo pid,ppid,user,stat,args; pkill -f "sleep 60[0]"; pgrep -c -f "sleep 60[0]"' || true
+
+for g in "${gpids[0]}" "${gpids[1]}" "${gpids[3]}"; do clan kill -s KILL "$g" 2>/dev/null || true; done
 clan wait "${gpids[0]}" "${gpids[1]}" "${gpids[3]}" >/dev/null || true
 
 cat <<'MSG'
@@ -91,6 +95,7 @@ cat <<'MSG'
 The 4-node cluster is still running (state in /run/clan). Try:
   clan ps                         every process of every node
   clan run --node 2 -t -- bash    a shell on node 2
+  clan shell                      a shell in which ps, top, pgrep, pkill, kill see every node
   clan run -d -- sleep 100        placed by policy; then clan ps, clan kill, clan wait
 Stop it with:
   clan down

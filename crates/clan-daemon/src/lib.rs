@@ -211,15 +211,51 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
         let _ = tokio::task::spawn_blocking(move || n.sample_load(1.0)).await;
     }
     node.start_peers().await?;
+    // The cluster /proc of `clan shell` (needs FUSE; cland runs without it), started now
+    // and again by the sampler whenever it is gone.
+    let view_server = {
+        let (st, dir, id, init, cgroup, bin) = (
+            state.clone(),
+            cfg.dir.clone(),
+            opts.node,
+            node.view.ns_init,
+            node.cgroup.clone(),
+            bin_dir.clone(),
+        );
+        let failed = std::sync::atomic::AtomicBool::new(false);
+        // One start at a time (the sampler and the start may both find it missing).
+        let one = std::sync::Mutex::new(());
+        Arc::new(move || {
+            let _one = one.lock().unwrap_or_else(|e| e.into_inner());
+            // Not before this cland serves its socket, which the server connects to.
+            if !root
+                || !socket_path(&st).exists()
+                || viewserver::running(&st.join("procfs.pid")).is_some()
+            {
+                return;
+            }
+            match viewserver::ensure(&st, &dir, id, init, cgroup.as_ref(), &bin) {
+                Ok(()) => failed.store(false, std::sync::atomic::Ordering::Relaxed),
+                // Said once, not at every tick.
+                Err(e) if !failed.swap(true, std::sync::atomic::Ordering::Relaxed) => {
+                    warn!("no cluster /proc view on this node (clan shell will refuse): {e:#}")
+                }
+                Err(_) => {}
+            }
+        })
+    };
     {
         let node = node.clone();
+        let view_server = view_server.clone();
         tokio::spawn(async move {
             let mut tick =
                 tokio::time::interval(Duration::from_millis(node.cfg.heartbeat_ms.max(250)));
             loop {
                 tick.tick().await;
                 let n = node.clone();
+                let v = view_server.clone();
                 let _ = tokio::task::spawn_blocking(move || {
+                    v();
                     n.sample_load(0.2);
                     n.prune_jobs();
                     n.prune_group_aliases();
@@ -232,23 +268,9 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
     }
     let sock = socket_path(&state);
     node.serve_local(&sock).await?;
-    if root {
-        // The cluster /proc of `clan shell` (needs FUSE; cland runs without it).
-        let (st, dir, id, init, cgroup, bin) = (
-            state.clone(),
-            cfg.dir.clone(),
-            opts.node,
-            node.view.ns_init,
-            node.cgroup.clone(),
-            bin_dir.clone(),
-        );
-        let started = tokio::task::spawn_blocking(move || {
-            viewserver::ensure(&st, &dir, id, init, cgroup.as_ref(), &bin)
-        })
-        .await;
-        if let Ok(Err(e)) = started {
-            warn!("no cluster /proc view on this node (clan shell will refuse): {e:#}");
-        }
+    {
+        let v = view_server.clone();
+        let _ = tokio::task::spawn_blocking(move || v()).await;
     }
     info!(
         node = %opts.node,

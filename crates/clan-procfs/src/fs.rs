@@ -96,7 +96,7 @@ impl<S: Source> Filesystem for ProcFs<S> {
         let (view, who, name) = (self.view.clone(), who(req), name.to_owned());
         self.run(async move {
             match view.lookup(&who, parent.0, &name).await {
-                Ok(a) => reply.entry(&view.ttl(), &a, Generation(0)),
+                Ok(a) => reply.entry(&view.entry_ttl(parent.0, &name), &a, Generation(0)),
                 Err(e) => reply.error(errno(e)),
             }
         });

@@ -303,16 +303,22 @@ fn mount_in_ns(ns_pid: u32, point: &Path) -> Result<(OwnedFd, OwnedFd, u32), Mou
                 nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNS)
                     .map_err(|e| format!("enter the mount namespace of {ns_pid}: {e}"))?;
                 let _ = std::env::set_current_dir("/");
-                if !point.is_dir() {
-                    return Err(format!("{} is not a directory there", point.display()));
-                }
                 let stale =
                     mountinfo::top_at(&mountinfo::read_from(Path::new(NODE_MOUNTINFO)), point);
                 if stale
                     .as_ref()
                     .is_some_and(mountinfo::Mount::is_cluster_proc)
                 {
-                    let _ = detach(point);
+                    // A dead server's view answers ENOTCONN: replace it; a live one stays.
+                    match std::fs::metadata(point) {
+                        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
+                            let _ = detach(point);
+                        }
+                        _ => return Err(format!("{} already has a live view", point.display())),
+                    }
+                }
+                if !point.is_dir() {
+                    return Err(format!("{} is not a directory there", point.display()));
                 }
                 let before =
                     mountinfo::top_at(&mountinfo::read_from(Path::new(NODE_MOUNTINFO)), point)

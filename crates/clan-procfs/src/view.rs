@@ -182,6 +182,9 @@ fn io_errno(e: &std::io::Error) -> Errno {
     e.raw_os_error().unwrap_or(libc::EIO)
 }
 
+/// Marks the pass-table entries that are clan shells' pid aliases, not local paths.
+const ALIAS: &str = "@";
+
 fn is_number(s: &str) -> bool {
     !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit())
 }
@@ -215,6 +218,31 @@ impl<S: Source> View<S> {
     /// How long the kernel may keep entries and attributes.
     pub fn ttl(&self) -> Duration {
         self.opts.ttl
+    }
+
+    /// How long the kernel may keep the answer of a lookup of `name` in `parent`: not at
+    /// all for a small number at the root, whose answer depends on the caller (a clan
+    /// shell's process finds its node's procfs there, other callers the local /proc).
+    pub fn entry_ttl(&self, parent: u64, name: &OsStr) -> Duration {
+        let small = name
+            .to_str()
+            .is_some_and(|n| is_number(n) && n.parse::<u64>().is_ok_and(|v| v < GPID_SPAN));
+        if small && matches!(self.node(parent), Ok(Node::Root)) {
+            Duration::ZERO
+        } else {
+            self.opts.ttl
+        }
+    }
+
+    /// The alias of number `n` (a pid of the caller's node) for a clan shell's process.
+    fn alias_target(&self, who: &Who, n: &str) -> Option<String> {
+        match self.caller(who) {
+            Caller::Cluster {
+                node_proc: Some((p, ..)),
+                ..
+            } => Some(format!("{}/{n}", p.display())),
+            _ => None,
+        }
     }
 
     fn ino(&self, node: &Node) -> Result<u64, Errno> {
@@ -684,6 +712,12 @@ impl<S: Source> View<S> {
                         return Ok(attr(ino, FileType::Directory, 0o555, uid, gid));
                     }
                 }
+                // A pid of a clan shell's node, as getpid() gives it: a link into the node's
+                // procfs (as `self`), so tools that read /proc/<getpid()> find themselves.
+                if is_number(name) && self.alias_target(who, name).is_some() {
+                    let ino = self.ino(&Node::Pass(format!("{ALIAS}{name}")))?;
+                    return Ok(attr(ino, FileType::Symlink, 0o777, 0, 0));
+                }
                 if Self::passed_through(name) {
                     return self.pass_attr(who, name).await;
                 }
@@ -729,6 +763,7 @@ impl<S: Source> View<S> {
                 let (dir, name) = p.rsplit_once('/').unwrap_or(("", p.as_str()));
                 self.proc_entry(who, g, dir, name).await
             }
+            Node::Pass(p) if p.starts_with(ALIAS) => Ok(attr(ino, FileType::Symlink, 0o777, 0, 0)),
             Node::Pass(p) => self.pass_attr(who, &p).await,
         }
     }
@@ -751,6 +786,10 @@ impl<S: Source> View<S> {
                 .await
                 .map(|r| r.data)
                 .map_err(|e| e.errno()),
+            Node::Pass(p) if p.starts_with(ALIAS) => self
+                .alias_target(who, &p[ALIAS.len()..])
+                .map(String::into_bytes)
+                .ok_or(libc::ENOENT),
             Node::Pass(p) => {
                 let path = self.pass_path(&p);
                 let t = self.pass_io(who, move || std::fs::read_link(path)).await?;
