@@ -241,18 +241,23 @@ pub fn ps_e(n: usize) -> Samples {
     s
 }
 
-/// `srun -N1 true` on a running local Slurm, when there is one.
-pub fn srun_true(n: usize) -> Result<Samples, String> {
+/// Whether a local Slurm runs jobs (`srun -N1 true`), or why not.
+pub fn slurm_ready() -> Result<(), String> {
     let ok = Command::new("srun")
         .args(["-N1", "true"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status();
     match ok {
-        Ok(st) if st.success() => {}
-        Ok(_) => return Err("srun failed: start Slurm with bench/slurm/start.sh".into()),
-        Err(_) => return Err("srun not installed (scripts/install-deps.sh --bench)".into()),
+        Ok(st) if st.success() => Ok(()),
+        Ok(_) => Err("srun failed: start Slurm with bench/slurm/start.sh".into()),
+        Err(_) => Err("srun not installed (scripts/install-deps.sh --bench)".into()),
     }
+}
+
+/// `srun -N1 true` on a running local Slurm, when there is one.
+pub fn srun_true(n: usize) -> Result<Samples, String> {
+    slurm_ready()?;
     let mut s = Samples::default();
     for _ in 0..n {
         let t = Instant::now();

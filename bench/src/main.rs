@@ -4,6 +4,7 @@
 mod baselines;
 mod clan;
 mod cluster;
+mod jobs;
 mod posix;
 mod report;
 mod stats;
@@ -62,6 +63,11 @@ enum Cmd {
     Group,
     /// Time until waiting parents learn of a node's death, on a cluster of its own (issue 3).
     Death,
+    /// Task switches (suspend one job, resume another) for trees of 3 to 1,023 processes
+    /// against a bare cgroup freeze + thaw, Slurm's suspend/resume, and the fork rate under
+    /// genealogy tracking, on a one-node cluster of its own (issue 4; not part of `all`:
+    /// several minutes).
+    Jobs,
     #[command(hide = true)]
     NativePong,
     #[command(hide = true)]
@@ -87,6 +93,22 @@ enum Cmd {
         #[arg(long)]
         peer: clan_core::Gpid,
     },
+    /// A complete binary tree of PROCS processes (2^k - 1), idle or spinning.
+    #[command(hide = true)]
+    Tree {
+        #[arg(long)]
+        procs: usize,
+        #[arg(long)]
+        busy: bool,
+        #[arg(long)]
+        ignore_tstp: bool,
+    },
+    /// ITERS forks of a child that exits at once, each waited for; prints forks per second.
+    #[command(hide = true)]
+    Forks {
+        #[arg(long)]
+        iters: usize,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -106,6 +128,12 @@ fn main() -> anyhow::Result<()> {
         } => return clan::sigping(&peer_file, &out, iters),
         Cmd::Sigpong { peer } => return clan::sigpong(peer),
         Cmd::Forkping { node, out, iters } => return posix::forkping(node, &out, iters),
+        Cmd::Tree {
+            procs,
+            busy,
+            ignore_tstp,
+        } => return jobs::tree(procs, busy, ignore_tstp),
+        Cmd::Forks { iters } => return jobs::forks(iters),
         _ => {}
     }
     let bin = a.bin_dir.clone().unwrap_or_else(|| {
@@ -141,7 +169,7 @@ fn main() -> anyhow::Result<()> {
         );
         r.latency("baselines", "ps -e", &baselines::ps_e(n / 10 + 1), None);
     } else {
-        if !matches!(cmd, Cmd::Death) {
+        if !matches!(cmd, Cmd::Death | Cmd::Jobs) {
             let c = cluster::Cluster::up(&bin, "fine", 4, 7900)?;
             if all || matches!(cmd, Cmd::Run) {
                 clan::run_latency(&c, &mut r, n);
@@ -172,6 +200,9 @@ fn main() -> anyhow::Result<()> {
         // On a cluster of its own, after the others are down: it crashes a node.
         if all || matches!(cmd, Cmd::Death) {
             failed = posix::death_notice(&bin, &mut r, a.crashes, 8000).err();
+        }
+        if matches!(cmd, Cmd::Jobs) {
+            failed = jobs::jobs(&bin, &mut r, n, 8050).err();
         }
     }
     if let Some(p) = &a.json {

@@ -30,6 +30,8 @@ fn ratio(x: f64) -> String {
 #[derive(Default)]
 pub struct Report {
     pub rows: Vec<Row>,
+    /// Text that follows the table (summaries in another shape).
+    pub notes: Vec<String>,
 }
 
 impl Report {
@@ -84,6 +86,48 @@ impl Report {
         );
     }
 
+    /// Adds a row of rates (higher is better), one per run: median, p10 and p90 of them.
+    pub fn rates(
+        &mut self,
+        group: &str,
+        name: &str,
+        runs: &[f64],
+        unit: &str,
+        baseline: Option<&str>,
+    ) {
+        let mut v = runs.to_vec();
+        v.sort_by(f64::total_cmp);
+        let q = |q: f64| {
+            v.get(((v.len().max(1) - 1) as f64 * q).round() as usize)
+                .copied()
+                .unwrap_or(0.0)
+        };
+        let value = q(0.5);
+        self.push(Row {
+            group: group.into(),
+            name: name.into(),
+            value,
+            unit: unit.into(),
+            p10: q(0.1),
+            p90: q(0.9),
+            n: v.len(),
+            baseline: baseline.map(str::to_string),
+            ratio: None,
+        });
+        println!(
+            "  {name:<48} median {value:>10.0} {unit}  p10 {:>10.0}  p90 {:>10.0}  n={}{}",
+            q(0.1),
+            q(0.9),
+            v.len(),
+            self.ratio_text()
+        );
+    }
+
+    /// Text for after the table.
+    pub fn note(&mut self, text: &str) {
+        self.notes.push(text.to_string());
+    }
+
     fn push(&mut self, mut row: Row) {
         if let Some(b) = &row.baseline {
             if let Some(base) = self
@@ -132,6 +176,10 @@ impl Report {
                 r.n,
                 vs
             ));
+        }
+        for n in &self.notes {
+            s.push('\n');
+            s.push_str(n);
         }
         s
     }
