@@ -6,6 +6,7 @@ mod clan;
 mod cluster;
 mod jobs;
 mod posix;
+mod procview;
 mod report;
 mod stats;
 
@@ -68,6 +69,9 @@ enum Cmd {
     /// genealogy tracking, on a one-node cluster of its own (issue 4; not part of `all`:
     /// several minutes).
     Jobs,
+    /// The cluster /proc: `status` of a process on another node through the API and the
+    /// mount, and `ps aux` in `clan shell` over every node's processes (issue 5).
+    Proc,
     #[command(hide = true)]
     NativePong,
     #[command(hide = true)]
@@ -195,6 +199,10 @@ fn main() -> anyhow::Result<()> {
             }
             if all || matches!(cmd, Cmd::Ps) {
                 clan::ps_scale(&c, &mut r, a.per_node, (n / 10).max(5));
+            }
+            if all || matches!(cmd, Cmd::Proc) {
+                procview::status_read(&c, &mut r, n);
+                procview::ps_aux(&c, &mut r, a.per_node, (n / 10).max(5));
             }
         }
         // On a cluster of its own, after the others are down: it crashes a node.

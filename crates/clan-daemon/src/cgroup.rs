@@ -19,8 +19,14 @@
 use std::io;
 use std::path::{Path, PathBuf};
 
-/// Finds the cgroup v2 mount in /proc/self/mountinfo (it is not always /sys/fs/cgroup).
+/// Finds the cgroup v2 mount in /proc/self/mountinfo (it is not always /sys/fs/cgroup);
+/// read once per process.
 pub fn cgroup2_mount() -> Option<PathBuf> {
+    static MOUNT: std::sync::OnceLock<Option<PathBuf>> = std::sync::OnceLock::new();
+    MOUNT.get_or_init(find_cgroup2_mount).clone()
+}
+
+fn find_cgroup2_mount() -> Option<PathBuf> {
     let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
     info.lines().find_map(|l| {
         let (pre, post) = l.split_once(" - ")?;

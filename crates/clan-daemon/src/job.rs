@@ -38,15 +38,30 @@ fn event(dir: &Path, key: &str) -> Option<bool> {
         .map(|v| v == 1)
 }
 
+/// `key` of a `cgroup.events` read through `f` from its start (which also re-arms the
+/// kernel's notification on that descriptor).
+fn event_of(f: &std::fs::File, key: &str) -> Option<bool> {
+    use std::os::unix::fs::FileExt;
+    let mut buf = [0u8; 256];
+    let n = f.read_at(&mut buf, 0).ok()?;
+    std::str::from_utf8(&buf[..n])
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix(key)?.trim().parse::<u8>().ok())
+        .map(|v| v == 1)
+}
+
 /// Waits until `cgroup.events` says `key` is `want`, woken by the kernel's notification on
-/// the file (poll(2) with POLLPRI), not by sleeping.
+/// the file (poll(2) with POLLPRI on the descriptor it is read through), not by sleeping.
+/// The kernel sends at most one notification per file every few milliseconds and delays
+/// the next: the poll is bounded by 1 ms so a change right after one is not waited for.
 fn wait_event(dir: &Path, key: &str, want: bool, limit: Duration) -> Result<()> {
     use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
     let f = std::fs::File::open(dir.join("cgroup.events"))
         .map_err(|e| Error::internal("open cgroup.events", e))?;
     let deadline = Instant::now() + limit;
     loop {
-        if event(dir, key) == Some(want) {
+        if event_of(&f, key) == Some(want) {
             return Ok(());
         }
         let left = deadline.saturating_duration_since(Instant::now());
@@ -59,9 +74,7 @@ fn wait_event(dir: &Path, key: &str, want: bool, limit: Duration) -> Result<()> 
             )));
         }
         let mut fds = [PollFd::new(f.as_fd(), PollFlags::POLLPRI)];
-        // A bounded wait: a notification missed between the read and the poll costs
-        // 50 ms at most.
-        let ms = left.min(Duration::from_millis(50)).as_millis() as u16;
+        let ms = left.min(Duration::from_millis(1)).as_millis().max(1) as u16;
         let _ = poll(&mut fds, PollTimeout::from(ms));
     }
 }
@@ -237,7 +250,7 @@ impl Node {
             }
         }
         let dir = res?;
-        Ok(self.task_info(job, &dir, true))
+        Ok(self.task_info(job, &dir))
     }
 
     /// The task's processes top-down, or only the subtree rooted at the process whose
@@ -388,16 +401,47 @@ impl Node {
             .filter_map(|e| {
                 let name = e.file_name().to_string_lossy().into_owned();
                 let j: u64 = name.strip_prefix("job")?.parse().ok()?;
-                (job == 0 || j == job).then(|| self.task_info(j, &e.path(), true))
+                (job == 0 || j == job).then(|| self.task_info(j, &e.path()))
             })
             .collect();
         out.sort_by_key(|t| t.job);
         out
     }
 
-    /// What the kernel says of a task. Without `owner` its uid is left 0: finding it reads
-    /// every process's status, too slow for a suspend or resume of a big task.
-    fn task_info(&self, job: u64, dir: &Path, owner: bool) -> pb::TaskInfo {
+    /// The state of a task with processes `pids` (one read of its `cgroup.events`, and of
+    /// the processes' states only when it is not frozen and may be stopped by signals).
+    fn task_state(dir: &Path, pids: &[u32]) -> &'static str {
+        if pids.is_empty() {
+            "empty"
+        } else if event(dir, "frozen") == Some(true)
+            || pids
+                .iter()
+                .all(|p| matches!(proc_state(*p), Some('T') | None))
+        {
+            "suspended"
+        } else if std::fs::read_to_string(dir.join("cgroup.freeze")).is_ok_and(|v| v.trim() == "1")
+        {
+            "suspending"
+        } else {
+            "running"
+        }
+    }
+
+    /// What a suspend, resume, switch or kill reports of a task: its state and processes,
+    /// nothing that costs more reads (a switch is on a gang scheduler's every time slice).
+    fn task_brief(&self, job: u64, dir: &Path, pids: &[u32]) -> pb::TaskInfo {
+        pb::TaskInfo {
+            job,
+            node: self.id.get(),
+            procs: pids.len() as u32,
+            state: Self::task_state(dir, pids).into(),
+            ..Default::default()
+        }
+    }
+
+    /// What the kernel says of a task, for listings (its owner reads every process's
+    /// status: too slow for a suspend or resume of a big task, which use `task_brief`).
+    fn task_info(&self, job: u64, dir: &Path) -> pb::TaskInfo {
         let pids = procs(dir);
         let state = if pids.is_empty() {
             "empty"
@@ -433,11 +477,7 @@ impl Node {
                 .as_ref()
                 .and_then(|cg| cg.max_procs(job))
                 .unwrap_or(0),
-            uid: if owner {
-                pids.iter().filter_map(|p| uid_of(*p)).min().unwrap_or(0)
-            } else {
-                0
-            },
+            uid: pids.iter().filter_map(|p| uid_of(*p)).min().unwrap_or(0),
             ..Default::default()
         }
     }
@@ -563,8 +603,9 @@ impl Node {
             }
             _ => return Err(Error::Invalid(format!("invalid subtree {}", req.subtree))),
         };
-        self.may_act(creds, job, &procs(&dir))?;
-        let before = self.task_info(job, &dir, false);
+        let pids = procs(&dir);
+        self.may_act(creds, job, &pids)?;
+        let before = self.task_brief(job, &dir, &pids);
         let changed;
         match action {
             A::JobSuspend if signals || subtree.is_some() => {
@@ -628,7 +669,7 @@ impl Node {
                 unreachable!("handled above")
             }
         }
-        let mut after = self.task_info(job, &dir, false);
+        let mut after = self.task_brief(job, &dir, &procs(&dir));
         after.changed = changed;
         if action == A::JobKill {
             after.procs = before.procs; // how many it reached

@@ -1,0 +1,227 @@
+//! The cluster /proc's figures (issue 5): reading `status` of a process of another node
+//! through the API and through the mount against a native /proc read and the TCP loopback
+//! round trip (Solaris MC Table 4), and `ps aux` in `clan shell` over 4 nodes x N processes
+//! against a native `ps aux` of the same processes.
+
+use crate::baselines;
+use crate::cluster::Cluster;
+use crate::report::Report;
+use crate::stats::Samples;
+use clan_client::pb;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+/// One whole read of a /proc file, as `cat` does it (open, read to the end, close).
+fn read_whole(path: &Path) -> usize {
+    let mut f = std::fs::File::open(path).expect("open");
+    let mut buf = Vec::with_capacity(2048);
+    f.read_to_end(&mut buf).expect("read");
+    buf.len()
+}
+
+fn timed(n: usize, mut f: impl FnMut()) -> Samples {
+    let mut s = Samples::default();
+    for _ in 0..n {
+        let t = Instant::now();
+        f();
+        s.push(t.elapsed());
+    }
+    s
+}
+
+/// The host pid of a process of a local cluster's node (from its node-local number).
+fn host_pid(c: &Cluster, gpid: clan_core::Gpid) -> Option<u32> {
+    let init: u32 = std::fs::read_to_string(c.dir.join(format!("node{}/init.pid", gpid.node())))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    let ns = std::fs::read_link(format!("/proc/{init}/ns/pid")).ok()?;
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+        if std::fs::read_link(format!("/proc/{pid}/ns/pid")).ok()? != ns {
+            return None;
+        }
+        let st = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        let local: u32 = st
+            .lines()
+            .find_map(|l| l.strip_prefix("NSpid:"))?
+            .split_whitespace()
+            .last()?
+            .parse()
+            .ok()?;
+        (local == gpid.local()).then_some(pid)
+    })
+}
+
+/// `status` of a process on node 2, read from node 1's side.
+pub fn status_read(c: &Cluster, r: &mut Report, n: usize) {
+    let g = "cluster /proc: status of a process on another node";
+    println!("{g}:");
+    let target = c.spawn(2, &["sleep", "3700"]).expect("a process on node 2");
+    let host = host_pid(c, target).expect("its host pid");
+    r.latency(
+        g,
+        "TCP loopback round trip (64 B)",
+        &baselines::tcp_rtt(n),
+        None,
+    );
+    let native = PathBuf::from(format!("/proc/{host}/status"));
+    r.latency(
+        g,
+        "native read of /proc/PID/status",
+        &timed(n, || {
+            read_whole(&native);
+        }),
+        None,
+    );
+    let client = c.client(1);
+    let rt = crate::clan::rt1();
+    let api = rt.block_on(async {
+        let req = pb::ProcRequest {
+            op: pb::ProcOp::ProcRead as i32,
+            gpid: target.raw(),
+            path: "status".into(),
+            ..Default::default()
+        };
+        // One to connect.
+        client.proc(req.clone()).await.expect("proc read");
+        let mut s = Samples::default();
+        for _ in 0..n {
+            let t = Instant::now();
+            let reply = client.proc(req.clone()).await.expect("proc read");
+            s.push(t.elapsed());
+            assert!(!reply.data.is_empty());
+        }
+        s
+    });
+    r.latency(
+        g,
+        "through the API (client library, node 1)",
+        &api,
+        Some("TCP loopback round trip (64 B)"),
+    );
+    let mnt = c.dir.join("bench-proc");
+    std::fs::create_dir_all(&mnt).expect("mount point");
+    let st = c
+        .cmd()
+        .args(["proc", "mount"])
+        .arg(&mnt)
+        .stdout(Stdio::null())
+        .status()
+        .expect("clan proc mount");
+    assert!(st.success(), "clan proc mount failed");
+    let file = mnt.join(format!("{target}/status"));
+    read_whole(&file);
+    let through = timed(n, || {
+        read_whole(&file);
+    });
+    r.latency(
+        g,
+        "through the mount (clan proc mount, node 1)",
+        &through,
+        Some("native read of /proc/PID/status"),
+    );
+    let _ = c
+        .cmd()
+        .args(["proc", "umount"])
+        .arg(&mnt)
+        .stdout(Stdio::null())
+        .status();
+    let _ = c
+        .cmd()
+        .args(["kill", "-s", "KILL", &target.to_string()])
+        .status();
+    let _ = c
+        .cmd()
+        .args(["wait", &target.to_string()])
+        .stdout(Stdio::null())
+        .status();
+}
+
+/// Times of `ps aux` runs as bash reports them (`TIMEFORMAT=%R`), from a script's stderr.
+fn bash_times(stderr: &[u8]) -> Samples {
+    let mut s = Samples::default();
+    for l in String::from_utf8_lossy(stderr).lines() {
+        if let Ok(secs) = l.trim().parse::<f64>() {
+            s.push(Duration::from_secs_f64(secs));
+        }
+    }
+    s
+}
+
+/// `ps aux` in a clan shell over every node's processes, against native `ps aux` of the
+/// same processes (on a local cluster every node's processes are on this machine).
+pub fn ps_aux(c: &Cluster, r: &mut Report, per_node: usize, n: usize) {
+    let g = "ps aux in clan shell";
+    println!("{g} ({} nodes x {per_node} processes):", c.nodes);
+    let script =
+        format!("i=0; while [ $i -lt {per_node} ]; do sleep 3701 & i=$((i+1)); done; wait");
+    let mut parents = Vec::new();
+    for node in 1..=c.nodes {
+        parents.push(c.spawn(node, &["sh", "-c", &script]).expect("sleepers"));
+    }
+    let want = c.nodes as usize * per_node;
+    let count = || {
+        std::fs::read_dir("/proc")
+            .map(|d| {
+                d.flatten()
+                    .filter(|e| {
+                        std::fs::read(e.path().join("cmdline"))
+                            .is_ok_and(|b| b == b"sleep\x003701\x00")
+                    })
+                    .count()
+            })
+            .unwrap_or(0)
+    };
+    let deadline = Instant::now() + Duration::from_secs(180);
+    while count() < want {
+        assert!(Instant::now() < deadline, "sleepers did not start");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let loop_script = format!(
+        "TIMEFORMAT=%R; for i in $(seq {n}); do time ps aux >/dev/null; done; \
+         echo listed $(ps aux | grep -c 'sleep 370[1]') >&2"
+    );
+    let native = std::process::Command::new("bash")
+        .args(["-c", &loop_script])
+        .output()
+        .expect("native ps aux");
+    r.latency(
+        g,
+        "native ps aux (same processes)",
+        &bash_times(&native.stderr),
+        None,
+    );
+    let shell = c
+        .cmd()
+        .args(["shell", "--node", "1", "--", "bash", "-c", &loop_script])
+        .output()
+        .expect("clan shell");
+    let listed = String::from_utf8_lossy(&shell.stderr)
+        .lines()
+        .find_map(|l| l.strip_prefix("listed ")?.trim().parse::<usize>().ok())
+        .unwrap_or(0);
+    println!("  (ps aux in clan shell listed {listed} of the {want} sleeps)");
+    r.latency(
+        g,
+        "ps aux in clan shell (4 nodes)",
+        &bash_times(&shell.stderr),
+        Some("native ps aux (same processes)"),
+    );
+    for p in parents {
+        let _ = c
+            .cmd()
+            .args(["kill", "-s", "KILL", "-g", &p.to_string()])
+            .stderr(Stdio::null())
+            .status();
+        let _ = c
+            .cmd()
+            .args(["wait", &p.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}
