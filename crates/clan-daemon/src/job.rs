@@ -287,25 +287,40 @@ impl Node {
     }
 
     /// The paper's task suspend: SIGSTOP top-down, each process verified stopped before
-    /// its children are signalled; a process not stopped yet ends the pass (EAGAIN) and the
-    /// pass is retried after the retry interval, without signalling again the processes
-    /// already signalled. Children forked meanwhile are in the next pass's tree.
+    /// its children are signalled; a process not stopped yet (EAGAIN) holds back its
+    /// descendants until the next pass, retried after the retry interval, without
+    /// signalling again the processes already signalled. Children forked meanwhile are in
+    /// the next pass's tree.
     fn suspend_by_signals(&self, job: u64, dir: &Path, subtree: Option<u32>) -> Result<()> {
         use nix::sys::signal::Signal;
         let deadline = Instant::now() + SETTLE;
         let mut signalled = std::collections::HashSet::new();
         loop {
+            // Each pass goes down the forest: a process is stopped once its tracked parent
+            // is verified stopped (or it has none in the task). One not stopped yet does not
+            // end the pass (the paper's EAGAIN), it only holds back its own descendants, so a
+            // busy tree on few CPUs stops in a few passes rather than one process per pass.
+            let parents: std::collections::HashMap<u32, u32> = self
+                .genealogy
+                .lock()
+                .of_job(job)
+                .into_iter()
+                .map(|(p, n)| (p, n.parent))
+                .collect();
+            let order = self.order(job, dir, subtree);
+            let inside: std::collections::HashSet<u32> = order.iter().copied().collect();
+            let mut verified: std::collections::HashSet<u32> = std::collections::HashSet::new();
             let mut done = true;
-            for p in self.order(job, dir, subtree) {
+            for &p in &order {
                 if stopped(p) {
+                    verified.insert(p);
                     continue;
                 }
-                if signalled.insert(p) {
+                done = false;
+                let parent = parents.get(&p).copied().unwrap_or(0);
+                let ready = parent == 0 || !inside.contains(&parent) || verified.contains(&parent);
+                if ready && signalled.insert(p) {
                     send(p, Signal::SIGSTOP);
-                }
-                if !stopped(p) {
-                    done = false; // EAGAIN
-                    break;
                 }
             }
             if done && (subtree.is_some() || procs(dir).into_iter().all(stopped)) {

@@ -198,7 +198,14 @@ struct NodeMap<'a> {
     node: &'a Node,
     /// The cluster parent of a process clan started (its kernel parent is its shepherd).
     clan_parent: i64,
+    /// Which parents are shepherds, as found so far in this request (a snapshot asks of
+    /// the same parents again and again).
+    shepherds: &'a ShepherdCache,
 }
+
+/// Whether a local pid is one of clan's shepherds, remembered for one request.
+#[derive(Default)]
+pub struct ShepherdCache(std::cell::RefCell<std::collections::HashMap<u32, bool>>);
 
 impl PidMap for NodeMap<'_> {
     fn pid(&self, local: i64) -> i64 {
@@ -210,7 +217,16 @@ impl PidMap for NodeMap<'_> {
     fn ppid(&self, local: i64) -> i64 {
         match u32::try_from(local) {
             Ok(0) | Err(_) => 0,
-            Ok(p) if self.node.view.is_shepherd_pid(p) => self.clan_parent,
+            Ok(p)
+                if *self
+                    .shepherds
+                    .0
+                    .borrow_mut()
+                    .entry(p)
+                    .or_insert_with(|| self.node.view.is_shepherd_pid(p)) =>
+            {
+                self.clan_parent
+            }
             Ok(_) => self.pid(local),
         }
     }
@@ -475,9 +491,10 @@ impl Node {
         Ok(())
     }
 
-    fn rewrite(&self, pid: u32, file: &str, data: Vec<u8>) -> Vec<u8> {
+    fn rewrite(&self, pid: u32, file: &str, data: Vec<u8>, shepherds: &ShepherdCache) -> Vec<u8> {
         let m = NodeMap {
             node: self,
+            shepherds,
             clan_parent: Gpid::new(self.id, pid)
                 .and_then(|g| self.vprocs.read().get(&g).map(|v| v.parent))
                 .map_or(0, |p| p as i64),
@@ -489,7 +506,13 @@ impl Node {
         }
     }
 
-    fn read_one(&self, reader: &Reader, pid: u32, parts: &[&str]) -> Result<Vec<u8>> {
+    fn read_one(
+        &self,
+        reader: &Reader,
+        pid: u32,
+        parts: &[&str],
+        shepherds: &ShepherdCache,
+    ) -> Result<Vec<u8>> {
         let rel = self.local_path(pid, parts)?;
         self.check_read(reader, pid, parts, &rel)?;
         let data = self
@@ -497,7 +520,7 @@ impl Node {
             .read_file(&rel, MAX_FILE)
             .map_err(|e| io_err(e, &rel))?;
         // The rewritten file is the last component's (`task/TID/stat` as `stat`).
-        Ok(self.rewrite(pid, parts.last().copied().unwrap_or(""), data))
+        Ok(self.rewrite(pid, parts.last().copied().unwrap_or(""), data, shepherds))
     }
 
     fn proc_entry(&self, pid: u32) -> Option<pb::ProcEntry> {
@@ -546,13 +569,14 @@ impl Node {
                 }
                 let mut pids = self.view.pids();
                 pids.sort_unstable();
+                let cache = ShepherdCache::default();
                 for pid in pids {
                     let Some(mut e) = self.proc_entry(pid) else {
                         continue; // gone, or a shepherd
                     };
                     for f in &req.files {
                         let parts: Vec<&str> = f.split('/').collect();
-                        let (data, error) = match self.read_one(&reader, pid, &parts) {
+                        let (data, error) = match self.read_one(&reader, pid, &parts, &cache) {
                             Ok(d) => (d, None),
                             Err(e) => (Vec::new(), Some(e.into())),
                         };
@@ -571,7 +595,7 @@ impl Node {
                     return Err(Error::Invalid("read of a process directory".into()));
                 }
                 let pid = self.proc_pid(req.gpid)?;
-                reply.data = self.read_one(&reader, pid, &parts)?;
+                reply.data = self.read_one(&reader, pid, &parts, &ShepherdCache::default())?;
             }
             P::ProcReadlink => {
                 let parts = check_path(&req.path)?;

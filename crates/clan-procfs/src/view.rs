@@ -29,6 +29,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
+/// How long a snapshot serves the thread that listed the root (see `Snapshot::walker`).
+const WALK_TTL: Duration = Duration::from_secs(10);
+
 /// The files a snapshot carries for every process (what ps reads of each).
 pub const SNAPSHOT_FILES: [&str; 4] = ["stat", "status", "cmdline", "statm"];
 
@@ -117,6 +120,10 @@ pub enum Contents {
 struct Snapshot {
     at: Instant,
     reader: Reader,
+    /// The thread that listed the root (a `ps` walking the processes): its own reads are
+    /// served from the snapshot for longer than others', so that one walk over thousands
+    /// of processes is one snapshot however long it takes; anyone else reads live.
+    walker: u32,
     procs: HashMap<u64, pb::ProcEntry>,
 }
 
@@ -311,9 +318,10 @@ impl<S: Source> View<S> {
         gone.insert(gpid, (Instant::now(), ()));
     }
 
-    /// Whether the snapshot `s` may still speak for `gpid` (not gone since).
-    fn current(&self, s: &Snapshot, gpid: u64) -> bool {
-        s.at.elapsed() < self.opts.ttl
+    /// Whether the snapshot `s` may still speak for `gpid` (not gone since) to thread `pid`.
+    fn current(&self, s: &Snapshot, gpid: u64, pid: u32) -> bool {
+        let age = s.at.elapsed();
+        (age < self.opts.ttl || (pid != 0 && pid == s.walker && age < WALK_TTL))
             && self.gone.lock().get(&gpid).is_none_or(|(at, _)| *at < s.at)
     }
 
@@ -365,7 +373,7 @@ impl<S: Source> View<S> {
             return Err(libc::ENOENT);
         }
         if let Some(e) = self
-            .snapshot_for(gpid, None)
+            .snapshot_for(gpid, None, who.pid)
             .and_then(|s| s.procs.get(&gpid).cloned())
         {
             return Ok((e.uid, e.gid));
@@ -393,7 +401,7 @@ impl<S: Source> View<S> {
             format!("{dir}/{name}")
         };
         if dir.is_empty() {
-            if let Some(a) = self.template_entry(gpid, name, &path)? {
+            if let Some(a) = self.template_entry(gpid, name, &path, who.pid)? {
                 return Ok(a);
             }
         }
@@ -408,9 +416,15 @@ impl<S: Source> View<S> {
     /// process, from its node's template (the names and modes every process directory of
     /// that kernel has) with the process's owner, as the kernel gives every entry.
     /// `Ok(None)`: ask.
-    fn template_entry(&self, gpid: u64, name: &str, path: &str) -> Result<Option<FileAttr>, Errno> {
+    fn template_entry(
+        &self,
+        gpid: u64,
+        name: &str,
+        path: &str,
+        pid: u32,
+    ) -> Result<Option<FileAttr>, Errno> {
         let Some(owner) = self
-            .snapshot_for(gpid, None)
+            .snapshot_for(gpid, None, pid)
             .and_then(|s| s.procs.get(&gpid).map(|e| (e.uid, e.gid)))
         else {
             return Ok(None);
@@ -456,6 +470,7 @@ impl<S: Source> View<S> {
         let s = Arc::new(Snapshot {
             at: Instant::now(),
             reader,
+            walker: who.pid,
             procs,
         });
         *self.snapshot.lock() = Some(s.clone());
@@ -485,9 +500,9 @@ impl<S: Source> View<S> {
 
     /// The last snapshot if it may still speak for `gpid` and was taken for `reader`
     /// (`None`: for any reader).
-    fn snapshot_for(&self, gpid: u64, reader: Option<&Reader>) -> Option<Arc<Snapshot>> {
+    fn snapshot_for(&self, gpid: u64, reader: Option<&Reader>, pid: u32) -> Option<Arc<Snapshot>> {
         let snap = self.snapshot.lock().clone()?;
-        (self.current(&snap, gpid) && reader.is_none_or(|r| *r == snap.reader)).then_some(snap)
+        (self.current(&snap, gpid, pid) && reader.is_none_or(|r| *r == snap.reader)).then_some(snap)
     }
 
     /// Contents of a file of a process: from the last snapshot when it is fresh, was
@@ -500,7 +515,7 @@ impl<S: Source> View<S> {
             Some(e) => Err(Failure::from_pb(e).errno()),
             None => Ok(f.data.clone()),
         };
-        if let Some(s) = self.snapshot_for(gpid, Some(&reader)) {
+        if let Some(s) = self.snapshot_for(gpid, Some(&reader), who.pid) {
             if let Some(e) = s.procs.get(&gpid) {
                 if let Some(f) = e.files.iter().find(|f| f.name == path) {
                     return served(f);
