@@ -69,6 +69,10 @@ struct RawConfig {
     /// Root of the clan tree for CLI lookups (sockets live in `dir/node<N>/`).
     #[serde(default)]
     dir: Option<PathBuf>,
+    /// Where each cland (as root) mounts its node's cluster /proc view, the one `clan shell`
+    /// uses; `{node}` is replaced by the node id [default: `<state_dir>/proc`].
+    #[serde(default)]
+    proc_view: Option<String>,
     node: Vec<NodeEntry>,
 }
 
@@ -87,6 +91,7 @@ pub struct ClusterConfig {
     pub local: bool,
     pub dir: PathBuf,
     state_dir: String,
+    proc_view: Option<String>,
     pub nodes: Vec<NodeEntry>,
     pub path: PathBuf,
 }
@@ -151,6 +156,7 @@ impl ClusterConfig {
                 .state_dir
                 .unwrap_or_else(|| dir.join("node{node}").display().to_string()),
             dir,
+            proc_view: raw.proc_view,
             nodes,
             path: path.into(),
         })
@@ -170,6 +176,15 @@ impl ClusterConfig {
     /// The state directory of `node`.
     pub fn state_dir(&self, node: NodeId) -> PathBuf {
         PathBuf::from(self.state_dir.replace("{node}", &node.to_string()))
+    }
+
+    /// Where `node`'s cland mounts its cluster /proc view (`proc_view`, else in its state
+    /// directory).
+    pub fn proc_view(&self, node: NodeId) -> PathBuf {
+        match &self.proc_view {
+            Some(p) => PathBuf::from(p.replace("{node}", &node.to_string())),
+            None => self.state_dir(node).join("proc"),
+        }
     }
 }
 
@@ -192,6 +207,20 @@ mod tests {
         assert_eq!(c.key, b"0123456789abcdef0123");
         assert_eq!(c.dead_after_ms, 3000);
         assert_eq!(c.state_dir(NodeId::new(2).unwrap()), d.path().join("node2"));
+        assert_eq!(
+            c.proc_view(NodeId::new(2).unwrap()),
+            d.path().join("node2").join("proc")
+        );
+        std::fs::write(
+            &p,
+            "name = \"t\"\nkey_file = \"k\"\nproc_view = \"/run/v{node}\"\n[[node]]\nid = 1\naddr = \"127.0.0.1:7001\"\n",
+        )
+        .unwrap();
+        let c = ClusterConfig::load(&p).unwrap();
+        assert_eq!(
+            c.proc_view(NodeId::new(1).unwrap()),
+            PathBuf::from("/run/v1")
+        );
     }
 
     #[test]

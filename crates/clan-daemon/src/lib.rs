@@ -214,6 +214,7 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
     // The cluster /proc of `clan shell` (needs FUSE; cland runs without it), started now
     // and again by the sampler whenever it is gone.
     let view_server = {
+        let view = cfg.proc_view(opts.node);
         let (st, dir, id, init, cgroup, bin) = (
             state.clone(),
             cfg.dir.clone(),
@@ -234,7 +235,13 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
             {
                 return;
             }
-            match viewserver::ensure(&st, &dir, id, init, cgroup.as_ref(), &bin) {
+            if let Err(e) = std::fs::create_dir_all(&view) {
+                if !failed.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                    warn!("no cluster /proc view: {}: {e}", view.display());
+                }
+                return;
+            }
+            match viewserver::ensure(&st, &view, &dir, id, init, cgroup.as_ref(), &bin) {
                 Ok(()) => failed.store(false, std::sync::atomic::Ordering::Relaxed),
                 // Said once, not at every tick.
                 Err(e) if !failed.swap(true, std::sync::atomic::Ordering::Relaxed) => {

@@ -27,6 +27,7 @@ pub fn running(pidfile: &Path) -> Option<i32> {
 /// without FUSE has no `clan shell`): the caller logs it.
 pub fn ensure(
     state: &Path,
+    view: &Path,
     cluster_dir: &Path,
     node: clan_core::NodeId,
     ns_init: u32,
@@ -58,7 +59,7 @@ pub fn ensure(
     if ns_init != 0 {
         cmd.arg("--mount-ns").arg(ns_init.to_string());
     }
-    cmd.arg(state.join("proc"))
+    cmd.arg(view)
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(
@@ -139,7 +140,7 @@ pub fn ensure(
     if said.trim() != "ready" {
         bail!(
             "clan-procfs did not mount {}: {}",
-            state.join("proc").display(),
+            view.display(),
             if said.trim().is_empty() {
                 "it exited (see procfs.log)"
             } else {
@@ -148,11 +149,7 @@ pub fn ensure(
         );
     }
     std::fs::write(&pidfile, pid.to_string()).context("procfs.pid")?;
-    info!(
-        pid,
-        "cluster /proc view mounted at {}",
-        state.join("proc").display()
-    );
+    info!(pid, "cluster /proc view mounted at {}", view.display());
     Ok(())
 }
 

@@ -119,7 +119,7 @@ impl Node {
     /// shim; refused when the node's view server is not mounted.
     fn cluster_proc_spec(&self) -> Result<pb::ClusterProc> {
         use std::os::unix::fs::MetadataExt;
-        let view = self.state_dir.join("proc");
+        let view = self.cfg.proc_view(self.id);
         // As the node's mount namespace sees it.
         let seen = |p: &std::path::Path| {
             if self.view.ns_init == 0 {
@@ -130,7 +130,7 @@ impl Node {
         };
         let mounted = match (
             std::fs::metadata(seen(&view)),
-            std::fs::metadata(seen(&self.state_dir)),
+            std::fs::metadata(seen(view.parent().unwrap_or(&self.state_dir))),
         ) {
             (Ok(v), Ok(parent)) => v.dev() != parent.dev(),
             _ => false,
