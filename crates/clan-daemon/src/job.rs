@@ -135,6 +135,17 @@ fn ns_pid_of_host(host: u32) -> Option<u32> {
         .ok()
 }
 
+/// How long the signal method may take for a task of `n` processes: each must be scheduled
+/// to take its signal, so a big busy task on few CPUs needs more than the freezer's limit.
+fn signals_limit(n: usize) -> Duration {
+    SETTLE
+        .max(Duration::from_millis(20) * n as u32)
+        .min(SIGNALS_MAX)
+}
+
+/// The most the signal method may take, whatever the task.
+const SIGNALS_MAX: Duration = Duration::from_secs(120);
+
 /// How long the signal method waits before it tries again (the paper's retry interval).
 const RETRY: Duration = Duration::from_millis(1);
 
@@ -293,7 +304,8 @@ impl Node {
     /// the next pass's tree.
     fn suspend_by_signals(&self, job: u64, dir: &Path, subtree: Option<u32>) -> Result<()> {
         use nix::sys::signal::Signal;
-        let deadline = Instant::now() + SETTLE;
+        let limit = signals_limit(procs(dir).len());
+        let deadline = Instant::now() + limit;
         let mut signalled = std::collections::HashSet::new();
         loop {
             // Each pass goes down the forest: a process is stopped once its tracked parent
@@ -328,7 +340,7 @@ impl Node {
             }
             if Instant::now() > deadline {
                 return Err(Error::Internal(format!(
-                    "job {job}: not every process stopped after {SETTLE:?}"
+                    "job {job}: not every process stopped after {limit:?}"
                 )));
             }
             std::thread::sleep(RETRY);
@@ -339,7 +351,8 @@ impl Node {
     /// verified running before its parent is continued.
     fn resume_by_signals(&self, job: u64, dir: &Path, subtree: Option<u32>) -> Result<()> {
         use nix::sys::signal::Signal;
-        let deadline = Instant::now() + SETTLE;
+        let limit = signals_limit(procs(dir).len());
+        let deadline = Instant::now() + limit;
         loop {
             let mut done = true;
             let mut order = self.order(job, dir, subtree);
@@ -359,7 +372,7 @@ impl Node {
             }
             if Instant::now() > deadline {
                 return Err(Error::Internal(format!(
-                    "job {job}: not every process continued after {SETTLE:?}"
+                    "job {job}: not every process continued after {limit:?}"
                 )));
             }
             std::thread::sleep(RETRY);
@@ -743,7 +756,13 @@ impl Node {
                         .await
                         .unwrap_or_else(|e| Err(Error::Internal(e.to_string())))
                 } else {
-                    let limit = Duration::from_millis(node.cfg.dead_after_ms) + SETTLE;
+                    // The signal method's own limit grows with the task (signals_limit).
+                    let settle = if req.method == "signals" {
+                        SIGNALS_MAX
+                    } else {
+                        SETTLE
+                    };
+                    let limit = Duration::from_millis(node.cfg.dead_after_ms) + settle;
                     let op = pb::peer_request::Op::Job(req);
                     match tokio::time::timeout(limit, node.call(n, creds, op)).await {
                         Ok(Ok(pb::peer_reply::Reply::Job(j))) => match j.error {
