@@ -56,8 +56,8 @@ for p in json.load(sys.stdin):
 run clan sigsend -s STOP "pgid=$leader and not node=1"
 sleep 0.2
 clan ps | grep -E 'STAT|sleep 60[123]'
-say "clan kill -g $leader                  # the whole group, on every node that holds members"
-clan kill -g "$leader"
+say "clan kill -s KILL -g $leader          # the whole group, on every node that holds members"
+clan kill -s KILL -g "$leader"
 
 say "clan run -d --node 4 -- sleep 604; clan node crash 4; clan wait ...   # a power cut looks like a kill"
 victim=$(clan run -d --node 4 -- sleep 604 2>/dev/null)
