@@ -293,17 +293,7 @@ pub fn ps_scale(c: &Cluster, r: &mut Report, per_node: usize, n: usize) {
     // The whole group of each shell: its sleeps too, so later measurements on this cluster
     // do not run beside 4,000 leftover processes.
     for p in parents {
-        let _ = c
-            .cmd()
-            .args(["kill", "-s", "KILL", "-g", &p.to_string()])
-            .stderr(Stdio::null())
-            .status();
-        let _ = c
-            .cmd()
-            .args(["wait", &p.to_string()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
+        c.kill_and_wait(p, true);
     }
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut left = count();
@@ -377,15 +367,7 @@ pub fn throughput_rows(fine: &Cluster, giant: Option<&Cluster>, r: &mut Report, 
     }
     for (c, t) in [(Some(fine), Some(t_fine)), (giant, t_giant)] {
         if let (Some(c), Some(t)) = (c, t) {
-            let _ = c
-                .cmd()
-                .args(["kill", "-s", "KILL", &t.to_string()])
-                .status();
-            let _ = c
-                .cmd()
-                .args(["wait", &t.to_string()])
-                .stdout(Stdio::null())
-                .status();
+            c.kill_and_wait(t, false);
         }
     }
 }

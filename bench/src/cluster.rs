@@ -46,6 +46,24 @@ impl Cluster {
         clan_client::Client::at(clan_client::socket_path(&self.dir, n), n)
     }
 
+    /// SIGKILL to a process (or, with `group`, every member of its group, on every node),
+    /// then `clan wait` for it: what a measurement leaves behind is gone before the next.
+    pub fn kill_and_wait(&self, gpid: clan_core::Gpid, group: bool) {
+        let g = gpid.to_string();
+        let mut kill = self.cmd();
+        kill.args(["kill", "-s", "KILL"]);
+        if group {
+            kill.arg("-g");
+        }
+        let _ = kill.arg(&g).stderr(Stdio::null()).status();
+        let _ = self
+            .cmd()
+            .args(["wait", &g])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+
     /// `clan run -d --node N -- ARGV`: the gpid.
     pub fn spawn(&self, node: u32, argv: &[&str]) -> anyhow::Result<clan_core::Gpid> {
         let out = self

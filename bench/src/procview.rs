@@ -44,15 +44,7 @@ fn host_pid(c: &Cluster, gpid: clan_core::Gpid) -> Option<u32> {
         if std::fs::read_link(format!("/proc/{pid}/ns/pid")).ok()? != ns {
             return None;
         }
-        let st = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-        let local: u32 = st
-            .lines()
-            .find_map(|l| l.strip_prefix("NSpid:"))?
-            .split_whitespace()
-            .last()?
-            .parse()
-            .ok()?;
-        (local == gpid.local()).then_some(pid)
+        (clan_core::sys::ns_pid_of_host(pid)? == gpid.local()).then_some(pid)
     })
 }
 
@@ -130,15 +122,7 @@ pub fn status_read(c: &Cluster, r: &mut Report, n: usize) {
         .arg(&mnt)
         .stdout(Stdio::null())
         .status();
-    let _ = c
-        .cmd()
-        .args(["kill", "-s", "KILL", &target.to_string()])
-        .status();
-    let _ = c
-        .cmd()
-        .args(["wait", &target.to_string()])
-        .stdout(Stdio::null())
-        .status();
+    c.kill_and_wait(target, false);
 }
 
 /// Times of `ps aux` runs as bash reports them (`TIMEFORMAT=%R`), from a script's stderr.
@@ -212,16 +196,6 @@ pub fn ps_aux(c: &Cluster, r: &mut Report, per_node: usize, n: usize) {
         Some("native ps aux (same processes)"),
     );
     for p in parents {
-        let _ = c
-            .cmd()
-            .args(["kill", "-s", "KILL", "-g", &p.to_string()])
-            .stderr(Stdio::null())
-            .status();
-        let _ = c
-            .cmd()
-            .args(["wait", &p.to_string()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
+        c.kill_and_wait(p, true);
     }
 }

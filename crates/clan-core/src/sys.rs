@@ -213,3 +213,44 @@ pub unsafe fn fork_into(cgroup_dir: &impl AsRawFd) -> io::Result<i32> {
         Ok(r as i32)
     }
 }
+
+/// One field of a /proc `status` file (`"Groups"`, `"NSpid"`): the text after the colon.
+pub fn status_field<'a>(status: &'a str, key: &str) -> Option<&'a str> {
+    status.lines().find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        (k == key).then_some(v.trim())
+    })
+}
+
+/// The numbers of a `status` field, in order, skipping what does not parse.
+pub fn status_numbers<T: std::str::FromStr>(status: &str, key: &str) -> Vec<T> {
+    status_field(status, key)
+        .map(|v| {
+            v.split_whitespace()
+                .filter_map(|x| x.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The pid of host process `host` in its innermost pid namespace (the last `NSpid`
+/// number: on a local cluster, its number in its node).
+pub fn ns_pid_of_host(host: u32) -> Option<u32> {
+    let s = std::fs::read_to_string(format!("/proc/{host}/status")).ok()?;
+    status_numbers(&s, "NSpid").last().copied()
+}
+
+#[cfg(test)]
+mod status_tests {
+    use super::*;
+
+    #[test]
+    fn status_fields_by_exact_key() {
+        let s = "Pid:\t7\nPPid:\t1\nNSpid:\tx 12 7\nGroups:\n";
+        assert_eq!(status_numbers::<u32>(s, "Pid"), vec![7]);
+        assert_eq!(status_numbers::<u32>(s, "PPid"), vec![1]);
+        assert_eq!(status_numbers::<u64>(s, "NSpid"), vec![12, 7]);
+        assert_eq!(status_field(s, "Groups"), Some(""));
+        assert!(status_numbers::<u32>("garbage", "NSpid").is_empty());
+    }
+}

@@ -185,6 +185,30 @@ impl NodeCgroup {
         self.root.join(name)
     }
 
+    /// The job whose task holds host process `pid`, from its cgroup: a task of this node,
+    /// or with `siblings` also one of another node of the same local cluster.
+    pub fn task_of(&self, pid: u32, siblings: bool) -> Option<u64> {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+        let rel = text.lines().find_map(|l| l.strip_prefix("0::"))?;
+        let path = cgroup2_mount()?.join(rel.trim_start_matches('/'));
+        let mut under = match path.strip_prefix(&self.root) {
+            Ok(p) => p.components(),
+            Err(_) if siblings => {
+                let mut c = path.strip_prefix(self.root.parent()?).ok()?.components();
+                c.next()?; // the sibling node's directory
+                c
+            }
+            Err(_) => return None,
+        };
+        under
+            .next()?
+            .as_os_str()
+            .to_str()?
+            .strip_prefix("job")?
+            .parse()
+            .ok()
+    }
+
     /// The task directory of a job, created on first use (with its v1 directories).
     pub fn job(&self, job: u64) -> io::Result<PathBuf> {
         let p = self.root.join(format!("job{job}"));

@@ -254,17 +254,6 @@ pub struct TreeLine {
     pub cmd: String,
 }
 
-/// The pid of a host process in the node's namespace (the last NSpid field).
-fn ns_pid(host: u32) -> Option<u32> {
-    let s = std::fs::read_to_string(format!("/proc/{host}/status")).ok()?;
-    s.lines()
-        .find_map(|l| l.strip_prefix("NSpid:"))?
-        .split_whitespace()
-        .last()?
-        .parse()
-        .ok()
-}
-
 fn cmdline(host: u32) -> String {
     let b = std::fs::read(format!("/proc/{host}/cmdline")).unwrap_or_default();
     let s: String = String::from_utf8_lossy(&b).replace('\0', " ");
@@ -279,8 +268,12 @@ impl Node {
             .into_iter()
             .filter_map(|(host, n)| {
                 Some(TreeLine {
-                    pid: ns_pid(host)?,
-                    parent: if n.parent == 0 { 0 } else { ns_pid(n.parent)? },
+                    pid: clan_core::sys::ns_pid_of_host(host)?,
+                    parent: if n.parent == 0 {
+                        0
+                    } else {
+                        clan_core::sys::ns_pid_of_host(n.parent)?
+                    },
                     cmd: cmdline(host),
                 })
             })
@@ -289,26 +282,11 @@ impl Node {
 
     /// The job of a host process by its cgroup, if it is one of this node's tasks.
     fn job_of_host_pid(&self, pid: u32) -> u64 {
-        let Some(cg) = &self.cgroup else { return 0 };
-        let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/cgroup")) else {
-            return 0;
-        };
-        let Some(path) = text.lines().find_map(|l| l.strip_prefix("0::")) else {
-            return 0;
-        };
         // Only the node's own subtree: other nodes of a local cluster share the host.
-        let root = crate::cgroup::cgroup2_mount().and_then(|m| {
-            cg.root
-                .strip_prefix(&m)
-                .ok()
-                .map(|p| format!("/{}", p.display()))
-        });
-        match root {
-            Some(r) if path.starts_with(&format!("{r}/")) => {
-                crate::process::view::job_of_cgroup(&text).unwrap_or(0)
-            }
-            _ => 0,
-        }
+        self.cgroup
+            .as_ref()
+            .and_then(|cg| cg.task_of(pid, false))
+            .unwrap_or(0)
     }
 
     /// Rebuilds the forests from the task cgroups and the kernel's parent links (at start,

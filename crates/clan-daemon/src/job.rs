@@ -32,10 +32,7 @@ const SETTLE: Duration = Duration::from_secs(10);
 
 /// A `cgroup.events` key ("populated", "frozen").
 fn event(dir: &Path, key: &str) -> Option<bool> {
-    let text = std::fs::read_to_string(dir.join("cgroup.events")).ok()?;
-    text.lines()
-        .find_map(|l| l.strip_prefix(key)?.trim().parse::<u8>().ok())
-        .map(|v| v == 1)
+    event_of(&std::fs::File::open(dir.join("cgroup.events")).ok()?, key)
 }
 
 /// `key` of a `cgroup.events` read through `f` from its start (which also re-arms the
@@ -91,12 +88,7 @@ fn procs(dir: &Path) -> Vec<u32> {
 /// Real uid of a host process.
 fn uid_of(pid: u32) -> Option<u32> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    s.lines()
-        .find_map(|l| l.strip_prefix("Uid:"))?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()
+    clan_core::sys::status_numbers(&s, "Uid").first().copied()
 }
 
 fn cpu_usec(dir: &Path) -> u64 {
@@ -122,17 +114,6 @@ fn stopped(pid: u32) -> bool {
 
 fn send(pid: u32, sig: nix::sys::signal::Signal) {
     let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), sig);
-}
-
-/// The pid of a host process in its innermost pid namespace.
-fn ns_pid_of_host(host: u32) -> Option<u32> {
-    let s = std::fs::read_to_string(format!("/proc/{host}/status")).ok()?;
-    s.lines()
-        .find_map(|l| l.strip_prefix("NSpid:"))?
-        .split_whitespace()
-        .last()?
-        .parse()
-        .ok()
 }
 
 /// How long the signal method may take for a task of `n` processes: each must be scheduled
@@ -274,17 +255,11 @@ impl Node {
         let Some(root) = all
             .iter()
             .copied()
-            .find(|h| ns_pid_of_host(*h) == Some(root_ns))
+            .find(|h| clan_core::sys::ns_pid_of_host(*h) == Some(root_ns))
         else {
             return Vec::new();
         };
-        let parents: std::collections::HashMap<u32, u32> = self
-            .genealogy
-            .lock()
-            .of_job(job)
-            .into_iter()
-            .map(|(p, n)| (p, n.parent))
-            .collect();
+        let parents = self.parents(job);
         let under = |mut p: u32| {
             while p != 0 {
                 if p == root {
@@ -295,6 +270,16 @@ impl Node {
             false
         };
         all.into_iter().filter(|p| under(*p)).collect()
+    }
+
+    /// Each tracked process of the task with its nearest living tracked ancestor (0: none).
+    fn parents(&self, job: u64) -> std::collections::HashMap<u32, u32> {
+        self.genealogy
+            .lock()
+            .of_job(job)
+            .into_iter()
+            .map(|(p, n)| (p, n.parent))
+            .collect()
     }
 
     /// The paper's task suspend: SIGSTOP top-down, each process verified stopped before
@@ -312,13 +297,7 @@ impl Node {
             // is verified stopped (or it has none in the task). One not stopped yet does not
             // end the pass (the paper's EAGAIN), it only holds back its own descendants, so a
             // busy tree on few CPUs stops in a few passes rather than one process per pass.
-            let parents: std::collections::HashMap<u32, u32> = self
-                .genealogy
-                .lock()
-                .of_job(job)
-                .into_iter()
-                .map(|(p, n)| (p, n.parent))
-                .collect();
+            let parents = self.parents(job);
             let order = self.order(job, dir, subtree);
             let inside: std::collections::HashSet<u32> = order.iter().copied().collect();
             let mut verified: std::collections::HashSet<u32> = std::collections::HashSet::new();
@@ -471,20 +450,7 @@ impl Node {
     /// status: too slow for a suspend or resume of a big task, which use `task_brief`).
     fn task_info(&self, job: u64, dir: &Path) -> pb::TaskInfo {
         let pids = procs(dir);
-        let state = if pids.is_empty() {
-            "empty"
-        } else if event(dir, "frozen") == Some(true)
-            || pids
-                .iter()
-                .all(|p| matches!(proc_state(*p), Some('T') | None))
-        {
-            "suspended"
-        } else if std::fs::read_to_string(dir.join("cgroup.freeze")).is_ok_and(|v| v.trim() == "1")
-        {
-            "suspending"
-        } else {
-            "running"
-        };
+        let state = Self::task_state(dir, &pids);
         let peak = self.task_peaks.lock().get(&job).copied().unwrap_or(0);
         let (mem, mem_peak) = self
             .cgroup

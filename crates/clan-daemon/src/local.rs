@@ -204,29 +204,13 @@ impl Node {
         if ns(pid)? != ns(self.view.ns_init)? {
             return None;
         }
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-        let local = status
-            .lines()
-            .find_map(|l| l.strip_prefix("NSpid:"))?
-            .split_whitespace()
-            .last()?
-            .parse()
-            .ok()?;
-        Gpid::new(self.id, local)
+        Gpid::new(self.id, clan_core::sys::ns_pid_of_host(pid)?)
     }
 
     /// The job whose task (on any node of this cluster on this machine) holds host process
     /// `pid`, from its cgroup.
     fn job_of_caller(&self, pid: u32) -> Option<u64> {
-        let cg = self.cgroup.as_ref()?;
-        let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
-        let rel = text.lines().find_map(|l| l.strip_prefix("0::"))?;
-        let mount = crate::cgroup::cgroup2_mount()?;
-        let path = mount.join(rel.trim_start_matches('/'));
-        let job = crate::process::view::job_of_cgroup(&text)?;
-        // A task directory of this node, or of a sibling node of the same local cluster.
-        let node_dir = path.parent()?;
-        (node_dir == cg.root || node_dir.parent() == cg.root.parent()).then_some(job)
+        self.cgroup.as_ref()?.task_of(pid, true)
     }
 
     /// Who owns a job: asked of the node that made it.

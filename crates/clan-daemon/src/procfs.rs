@@ -92,19 +92,9 @@ struct Ids {
 }
 
 fn ids_of_status(text: &str) -> Ids {
-    let nums = |key: &str| -> Vec<u32> {
-        text.lines()
-            .find_map(|l| l.strip_prefix(key))
-            .map(|v| {
-                v.split_whitespace()
-                    .filter_map(|x| x.parse().ok())
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
     Ids {
-        uids: nums("Uid:"),
-        gids: nums("Gid:"),
+        uids: clan_core::sys::status_numbers(text, "Uid"),
+        gids: clan_core::sys::status_numbers(text, "Gid"),
     }
 }
 

@@ -42,23 +42,9 @@ impl Reader {
     }
 }
 
-/// One field of a `status` file (`"Groups"`, `"NSpid"`): the text after the colon.
-pub fn status_field<'a>(status: &'a str, key: &str) -> Option<&'a str> {
-    status.lines().find_map(|l| {
-        let (k, v) = l.split_once(':')?;
-        (k == key).then_some(v.trim())
-    })
-}
-
-/// The numbers of a status field, skipping what does not parse.
+/// The numbers of a status field (as u64), skipping what does not parse.
 pub fn status_numbers(status: &str, key: &str) -> Vec<u64> {
-    status_field(status, key)
-        .map(|v| {
-            v.split_whitespace()
-                .filter_map(|x| x.parse().ok())
-                .collect()
-        })
-        .unwrap_or_default()
+    clan_core::sys::status_numbers(status, key)
 }
 
 /// The reader behind a FUSE request: its uid and gid as FUSE reports them, and the
@@ -382,6 +368,5 @@ mod tests {
     fn malformed_status_is_no_panic() {
         assert_eq!(status_numbers("NSpid:\tx y 7\n", "NSpid"), vec![7]);
         assert!(status_numbers("garbage", "NSpid").is_empty());
-        assert_eq!(status_field("Groups:\n", "Groups"), Some(""));
     }
 }

@@ -572,10 +572,9 @@ fn start(
 fn ns_pid_of(pidfd: &OwnedFd) -> Option<u32> {
     let status =
         std::fs::read_to_string(format!("/proc/self/fdinfo/{}", pidfd.as_raw_fd())).ok()?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("NSpid:"))
-        .and_then(|v| v.split_whitespace().last()?.parse().ok())
+    clan_core::sys::status_numbers(&status, "NSpid")
+        .last()
+        .copied()
 }
 
 fn start_ticks_of(pid: i32) -> Option<u64> {

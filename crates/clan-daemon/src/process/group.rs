@@ -90,18 +90,8 @@ impl Node {
     pub fn caller_ids(&self, host_pid: i32) -> CallerIds {
         let status =
             std::fs::read_to_string(format!("/proc/{host_pid}/status")).unwrap_or_default();
-        let field = |k: &str| -> Vec<u32> {
-            status
-                .lines()
-                .find_map(|l| l.strip_prefix(k))
-                .map(|v| {
-                    v.split_whitespace()
-                        .filter_map(|x| x.parse().ok())
-                        .collect()
-                })
-                .unwrap_or_default()
-        };
-        let groups = field("Groups:");
+        let field = |k: &str| -> Vec<u32> { clan_core::sys::status_numbers(&status, k) };
+        let groups = field("Groups");
         // The node's own pid namespace is the host's (level 0) on a real node, the first one
         // below it on a local cluster, where the caller must be in that very namespace.
         let level = usize::from(self.view.ns_init != 0);
@@ -119,8 +109,8 @@ impl Node {
         };
         CallerIds {
             groups,
-            pgid: at(field("NSpgid:")),
-            sid: at(field("NSsid:")),
+            pgid: at(field("NSpgid")),
+            sid: at(field("NSsid")),
         }
     }
 
