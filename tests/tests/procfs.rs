@@ -574,6 +574,11 @@ fn an_exited_process_is_enoent() {
     let g = c.spawn(2, &["sleep", "600"]);
     let m = Mounted::new(&c);
     assert!(m.read(&format!("{g}/status")).contains("sleep"));
+    // An absent name (ps asks for ctty) is kept absent by the kernel, like present ones.
+    for _ in 0..2 {
+        let e = std::fs::metadata(m.path(&format!("{g}/ctty"))).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::NotFound);
+    }
     c.clan_ok(&["kill", "-s", "KILL", &g.to_string()]);
     c.clan(&["wait", &g.to_string()]);
     eventually(
@@ -589,6 +594,9 @@ fn an_exited_process_is_enoent() {
         let e = std::fs::metadata(m.path(&g.to_string())).err()?;
         (e.kind() == ErrorKind::NotFound).then_some(())
     });
+    // The names of the directory, kept long by the kernel, went with it.
+    let e = std::fs::metadata(m.path(&format!("{g}/status"))).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NotFound);
     let listed = std::fs::read_dir(&m.dir)
         .unwrap()
         .flatten()

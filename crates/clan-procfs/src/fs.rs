@@ -15,6 +15,7 @@ use std::ffi::OsStr;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::runtime::Handle;
 
 /// Open directories: their entries once listed (at the first readdir).
@@ -95,8 +96,15 @@ impl<S: Source> Filesystem for ProcFs<S> {
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let (view, who, name) = (self.view.clone(), who(req), name.to_owned());
         self.run(async move {
+            let entry_ttl = view.entry_ttl(parent.0, &name);
             match view.lookup(&who, parent.0, &name).await {
-                Ok(a) => reply.entry(&view.entry_ttl(parent.0, &name), &a, Generation(0)),
+                Ok(a) => reply.entry_with_ttls(&view.ttl(), &entry_ttl, &a, Generation(0)),
+                Err(libc::ENOENT) if view.caches_absence(parent.0) => reply.entry_with_ttls(
+                    &Duration::ZERO,
+                    &entry_ttl,
+                    &View::<S>::absent(),
+                    Generation(0),
+                ),
                 Err(e) => reply.error(errno(e)),
             }
         });

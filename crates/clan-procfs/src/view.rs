@@ -40,6 +40,9 @@ pub const SNAPSHOT_FILES: [&str; 4] = ["stat", "status", "cmdline", "statm"];
 /// process of its node at once.
 pub const BATCH_FILES: [&str; 2] = ["environ", "cgroup"];
 
+/// How long the kernel keeps the names of a process directory (see [`View::entry_ttl`]).
+pub const PROC_NAMES_TTL: Duration = Duration::from_secs(3600);
+
 /// What `sys/kernel/pid_max` reads: as many digits as the largest gpid of up to 9 nodes,
 /// so tools size their PID columns for gpids.
 pub const PID_MAX: &[u8] = b"99999999\n";
@@ -230,15 +233,34 @@ impl<S: Source> View<S> {
     /// How long the kernel may keep the answer of a lookup of `name` in `parent`: not at
     /// all for a small number at the root, whose answer depends on the caller (a clan
     /// shell's process finds its node's procfs there, other callers the local /proc).
+    /// The names of a process directory are fixed for the life of the process (as the
+    /// kernel's own are), so the kernel keeps them, present or absent, for
+    /// [`PROC_NAMES_TTL`]: they go with the directory's own entry, which is asked for
+    /// again after `ttl` and dropped, with them, once the process is gone.
     pub fn entry_ttl(&self, parent: u64, name: &OsStr) -> Duration {
-        let small = name
-            .to_str()
-            .is_some_and(|n| is_number(n) && n.parse::<u64>().is_ok_and(|v| v < GPID_SPAN));
-        if small && matches!(self.node(parent), Ok(Node::Root)) {
-            Duration::ZERO
-        } else {
-            self.opts.ttl
+        match self.node(parent) {
+            Ok(Node::Root)
+                if name.to_str().is_some_and(|n| {
+                    is_number(n) && n.parse::<u64>().is_ok_and(|v| v < GPID_SPAN)
+                }) =>
+            {
+                Duration::ZERO
+            }
+            Ok(Node::Proc(_)) => PROC_NAMES_TTL,
+            _ => self.opts.ttl,
         }
+    }
+
+    /// Whether the kernel may remember that `name` is not in `parent` (for
+    /// [`View::entry_ttl`]): only in a process directory, whose names never change.
+    pub fn caches_absence(&self, parent: u64) -> bool {
+        matches!(self.node(parent), Ok(Node::Proc(_)))
+    }
+
+    /// What a lookup answers for a name known to be absent (inode 0: the kernel keeps
+    /// the absence for the entry's ttl).
+    pub fn absent() -> FileAttr {
+        attr(0, FileType::RegularFile, 0, 0, 0)
     }
 
     /// The alias of number `n` (a pid of the caller's node) for a clan shell's process.
@@ -1212,6 +1234,30 @@ mod tests {
                 .unwrap_err(),
             libc::ENOENT
         );
+    }
+
+    #[tokio::test]
+    async fn names_of_a_process_directory_are_kept_long_present_or_absent() {
+        let s = setup();
+        let root = crate::inode::ROOT;
+        let d = s
+            .view
+            .lookup(&ME, root, OsStr::new("10000001"))
+            .await
+            .unwrap();
+        assert_eq!(s.view.entry_ttl(root, OsStr::new("10000001")), s.view.ttl());
+        assert_eq!(s.view.entry_ttl(root, OsStr::new("4711")), Duration::ZERO);
+        assert!(!s.view.caches_absence(root));
+        assert_eq!(
+            s.view.entry_ttl(d.ino.0, OsStr::new("status")),
+            PROC_NAMES_TTL
+        );
+        assert!(s.view.caches_absence(d.ino.0));
+        let fd = s.view.ino(&Node::ProcPath(10000001, "fd".into())).unwrap();
+        // Open descriptors come and go: their names are not kept.
+        assert_eq!(s.view.entry_ttl(fd, OsStr::new("0")), s.view.ttl());
+        assert!(!s.view.caches_absence(fd));
+        assert_eq!(View::<Arc<Fake>>::absent().ino.0, 0);
     }
 
     #[tokio::test]
