@@ -83,9 +83,10 @@ sleep 1
 clan job show "$bomb"
 run clan job kill "$bomb"
 
-say "clan shell --node 1 -- sh -c 'ps -eo pid,ppid,user,stat,args; pkill -f \"sleep 60[0]\"; pgrep -c -f \"sleep 60[0]\"'"
-echo "# unmodified procps in a shell whose /proc is the cluster's: every node's processes, by gpid"
-clan shell --node 1 -- sh -c 'ps -eo pid,ppid,user,stat,args; pkill -f "sleep 60[0]"; pgrep -c -f "sleep 60[0]"' || true
+say "clan shell --node 1 -- sh -c 'ps -eo pid,ppid,user,stat,args; pstree; pkill -f \"sleep 60[0]\"; pgrep -c -f \"sleep 60[0]\"'"
+echo "# unmodified procps in a shell whose /proc is the cluster's: every node's processes, by gpid,"
+echo "# under pid 1, the cluster's init"
+clan shell --node 1 -- sh -c 'ps -eo pid,ppid,user,stat,args; pstree; pkill -f "sleep 60[0]"; pgrep -c -f "sleep 60[0]"' || true
 
 for g in "${gpids[0]}" "${gpids[1]}" "${gpids[3]}"; do clan kill -s KILL "$g" 2>/dev/null || true; done
 clan wait "${gpids[0]}" "${gpids[1]}" "${gpids[3]}" >/dev/null || true

@@ -497,11 +497,16 @@ fn procps_and_psmisc_list_every_node_with_gpids() {
         pstree.contains(&format!("clan({parent})---sleep({child})")),
         "pstree:\n{pstree}"
     );
-    // Nothing but gpids and the header: no host process is listed.
+    // Nothing but gpids, the cluster's init and the header: no host process is listed.
     for r in &rows {
         let pid: u64 = r[0].parse().unwrap();
-        assert!(pid >= 10_000_000, "host pid {pid} listed:\n{ps}");
+        assert!(
+            pid >= 10_000_000 || pid == 1,
+            "host pid {pid} listed:\n{ps}"
+        );
     }
+    let init = rows.iter().find(|r| r[0] == "1").expect("pid 1 listed");
+    assert_eq!((init[1], init[2], init[4]), ("0", "root", "clan"), "{ps}");
 }
 
 #[test]

@@ -84,7 +84,7 @@ fn procps_in_a_clan_shell_see_and_act_on_every_node() {
         1,
         None,
         "ps -eo pid,ppid,user,stat,args; echo ---; pgrep -f 'sleep 81[0]'; echo ---; \
-         top -b -n 1 | tail -n +7; echo ---; pstree -p 0",
+         top -b -n 1 | tail -n +7; echo ---; pstree -p",
     );
     assert!(o.status.success(), "{}", text(&o));
     let out = String::from_utf8_lossy(&o.stdout).into_owned();
@@ -102,6 +102,24 @@ fn procps_in_a_clan_shell_see_and_act_on_every_node() {
             parts[2]
         );
         assert!(parts[3].contains(&format!("({g})")), "pstree: {}", parts[3]);
+        // Started from outside the cluster (clan run -d): a child of the cluster's init.
+        assert!(
+            line.split_whitespace().nth(1) == Some("1"),
+            "the parent of {g} is not the cluster's init: {line}"
+        );
+    }
+    // Plain pstree starts from pid 1, the cluster's init, and draws every node under it.
+    assert!(
+        parts[3].starts_with("clan(1)-"),
+        "pstree does not start from the cluster's init:\n{}",
+        parts[3]
+    );
+    for n in 1..=3 {
+        assert!(
+            parts[3].contains(&format!("clan-shepherd({n}0000001)")),
+            "pstree does not draw node {n}'s init:\n{}",
+            parts[3]
+        );
     }
     // pgrep lists the sleeps and not itself (its own line is not in the view it reads).
     let mut found: Vec<u64> = parts[1]

@@ -5,6 +5,9 @@ use std::str::FromStr;
 
 /// Width of a node's gpid range: gpid = node * GPID_SPAN + local number.
 pub const GPID_SPAN: u64 = 10_000_000;
+/// Pid 1 of the cluster /proc: the cluster's init, parent of every node's init (no node's
+/// own numbers reach it: gpids start at one node's span).
+pub const CLUSTER_INIT: u64 = 1;
 /// Highest node id whose gpids still fit a positive `pid_t`.
 pub const MAX_NODE: u32 = 213;
 /// Width of a node's job id range: job = node * JOB_SPAN + sequence number.

@@ -11,6 +11,6 @@ pub mod sys;
 
 pub use config::{ClusterConfig, ConfigError, NodeEntry};
 pub use exit::{ExitCode, WaitStatus};
-pub use id::{Gpid, IdError, JobId, NodeId, GPID_SPAN, MAX_NODE};
+pub use id::{Gpid, IdError, JobId, NodeId, CLUSTER_INIT, GPID_SPAN, MAX_NODE};
 pub use lock::{NamedAsyncMutex, NamedMutex, NamedRwLock};
 pub use signal::{parse_signal, signal_name};

@@ -7,6 +7,7 @@
 //! processes (`session`) and serves the local API (`local`). See docs/architecture.md.
 
 pub mod cgroup;
+pub mod clusterinit;
 pub mod error;
 pub mod genealogy;
 pub mod job;

@@ -279,6 +279,11 @@ impl Node {
                         p.ppid = vp.parent;
                     }
                 }
+                // No parent in the cluster (a node's init, a process started from
+                // outside): the cluster's init, as the cluster /proc shows it.
+                if p.ppid == 0 {
+                    p.ppid = clan_core::CLUSTER_INIT;
+                }
             }
             procs
         })

@@ -10,7 +10,7 @@
 use crate::error::{Error, Result};
 use crate::node::Node;
 use crate::process::group::Kind;
-use clan_core::{Gpid, NodeId};
+use clan_core::{Gpid, NodeId, CLUSTER_INIT};
 use clan_proto::pb;
 use std::sync::Arc;
 use std::time::Duration;
@@ -58,7 +58,7 @@ pub struct Reader {
 }
 
 impl Reader {
-    fn from_creds(c: &pb::Creds) -> Reader {
+    pub(crate) fn from_creds(c: &pb::Creds) -> Reader {
         Reader {
             uid: c.uid,
             gid: c.gid,
@@ -183,10 +183,16 @@ pub fn rewrite_status(text: &[u8], m: &dyn PidMap) -> Vec<u8> {
     out.into_bytes()
 }
 
+/// The reader a request names (set by `proc_request` before it is used).
+fn reader_of(req: &pb::ProcRequest) -> pb::Creds {
+    req.reader.clone().unwrap_or_default()
+}
+
 /// The rewriting of one process of this node.
 struct NodeMap<'a> {
     node: &'a Node,
-    /// The cluster parent of a process clan started (its kernel parent is its shepherd).
+    /// The cluster parent of a process clan started (its kernel parent is its shepherd):
+    /// the process that ran `clan run`, or the cluster's init.
     clan_parent: i64,
     /// Which parents are shepherds, as found so far in this request (a snapshot asks of
     /// the same parents again and again).
@@ -206,7 +212,9 @@ impl PidMap for NodeMap<'_> {
     }
     fn ppid(&self, local: i64) -> i64 {
         match u32::try_from(local) {
-            Ok(0) | Err(_) => 0,
+            // No parent in the node (its init): the cluster's init is the parent.
+            Ok(0) => CLUSTER_INIT as i64,
+            Err(_) => 0,
             Ok(p)
                 if *self
                     .shepherds
@@ -485,9 +493,12 @@ impl Node {
         let m = NodeMap {
             node: self,
             shepherds,
+            // Started from outside the cluster (clan run -d, a clan shell): no parent in
+            // the cluster, so the cluster's init, as for an orphan.
             clan_parent: Gpid::new(self.id, pid)
                 .and_then(|g| self.vprocs.read().get(&g).map(|v| v.parent))
-                .map_or(0, |p| p as i64),
+                .filter(|&p| p != 0)
+                .unwrap_or(CLUSTER_INIT) as i64,
         };
         match file {
             "stat" => rewrite_stat(&data, &m).unwrap_or(data),
@@ -667,6 +678,9 @@ impl Node {
         let op = P::try_from(req.op)
             .map_err(|_| Error::Invalid(format!("unknown /proc operation {}", req.op)))?;
         match op {
+            P::ProcRead | P::ProcReadlink | P::ProcReaddir if req.gpid == CLUSTER_INIT => {
+                crate::clusterinit::answer(&req, &Reader::from_creds(&reader_of(&req)))
+            }
             P::ProcRead | P::ProcReadlink | P::ProcReaddir => {
                 let g = Gpid::from_raw(req.gpid)
                     .ok_or_else(|| Error::NotFound(format!("no such process {}", req.gpid)))?;
@@ -701,6 +715,12 @@ impl Node {
             P::ProcList | P::ProcSnapshot => {
                 let targets = self.target_nodes(&req.nodes)?;
                 let mut reply = pb::ProcReply::default();
+                if req.nodes.is_empty() {
+                    let reader = Reader::from_creds(&reader_of(&req));
+                    reply
+                        .procs
+                        .push(crate::clusterinit::listed(&req.files, &reader));
+                }
                 for (n, r) in self.proc_on(targets, req, Some(NODE_TIMEOUT)).await {
                     match r {
                         Ok(mut r) => reply.procs.append(&mut r.procs),

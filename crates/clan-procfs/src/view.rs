@@ -18,7 +18,7 @@ use crate::caller::{self, Caller, Locator, Reader};
 use crate::inode::{Inodes, Node, NodeFile, NODES, SELF, THREAD_SELF};
 use crate::pass;
 use crate::source::{Failure, Source};
-use clan_core::{Gpid, GPID_SPAN};
+use clan_core::{Gpid, CLUSTER_INIT, GPID_SPAN};
 use clan_proto::pb;
 use fuser::{FileAttr, FileType, INodeNo};
 use parking_lot::Mutex;
@@ -241,7 +241,9 @@ impl<S: Source> View<S> {
         match self.node(parent) {
             Ok(Node::Root)
                 if name.to_str().is_some_and(|n| {
-                    is_number(n) && n.parse::<u64>().is_ok_and(|v| v < GPID_SPAN)
+                    is_number(n)
+                        && n.parse::<u64>()
+                            .is_ok_and(|v| v < GPID_SPAN && v != CLUSTER_INIT)
                 }) =>
             {
                 Duration::ZERO
@@ -391,6 +393,9 @@ impl<S: Source> View<S> {
 
     /// The owner of `/GPID` (uid, gid): from a fresh snapshot, else from its listing.
     async fn owner(&self, who: &Who, gpid: u64) -> Result<(u32, u32), Errno> {
+        if gpid == CLUSTER_INIT {
+            return Ok((0, 0));
+        }
         if Gpid::from_raw(gpid).is_none() {
             return Err(libc::ENOENT);
         }
@@ -486,7 +491,7 @@ impl<S: Source> View<S> {
         let procs: HashMap<u64, pb::ProcEntry> = reply
             .procs
             .into_iter()
-            .filter(|e| Gpid::from_raw(e.gpid).is_some())
+            .filter(|e| e.gpid == CLUSTER_INIT || Gpid::from_raw(e.gpid).is_some())
             .map(|e| (e.gpid, e))
             .collect();
         let s = Arc::new(Snapshot {
@@ -743,7 +748,7 @@ impl<S: Source> View<S> {
                 }
                 if is_number(name) {
                     let n: u64 = name.parse().map_err(|_| libc::ENOENT)?;
-                    if n >= GPID_SPAN {
+                    if n >= GPID_SPAN || n == CLUSTER_INIT {
                         let (uid, gid) = self.owner(who, n).await?;
                         let ino = self.ino(&Node::Proc(n))?;
                         return Ok(attr(ino, FileType::Directory, 0o555, uid, gid));
