@@ -77,7 +77,16 @@ fn shape(procs: usize, busy: bool) -> String {
 
 /// Everything of issue 4, in one invocation: the fork rate first (before and after this
 /// run's cland is up), then the switches, then Slurm.
-pub fn jobs(bin: &Path, r: &mut Report, n: usize, base_port: u16) -> anyhow::Result<()> {
+pub fn jobs(
+    bin: &Path,
+    r: &mut Report,
+    n: usize,
+    base_port: u16,
+    sizes: &[usize],
+) -> anyhow::Result<()> {
+    if let Some(bad) = sizes.iter().find(|s| !SIZES.contains(s)) {
+        anyhow::bail!("no tree of {bad} processes (sizes: {SIZES:?})");
+    }
     let exe = std::env::current_exe()?;
     let forks = 50 * n;
     let before = fork_rounds_host(&exe, forks)?;
@@ -86,7 +95,10 @@ pub fn jobs(bin: &Path, r: &mut Report, n: usize, base_port: u16) -> anyhow::Res
     let mut clan_15 = Vec::new();
     let mut summary = Vec::new();
     for busy in [false, true] {
-        for procs in SIZES {
+        for procs in SIZES
+            .into_iter()
+            .filter(|s| sizes.is_empty() || sizes.contains(s))
+        {
             let row = switch_config(&c, &exe, r, procs, busy, iterations(n, procs))?;
             if procs == SLURM_PROCS {
                 clan_15.push((busy, row.freeze.clone()));

@@ -33,6 +33,9 @@ struct Args {
     /// Seconds per throughput point.
     #[arg(long, global = true, default_value_t = 3.0)]
     seconds: f64,
+    /// Tree sizes for `jobs` (comma-separated, from 3, 7, 15, 63, 255, 1023) [default: all].
+    #[arg(long, global = true, value_delimiter = ',')]
+    tree_sizes: Vec<usize>,
     /// Node crashes for the death-notice measurement.
     #[arg(long, global = true, default_value_t = 5)]
     crashes: usize,
@@ -210,7 +213,7 @@ fn main() -> anyhow::Result<()> {
             failed = posix::death_notice(&bin, &mut r, a.crashes, 8000).err();
         }
         if matches!(cmd, Cmd::Jobs) {
-            failed = jobs::jobs(&bin, &mut r, n, 8050).err();
+            failed = jobs::jobs(&bin, &mut r, n, 8050, &a.tree_sizes).err();
         }
     }
     if let Some(p) = &a.json {

@@ -214,6 +214,30 @@ pub unsafe fn fork_into(cgroup_dir: &impl AsRawFd) -> io::Result<i32> {
     }
 }
 
+/// The contents of a small kernel file (/proc, cgroupfs): one read into a page-sized
+/// buffer, no `stat` first and no growing reads (std's `read_to_string` stats the file,
+/// then reads it in chunks of 32, 32, 64, ... bytes, as these files have size 0); more
+/// reads only when a page does not hold it.
+pub fn read_small(path: impl AsRef<std::path::Path>) -> io::Result<String> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(path)?;
+    let mut buf = vec![0u8; 4096];
+    let mut n = 0;
+    loop {
+        if n == buf.len() {
+            buf.resize(buf.len() * 2, 0);
+        }
+        match f.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    buf.truncate(n);
+    String::from_utf8(buf).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+}
+
 /// One field of a /proc `status` file (`"Groups"`, `"NSpid"`): the text after the colon.
 pub fn status_field<'a>(status: &'a str, key: &str) -> Option<&'a str> {
     status.lines().find_map(|l| {
@@ -236,13 +260,26 @@ pub fn status_numbers<T: std::str::FromStr>(status: &str, key: &str) -> Vec<T> {
 /// The pid of host process `host` in its innermost pid namespace (the last `NSpid`
 /// number: on a local cluster, its number in its node).
 pub fn ns_pid_of_host(host: u32) -> Option<u32> {
-    let s = std::fs::read_to_string(format!("/proc/{host}/status")).ok()?;
+    let s = read_small(format!("/proc/{host}/status")).ok()?;
     status_numbers(&s, "NSpid").last().copied()
 }
 
 #[cfg(test)]
 mod status_tests {
     use super::*;
+
+    #[test]
+    fn small_files_read_whole() {
+        let d = std::env::temp_dir().join(format!("clan-read-small-{}", std::process::id()));
+        let big: String = (0..3000).map(|i| format!("{i}\n")).collect();
+        for text in ["", "0\n", big.as_str()] {
+            std::fs::write(&d, text).unwrap();
+            assert_eq!(read_small(&d).unwrap(), text);
+        }
+        std::fs::remove_file(&d).unwrap();
+        assert!(read_small("/proc/self/stat").unwrap().ends_with('\n'));
+        assert!(read_small(&d).is_err());
+    }
 
     #[test]
     fn status_fields_by_exact_key() {

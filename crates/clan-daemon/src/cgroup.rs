@@ -89,7 +89,7 @@ pub fn v1_mirrors(dir: &Path) -> Vec<PathBuf> {
 }
 
 fn offers(dir: &Path, controller: &str) -> bool {
-    std::fs::read_to_string(dir.join("cgroup.controllers"))
+    clan_core::sys::read_small(dir.join("cgroup.controllers"))
         .is_ok_and(|t| t.split_whitespace().any(|c| c == controller))
 }
 
@@ -188,7 +188,7 @@ impl NodeCgroup {
     /// The job whose task holds host process `pid`, from its cgroup: a task of this node,
     /// or with `siblings` also one of another node of the same local cluster.
     pub fn task_of(&self, pid: u32, siblings: bool) -> Option<u64> {
-        let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+        let text = clan_core::sys::read_small(format!("/proc/{pid}/cgroup")).ok()?;
         let rel = text.lines().find_map(|l| l.strip_prefix("0::"))?;
         let path = cgroup2_mount()?.join(rel.trim_start_matches('/'));
         let mut under = match path.strip_prefix(&self.root) {
@@ -237,7 +237,7 @@ impl NodeCgroup {
         };
         let dir = c.root.join(format!("job{job}"));
         let read = |f: &str| -> u64 {
-            std::fs::read_to_string(dir.join(f))
+            clan_core::sys::read_small(dir.join(f))
                 .ok()
                 .and_then(|v| v.trim().parse().ok())
                 .unwrap_or(0)
@@ -255,7 +255,7 @@ impl NodeCgroup {
     /// The task's process limit (`None`: no limit or no pids controller).
     pub fn max_procs(&self, job: u64) -> Option<u32> {
         let dir = self.ctl_dir("pids", job)?;
-        std::fs::read_to_string(dir.join("pids.max"))
+        clan_core::sys::read_small(dir.join("pids.max"))
             .ok()?
             .trim()
             .parse()
@@ -289,7 +289,7 @@ impl NodeCgroup {
 
 /// Whether a cgroup (with its descendants) holds any process.
 pub fn populated(dir: &Path) -> bool {
-    std::fs::read_to_string(dir.join("cgroup.events"))
+    clan_core::sys::read_small(dir.join("cgroup.events"))
         .map(|t| t.lines().any(|l| l == "populated 1"))
         .unwrap_or(false)
 }

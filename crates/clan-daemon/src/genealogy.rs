@@ -303,7 +303,8 @@ impl Node {
             let Some(job) = name.strip_prefix("job").and_then(|j| j.parse::<u64>().ok()) else {
                 continue;
             };
-            let procs = std::fs::read_to_string(e.path().join("cgroup.procs")).unwrap_or_default();
+            let procs =
+                clan_core::sys::read_small(e.path().join("cgroup.procs")).unwrap_or_default();
             members.extend(
                 procs
                     .lines()
@@ -313,7 +314,7 @@ impl Node {
         }
         let set: HashMap<u32, u64> = members.iter().copied().collect();
         for (pid, job) in &members {
-            let ppid = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            let ppid = clan_core::sys::read_small(format!("/proc/{pid}/stat"))
                 .ok()
                 .and_then(|s| {
                     s.rsplit_once(')')

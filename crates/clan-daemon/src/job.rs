@@ -78,7 +78,7 @@ fn wait_event(dir: &Path, key: &str, want: bool, limit: Duration) -> Result<()> 
 
 /// The host pids in a cgroup (not its descendants: a task has none).
 fn procs(dir: &Path) -> Vec<u32> {
-    std::fs::read_to_string(dir.join("cgroup.procs"))
+    clan_core::sys::read_small(dir.join("cgroup.procs"))
         .unwrap_or_default()
         .lines()
         .filter_map(|l| l.trim().parse().ok())
@@ -87,12 +87,12 @@ fn procs(dir: &Path) -> Vec<u32> {
 
 /// Real uid of a host process.
 fn uid_of(pid: u32) -> Option<u32> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let s = clan_core::sys::read_small(format!("/proc/{pid}/status")).ok()?;
     clan_core::sys::status_numbers(&s, "Uid").first().copied()
 }
 
 fn cpu_usec(dir: &Path) -> u64 {
-    std::fs::read_to_string(dir.join("cpu.stat"))
+    clan_core::sys::read_small(dir.join("cpu.stat"))
         .ok()
         .and_then(|t| {
             t.lines()
@@ -104,7 +104,7 @@ fn cpu_usec(dir: &Path) -> u64 {
 
 /// The state letter of a host process (`None` once it is gone).
 fn proc_state(pid: u32) -> Option<char> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let s = clan_core::sys::read_small(format!("/proc/{pid}/stat")).ok()?;
     s.rsplit_once(')')?.1.trim_start().chars().next()
 }
 
@@ -208,7 +208,7 @@ impl Node {
                         genealogy.push((p, parent));
                         progress = true;
                     }
-                    let kids = std::fs::read_to_string(format!("/proc/{p}/task/{p}/children"))
+                    let kids = clan_core::sys::read_small(format!("/proc/{p}/task/{p}/children"))
                         .unwrap_or_default();
                     todo.extend(
                         kids.split_whitespace()
@@ -426,7 +426,8 @@ impl Node {
                 .all(|p| matches!(proc_state(*p), Some('T') | None))
         {
             "suspended"
-        } else if std::fs::read_to_string(dir.join("cgroup.freeze")).is_ok_and(|v| v.trim() == "1")
+        } else if clan_core::sys::read_small(dir.join("cgroup.freeze"))
+            .is_ok_and(|v| v.trim() == "1")
         {
             "suspending"
         } else {
@@ -711,14 +712,13 @@ impl Node {
         } else {
             self.target_nodes(&req.nodes)?
         };
-        let mut set = tokio::task::JoinSet::new();
-        for n in targets {
+        let answers = crate::fanout::on_each(targets, |n| {
             let (node, mut req, creds) = (self.clone(), req.clone(), creds.clone());
             req.nodes.clear();
-            set.spawn(async move {
+            async move {
                 let res = if n == node.id {
                     let node2 = node.clone();
-                    tokio::task::spawn_blocking(move || node2.job_local(&req, &creds))
+                    crate::fanout::blocking(move || node2.job_local(&req, &creds))
                         .await
                         .unwrap_or_else(|e| Err(Error::Internal(e.to_string())))
                 } else {
@@ -754,10 +754,11 @@ impl Node {
                         error: Some(e.into()),
                     },
                 }
-            });
-        }
-        let mut nodes = set.join_all().await;
-        nodes.sort_by_key(|n| n.node);
-        Ok(pb::JobReply { nodes })
+            }
+        })
+        .await;
+        Ok(pb::JobReply {
+            nodes: answers.into_iter().map(|(_, a)| a).collect(),
+        })
     }
 }

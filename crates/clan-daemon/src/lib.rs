@@ -9,6 +9,7 @@
 pub mod cgroup;
 pub mod clusterinit;
 pub mod error;
+pub mod fanout;
 pub mod genealogy;
 pub mod job;
 pub mod local;
@@ -49,7 +50,7 @@ pub fn socket_path(state_dir: &Path) -> PathBuf {
 
 /// Whether `pid` is a running process (a zombie is not: it answers kill(pid, 0)).
 pub fn pid_alive(pid: i32) -> bool {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+    let Ok(stat) = clan_core::sys::read_small(format!("/proc/{pid}/stat")) else {
         return false;
     };
     let state = stat
@@ -123,7 +124,7 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
     {
         if pid != std::process::id() as i32
             && pid_alive(pid)
-            && std::fs::read_to_string(format!("/proc/{pid}/comm"))
+            && clan_core::sys::read_small(format!("/proc/{pid}/comm"))
                 .is_ok_and(|c| c.trim() == "cland")
         {
             anyhow::bail!("node {} already has a cland (pid {pid})", opts.node);

@@ -261,7 +261,7 @@ impl Node {
     /// This node's processes matching `filter`, with clan's own knowledge added.
     pub async fn ps_local(self: &Arc<Self>, filter: pb::PsFilter) -> Vec<pb::ProcInfo> {
         let node = self.clone();
-        tokio::task::spawn_blocking(move || {
+        crate::fanout::blocking(move || {
             let _g = clan_core::lock::giant();
             let mut procs = node.view.list(&filter);
             let vprocs = node.vprocs.read();

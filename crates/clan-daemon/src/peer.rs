@@ -473,7 +473,7 @@ impl Node {
             }
             Op::Job(j) => {
                 let node = self.clone();
-                let tasks = tokio::task::spawn_blocking(move || node.job_local(&j, &creds))
+                let tasks = crate::fanout::blocking(move || node.job_local(&j, &creds))
                     .await
                     .map_err(|e| Error::Internal(e.to_string()))??;
                 Ok(Reply::Job(pb::NodeJobs {
@@ -484,7 +484,7 @@ impl Node {
             }
             Op::Proc(r) => {
                 let node = self.clone();
-                let reply = tokio::task::spawn_blocking(move || node.proc_local(&r))
+                let reply = crate::fanout::blocking(move || node.proc_local(&r))
                     .await
                     .map_err(|e| Error::Internal(e.to_string()))??;
                 Ok(Reply::Proc(reply))

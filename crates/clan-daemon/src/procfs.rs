@@ -741,14 +741,13 @@ impl Node {
         req: pb::ProcRequest,
         limit: Option<Duration>,
     ) -> Vec<(NodeId, Result<pb::ProcReply>)> {
-        let mut set = tokio::task::JoinSet::new();
-        for n in nodes {
+        crate::fanout::on_each(nodes, |n| {
             let (node, req) = (self.clone(), req.clone());
             let limit = limit.unwrap_or(Duration::from_millis(node.cfg.dead_after_ms));
-            set.spawn(async move {
-                let res = if n == node.id {
+            async move {
+                if n == node.id {
                     let node2 = node.clone();
-                    tokio::task::spawn_blocking(move || node2.proc_local(&req))
+                    crate::fanout::blocking(move || node2.proc_local(&req))
                         .await
                         .unwrap_or_else(|e| Err(Error::Internal(e.to_string())))
                 } else {
@@ -761,13 +760,10 @@ impl Node {
                         Ok(Err(e)) => Err(e),
                         Err(_) => Err(Error::NodeDown(format!("node {n} did not answer"))),
                     }
-                };
-                (n, res)
-            });
-        }
-        let mut out = set.join_all().await;
-        out.sort_by_key(|(n, _)| *n);
-        out
+                }
+            }
+        })
+        .await
     }
 }
 

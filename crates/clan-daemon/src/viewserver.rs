@@ -19,7 +19,7 @@ const READY: Duration = Duration::from_secs(10);
 /// The view server's pid when it runs.
 pub fn running(pidfile: &Path) -> Option<i32> {
     let pid: i32 = std::fs::read_to_string(pidfile).ok()?.trim().parse().ok()?;
-    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+    let comm = clan_core::sys::read_small(format!("/proc/{pid}/comm")).ok()?;
     (comm.trim() == "clan-procfs").then_some(pid)
 }
 

@@ -89,7 +89,7 @@ impl Node {
     /// Reads what the credentials of a local caller need (see [`CallerIds`]).
     pub fn caller_ids(&self, host_pid: i32) -> CallerIds {
         let status =
-            std::fs::read_to_string(format!("/proc/{host_pid}/status")).unwrap_or_default();
+            clan_core::sys::read_small(format!("/proc/{host_pid}/status")).unwrap_or_default();
         let field = |k: &str| -> Vec<u32> { clan_core::sys::status_numbers(&status, k) };
         let groups = field("Groups");
         // The node's own pid namespace is the host's (level 0) on a real node, the first one
@@ -123,7 +123,7 @@ impl Node {
             return None;
         }
         let ppid = |pid: u32| -> Option<u32> {
-            let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let s = clan_core::sys::read_small(format!("/proc/{pid}/stat")).ok()?;
             s.get(s.rfind(')')? + 2..)?
                 .split_whitespace()
                 .nth(1)?
