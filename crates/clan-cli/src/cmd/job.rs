@@ -91,11 +91,7 @@ fn cpu(usec: u64) -> String {
 }
 
 fn user(uid: u32) -> String {
-    nix::unistd::User::from_uid(uid.into())
-        .ok()
-        .flatten()
-        .map(|u| u.name)
-        .unwrap_or_else(|| uid.to_string())
+    crate::users::name_of(uid).unwrap_or_else(|| uid.to_string())
 }
 
 /// Prints node errors; returns the worst exit code among them.

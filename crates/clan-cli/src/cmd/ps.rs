@@ -36,12 +36,7 @@ pub async fn run(c: Client, a: Args) -> ExitCode {
         ..Default::default()
     };
     if let Some(u) = &a.user {
-        let uid = u.parse::<u32>().ok().or_else(|| {
-            nix::unistd::User::from_name(u)
-                .ok()
-                .flatten()
-                .map(|u| u.uid.as_raw())
-        });
+        let uid = u.parse::<u32>().ok().or_else(|| crate::users::uid_of(u));
         match uid {
             Some(uid) => {
                 filter.has_uid = true;

@@ -17,10 +17,7 @@ pub struct Args {
 }
 
 fn user_id(name: &str) -> Option<u32> {
-    nix::unistd::User::from_name(name)
-        .ok()
-        .flatten()
-        .map(|u| u.uid.as_raw())
+    crate::users::uid_of(name)
 }
 
 pub async fn run(c: Client, a: Args) -> ExitCode {
