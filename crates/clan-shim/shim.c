@@ -20,6 +20,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ptrace.h>
@@ -75,15 +76,17 @@ static const char *dec(long v, char *buf, size_t len) {
     return buf;
 }
 
-// `clan kill -s SIG [-g] ID`: 0 or -1 with errno.
-static int via_clan(long id, int sig, int group) {
+// `clan kill -s SIG [-g | --value V] ID`: 0 or -1 with errno. `queued`: a sigqueue(3)
+// carrying `value`.
+static int via_clan_queued(long id, int sig, int group, int queued, long value) {
     if (node == 0) {
         errno = ESRCH;
         return -1;
     }
-    char s[32], g[32];
+    char s[32], g[32], v[40];
     dec(sig, s, sizeof s);
     dec(id, g, sizeof g);
+    dec(value, v, sizeof v);
     sigset_t block, old;
     sigemptyset(&block);
     sigaddset(&block, SIGCHLD);
@@ -98,6 +101,8 @@ static int via_clan(long id, int sig, int group) {
         sigprocmask(SIG_SETMASK, &old, NULL);
         if (group)
             execl(clan_bin, "clan", "kill", "-s", s, "-g", g, (char *)NULL);
+        else if (queued)
+            execl(clan_bin, "clan", "kill", "-s", s, "--value", v, g, (char *)NULL);
         else
             execl(clan_bin, "clan", "kill", "-s", s, g, (char *)NULL);
         _exit(127);
@@ -123,6 +128,10 @@ static int via_clan(long id, int sig, int group) {
     if (rc < 0)
         errno = err;
     return rc;
+}
+
+static int via_clan(long id, int sig, int group) {
+    return via_clan_queued(id, sig, group, 0, 0);
 }
 
 int kill(pid_t pid, int sig) {
@@ -154,7 +163,7 @@ int sigqueue(pid_t pid, int sig, const union sigval value) {
     if (is_gpid(p)) {
         if (is_local_gpid(p))
             return real((pid_t)(p % SPAN), sig, value);
-        return via_clan(p, sig, 0); // the value does not travel: si_code is SI_USER
+        return via_clan_queued(p, sig, 0, 1, (long)(intptr_t)value.sival_ptr);
     }
     return real(pid, sig, value);
 }

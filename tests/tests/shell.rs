@@ -274,3 +274,65 @@ fn remote_calls_answer_as_the_kernel_would() {
     );
     c.clan_ok(&["kill", "-s", "KILL", &roots.to_string()]);
 }
+
+/// sigqueue(3) to a process of another node, from a clan shell (through the shim) and with
+/// `clan kill --value` from outside the cluster: the receiver's siginfo has SI_QUEUE, the
+/// value and the sender's uid; no pid (the kernel's for a sender outside the receiver's
+/// pid namespace).
+#[test]
+fn sigqueue_carries_its_value_across_nodes() {
+    root_or_skip!("sigqueue_carries_its_value_across_nodes");
+    let c = Cluster::up(2);
+    let helper = env!("CARGO_BIN_EXE_clan-test-sigqueue");
+    let sig = libc::SIGRTMIN() + 3;
+    let receive = |name: &str| {
+        let out = c.dir.join(name);
+        let g = run_d(
+            &c,
+            2,
+            &[helper, "wait", &sig.to_string(), out.to_str().unwrap()],
+        );
+        let ready = c.dir.join(format!("{name}.ready"));
+        eventually("the receiver to block the signal", LIMIT, || {
+            ready.exists().then_some(())
+        });
+        (g, out)
+    };
+    let fields = |out: &std::path::Path| -> Vec<i64> {
+        let line = eventually("the receiver's siginfo", LIMIT, || {
+            std::fs::read_to_string(out)
+                .ok()
+                .filter(|l| l.ends_with('\n'))
+        });
+        line.split_whitespace()
+            .map(|f| f.parse().unwrap())
+            .collect()
+    };
+
+    // From a process of node 1, by sigqueue(3) itself.
+    let (g, out) = receive("from-shell");
+    let o = shell(&c, 1, None, &format!("{helper} send {g} {sig} -42"));
+    assert!(o.status.success(), "{}", text(&o));
+    let si_queue = -1;
+    assert_eq!(
+        fields(&out),
+        vec![i64::from(sig), si_queue, 0, 0, -42],
+        "signo code pid uid value"
+    );
+
+    // From outside the cluster, by clan kill --value.
+    let (g, out) = receive("from-host");
+    c.clan_ok(&[
+        "kill",
+        "-s",
+        &sig.to_string(),
+        "--value",
+        "7",
+        &g.to_string(),
+    ]);
+    assert_eq!(
+        fields(&out),
+        vec![i64::from(sig), si_queue, 0, 0, 7],
+        "signo code pid uid value"
+    );
+}

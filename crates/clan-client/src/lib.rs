@@ -403,9 +403,33 @@ impl Client {
         gpids: &[Gpid],
         signal: i32,
     ) -> Result<Vec<(Gpid, std::result::Result<(), pb::Error>)>> {
+        self.kill_with(gpids, signal, None).await
+    }
+
+    /// Queues `signal` with `value` to processes on any node, as sigqueue(3): each
+    /// receiver's siginfo has `SI_QUEUE`, the value and the caller's uid; its `si_pid` is
+    /// 0, as the kernel gives a signal from outside the receiver's pid namespace. One
+    /// result per gpid.
+    pub async fn sigqueue(
+        &self,
+        gpids: &[Gpid],
+        signal: i32,
+        value: i64,
+    ) -> Result<Vec<(Gpid, std::result::Result<(), pb::Error>)>> {
+        self.kill_with(gpids, signal, Some(pb::Queued { value }))
+            .await
+    }
+
+    async fn kill_with(
+        &self,
+        gpids: &[Gpid],
+        signal: i32,
+        queued: Option<pb::Queued>,
+    ) -> Result<Vec<(Gpid, std::result::Result<(), pb::Error>)>> {
         let op = Op::Kill(pb::KillRequest {
             gpids: gpids.iter().map(|g| g.raw()).collect(),
             signal,
+            queued,
         });
         match self.request(op).await? {
             Reply::Kill(k) => Ok(k

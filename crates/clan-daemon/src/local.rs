@@ -447,7 +447,7 @@ impl Node {
                 let mut results = Vec::new();
                 for &raw in &k.gpids {
                     let res = match gpid(raw) {
-                        Ok(g) => self.signal(g, k.signal, creds).await,
+                        Ok(g) => self.signal_queued(g, k.signal, creds, k.queued).await,
                         Err(e) => Err(e),
                     };
                     results.push(pb::KillResult {

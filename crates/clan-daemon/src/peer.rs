@@ -458,7 +458,7 @@ impl Node {
                 }))
             }
             Op::Signal(s) => {
-                self.signal_local(gpid(s.gpid)?, s.signal, &creds)?;
+                self.signal_local_queued(gpid(s.gpid)?, s.signal, &creds, s.queued.as_ref())?;
                 Ok(Reply::Ok(pb::Ok {}))
             }
             Op::Sigsend(s) => {

@@ -157,6 +157,7 @@ mod tests {
             op: Some(pb::local_request::Op::Kill(pb::KillRequest {
                 gpids: vec![30004711],
                 signal: 15,
+                queued: None,
             })),
         };
         let bytes = encode(&msg);

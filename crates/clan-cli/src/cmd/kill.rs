@@ -13,6 +13,10 @@ pub struct Args {
     /// Signal every process of this session, on every node.
     #[arg(long, value_name = "SID", conflicts_with = "gpids")]
     session: Option<String>,
+    /// Queue the signal with this value, as sigqueue(3) (the receiver's siginfo has
+    /// SI_QUEUE and the value); not with -g or --session.
+    #[arg(long, value_name = "N", conflicts_with_all = ["group", "session"], allow_negative_numbers = true)]
+    value: Option<i64>,
     /// Processes: gpids (30004711) or NODE:PID (3:4711).
     #[arg(required_unless_present_any = ["group", "session"])]
     gpids: Vec<String>,
@@ -53,7 +57,11 @@ pub async fn run(c: Client, a: Args) -> ExitCode {
     if gpids.is_empty() {
         return ExitCode::from(code);
     }
-    match c.kill(&gpids, sig).await {
+    let sent = match a.value {
+        Some(v) => c.sigqueue(&gpids, sig, v).await,
+        None => c.kill(&gpids, sig).await,
+    };
+    match sent {
         Ok(results) => {
             for (_, r) in results {
                 if let Err(e) = r {

@@ -6,7 +6,7 @@
 
 use crate::error::{Error, Result};
 use crate::node::Node;
-use clan_core::sys::pidfd_send_signal;
+use clan_core::sys::{pidfd_send_queued, pidfd_send_signal};
 use clan_core::Gpid;
 use clan_proto::pb;
 use std::sync::Arc;
@@ -14,6 +14,20 @@ use std::sync::Arc;
 impl Node {
     /// Delivers `sig` to a process of this node on behalf of `creds`.
     pub fn signal_local(&self, gpid: Gpid, sig: i32, creds: &pb::Creds) -> Result<()> {
+        self.signal_local_queued(gpid, sig, creds, None)
+    }
+
+    /// Delivers `sig` to a process of this node on behalf of `creds`; with `queued`, as
+    /// sigqueue(3) sends it: the receiver's siginfo has `SI_QUEUE`, the value and the
+    /// sender's uid. Its `si_pid` is 0: the kernel gives no pid for a sender outside the
+    /// receiver's pid namespace (cland is outside the node's), as for any clan signal.
+    pub fn signal_local_queued(
+        &self,
+        gpid: Gpid,
+        sig: i32,
+        creds: &pb::Creds,
+        queued: Option<&pb::Queued>,
+    ) -> Result<()> {
         let _g = clan_core::lock::giant();
         if !(0..=libc::SIGRTMAX()).contains(&sig) {
             return Err(Error::Invalid(format!("invalid signal {sig}")));
@@ -38,11 +52,16 @@ impl Node {
         if sig == 0 {
             return Ok(());
         }
-        let sig = match self.terminal_stop(gpid.local(), sig) {
+        let sent = match self.terminal_stop(gpid.local(), sig) {
             Some(s) => s,
             None => return Ok(()), // ignored: nothing to deliver
         };
-        pidfd_send_signal(&h.dir, sig).map_err(|e| match e.raw_os_error() {
+        let res = match queued {
+            // A stop clan applies itself (SIGSTOP for a default SIGTSTP) carries nothing.
+            Some(q) if sent == sig => pidfd_send_queued(&h.dir, sig, 0, creds.uid, q.value),
+            _ => pidfd_send_signal(&h.dir, sent),
+        };
+        res.map_err(|e| match e.raw_os_error() {
             Some(libc::ESRCH) => Error::NoSuchProcess(gpid),
             Some(libc::EPERM) => Error::Permission(format!("permission denied to signal {gpid}")),
             _ => Error::internal(&format!("signal {gpid}"), e),
@@ -98,12 +117,24 @@ impl Node {
 
     /// Delivers `sig` to a process of any node.
     pub async fn signal(self: &Arc<Self>, gpid: Gpid, sig: i32, creds: &pb::Creds) -> Result<()> {
+        self.signal_queued(gpid, sig, creds, None).await
+    }
+
+    /// Delivers `sig` to a process of any node, queued with a value when `queued` says so.
+    pub async fn signal_queued(
+        self: &Arc<Self>,
+        gpid: Gpid,
+        sig: i32,
+        creds: &pb::Creds,
+        queued: Option<pb::Queued>,
+    ) -> Result<()> {
         if gpid.node() == self.id {
-            return self.signal_local(gpid, sig, creds);
+            return self.signal_local_queued(gpid, sig, creds, queued.as_ref());
         }
         let op = pb::peer_request::Op::Signal(pb::SignalRequest {
             gpid: gpid.raw(),
             signal: sig,
+            queued,
         });
         match self.call(gpid.node(), creds.clone(), op).await? {
             pb::peer_reply::Reply::Ok(_) => Ok(()),
