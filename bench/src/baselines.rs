@@ -196,33 +196,65 @@ pub fn kill_pingpong(n: usize) -> Samples {
 
 /// Round trip of 64 bytes over a loopback TCP connection with TCP_NODELAY.
 pub fn tcp_rtt(n: usize) -> Samples {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
-    let addr = l.local_addr().expect("addr");
-    let server = std::thread::spawn(move || {
-        let (mut c, _) = l.accept().expect("accept");
-        c.set_nodelay(true).expect("nodelay");
-        let mut buf = [0u8; 64];
-        while c.read_exact(&mut buf).is_ok() {
-            if c.write_all(&buf).is_err() {
-                break;
-            }
-        }
-    });
-    let mut c = TcpStream::connect(addr).expect("connect");
-    c.set_nodelay(true).expect("nodelay");
-    let mut buf = [7u8; 64];
+    let mut p = TcpPair::new();
     let mut s = Samples::default();
-    for i in 0..n + 100 {
-        let t = Instant::now();
-        c.write_all(&buf).expect("write");
-        c.read_exact(&mut buf).expect("read");
-        if i >= 100 {
+    p.sample(n, &mut s);
+    s
+}
+
+/// A TCP loopback connection to an echo thread, kept for round trips measured in blocks
+/// between those of the figure compared with it, so that both see the same moments of a
+/// shared machine.
+pub struct TcpPair {
+    conn: Option<TcpStream>,
+    server: Option<std::thread::JoinHandle<()>>,
+}
+
+impl TcpPair {
+    /// Connected and warmed up (100 round trips).
+    pub fn new() -> TcpPair {
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = l.local_addr().expect("addr");
+        let server = std::thread::spawn(move || {
+            let (mut c, _) = l.accept().expect("accept");
+            c.set_nodelay(true).expect("nodelay");
+            let mut buf = [0u8; 64];
+            while c.read_exact(&mut buf).is_ok() {
+                if c.write_all(&buf).is_err() {
+                    break;
+                }
+            }
+        });
+        let c = TcpStream::connect(addr).expect("connect");
+        c.set_nodelay(true).expect("nodelay");
+        let mut p = TcpPair {
+            conn: Some(c),
+            server: Some(server),
+        };
+        p.sample(100, &mut Samples::default());
+        p
+    }
+
+    /// `n` round trips of 64 bytes, added to `s`.
+    pub fn sample(&mut self, n: usize, s: &mut Samples) {
+        let c = self.conn.as_mut().expect("connected");
+        let mut buf = [7u8; 64];
+        for _ in 0..n {
+            let t = Instant::now();
+            c.write_all(&buf).expect("write");
+            c.read_exact(&mut buf).expect("read");
             s.push(t.elapsed());
         }
     }
-    drop(c);
-    let _ = server.join();
-    s
+}
+
+impl Drop for TcpPair {
+    fn drop(&mut self) {
+        drop(self.conn.take());
+        if let Some(s) = self.server.take() {
+            let _ = s.join();
+        }
+    }
 }
 
 /// `ps -e` with its output discarded.

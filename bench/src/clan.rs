@@ -106,22 +106,15 @@ pub fn run_latency(c: &Cluster, r: &mut Report, n: usize) {
     );
 }
 
-/// Two processes on nodes 1 and 2 bouncing SIGUSR1 through clan (Solaris MC Table 4).
+/// Blocks the ping-pong and its TCP baseline are split into (see `sigping`).
+const SIGNAL_TURNS: usize = 10;
+
+/// Two processes on nodes 1 and 2 bouncing SIGUSR1 through clan (Solaris MC Table 4). The
+/// pinging process measures the TCP loopback round trip itself, in turns with its pings,
+/// so that both see the same moments of a shared machine.
 pub fn signal_latency(c: &Cluster, r: &mut Report, n: usize) {
     let g = "signals";
-    println!("{g}:");
-    r.latency(
-        g,
-        "TCP loopback round trip (64 B)",
-        &baselines::tcp_rtt(n * 10),
-        None,
-    );
-    r.latency(
-        g,
-        "local kill(2) ping-pong, one way",
-        &baselines::kill_pingpong(n * 10),
-        Some("TCP loopback round trip (64 B)"),
-    );
+    println!("{g} (clan and TCP in {SIGNAL_TURNS} turns):");
     let exe = std::env::current_exe().expect("self");
     let exe = exe.to_str().expect("utf-8 path");
     let peer_file = c.dir.join("ping.peer");
@@ -160,11 +153,21 @@ pub fn signal_latency(c: &Cluster, r: &mut Report, n: usize) {
         .status();
     assert!(st.success(), "sigping failed; see clan logs {ping}");
     let text = std::fs::read_to_string(&out_file).expect("ping results");
-    let s = Samples(
-        text.lines()
-            .filter_map(|l| l.parse::<u64>().ok())
-            .map(Duration::from_nanos)
-            .collect(),
+    let series = |kind: &str| {
+        Samples(
+            text.lines()
+                .filter_map(|l| l.strip_prefix(kind)?.parse::<u64>().ok())
+                .map(Duration::from_nanos)
+                .collect(),
+        )
+    };
+    let (s, tcp) = (series("s "), series("t "));
+    r.latency(g, "TCP loopback round trip (64 B)", &tcp, None);
+    r.latency(
+        g,
+        "local kill(2) ping-pong, one way",
+        &baselines::kill_pingpong(n * 10),
+        Some("TCP loopback round trip (64 B)"),
     );
     r.latency(
         g,
@@ -174,7 +177,9 @@ pub fn signal_latency(c: &Cluster, r: &mut Report, n: usize) {
     );
 }
 
-/// The `sigping` role: times `iters` round trips of SIGUSR1 with its peer through clan.
+/// The `sigping` role: times `iters` round trips of SIGUSR1 with its peer through clan
+/// (lines `s NANOS`, half a round trip each) and as many TCP loopback round trips (`t
+/// NANOS`), in [`SIGNAL_TURNS`] turns.
 pub fn sigping(peer_file: &Path, out: &Path, iters: usize) -> anyhow::Result<()> {
     let peer: Gpid = loop {
         if let Ok(s) = std::fs::read_to_string(peer_file) {
@@ -186,15 +191,24 @@ pub fn sigping(peer_file: &Path, out: &Path, iters: usize) -> anyhow::Result<()>
     };
     let client = Client::locate(None, None)?;
     let mut lines = String::new();
+    let mut tcp = baselines::TcpPair::new();
+    let per = iters.div_ceil(SIGNAL_TURNS);
     rt1().block_on(async {
         for i in 0..iters + 20 {
+            if i >= 20 && (i - 20) % per == 0 {
+                let mut s = Samples::default();
+                tcp.sample(per, &mut s);
+                for d in s.0 {
+                    lines.push_str(&format!("t {}\n", d.as_nanos()));
+                }
+            }
             let t = Instant::now();
             client.kill_one(peer, libc::SIGUSR1).await?;
             if wait_usr1(Duration::from_secs(10)).is_none() {
                 anyhow::bail!("no answer from {peer}");
             }
             if i >= 20 {
-                lines.push_str(&format!("{}\n", (t.elapsed() / 2).as_nanos()));
+                lines.push_str(&format!("s {}\n", (t.elapsed() / 2).as_nanos()));
             }
         }
         Ok(())

@@ -21,16 +21,6 @@ fn read_whole(path: &Path) -> usize {
     buf.len()
 }
 
-fn timed(n: usize, mut f: impl FnMut()) -> Samples {
-    let mut s = Samples::default();
-    for _ in 0..n {
-        let t = Instant::now();
-        f();
-        s.push(t.elapsed());
-    }
-    s
-}
-
 /// The host pid of a process of a local cluster's node (from its node-local number).
 fn host_pid(c: &Cluster, gpid: clan_core::Gpid) -> Option<u32> {
     let init: u32 = std::fs::read_to_string(c.dir.join(format!("node{}/init.pid", gpid.node())))
@@ -48,53 +38,18 @@ fn host_pid(c: &Cluster, gpid: clan_core::Gpid) -> Option<u32> {
     })
 }
 
-/// `status` of a process on node 2, read from node 1's side.
+/// Blocks each measurement is split into: the four series take turns, so that each sees
+/// the same moments of a shared, noisy machine.
+const TURNS: usize = 10;
+
+/// `status` of a process on node 2, read from node 1's side: natively, through the API and
+/// through the mount, with the TCP loopback round trip, in [`TURNS`] turns.
 pub fn status_read(c: &Cluster, r: &mut Report, n: usize) {
     let g = "cluster /proc: status of a process on another node";
-    println!("{g}:");
+    println!("{g} (in {TURNS} turns):");
     let target = c.spawn(2, &["sleep", "3700"]).expect("a process on node 2");
     let host = host_pid(c, target).expect("its host pid");
-    r.latency(
-        g,
-        "TCP loopback round trip (64 B)",
-        &baselines::tcp_rtt(n),
-        None,
-    );
     let native = PathBuf::from(format!("/proc/{host}/status"));
-    r.latency(
-        g,
-        "native read of /proc/PID/status",
-        &timed(n, || {
-            read_whole(&native);
-        }),
-        None,
-    );
-    let client = c.client(1);
-    let rt = crate::clan::rt1();
-    let api = rt.block_on(async {
-        let req = pb::ProcRequest {
-            op: pb::ProcOp::ProcRead as i32,
-            gpid: target.raw(),
-            path: "status".into(),
-            ..Default::default()
-        };
-        // One to connect.
-        client.proc(req.clone()).await.expect("proc read");
-        let mut s = Samples::default();
-        for _ in 0..n {
-            let t = Instant::now();
-            let reply = client.proc(req.clone()).await.expect("proc read");
-            s.push(t.elapsed());
-            assert!(!reply.data.is_empty());
-        }
-        s
-    });
-    r.latency(
-        g,
-        "through the API (client library, node 1)",
-        &api,
-        Some("TCP loopback round trip (64 B)"),
-    );
     let mnt = c.dir.join("bench-proc");
     std::fs::create_dir_all(&mnt).expect("mount point");
     let st = c
@@ -107,14 +62,48 @@ pub fn status_read(c: &Cluster, r: &mut Report, n: usize) {
     assert!(st.success(), "clan proc mount failed");
     let file = mnt.join(format!("{target}/status"));
     read_whole(&file);
-    let through = timed(n, || {
-        read_whole(&file);
-    });
+    let client = c.client(1);
+    let rt = crate::clan::rt1();
+    let req = pb::ProcRequest {
+        op: pb::ProcOp::ProcRead as i32,
+        gpid: target.raw(),
+        path: "status".into(),
+        ..Default::default()
+    };
+    rt.block_on(client.proc(req.clone())).expect("proc read"); // one to connect
+    let mut tcp = baselines::TcpPair::new();
+    let (mut rtt, mut nat, mut api, mut through): (Samples, Samples, Samples, Samples) =
+        Default::default();
+    let per = n.div_ceil(TURNS);
+    for _ in 0..TURNS {
+        tcp.sample(per, &mut rtt);
+        nat_block(per, &native, &mut nat);
+        rt.block_on(async {
+            for _ in 0..per {
+                let t = Instant::now();
+                let reply = client.proc(req.clone()).await.expect("proc read");
+                api.push(t.elapsed());
+                assert!(!reply.data.is_empty());
+            }
+        });
+        nat_block(per, &file, &mut through);
+    }
+    drop(tcp);
+    let tcp_name = "TCP loopback round trip (64 B)";
+    let native_name = "native read of /proc/PID/status";
+    r.latency(g, tcp_name, &rtt, None);
+    r.latency(g, native_name, &nat, None);
+    r.latency(
+        g,
+        "through the API (client library, node 1)",
+        &api,
+        Some(tcp_name),
+    );
     r.latency(
         g,
         "through the mount (clan proc mount, node 1)",
         &through,
-        Some("native read of /proc/PID/status"),
+        Some(native_name),
     );
     let _ = c
         .cmd()
@@ -123,6 +112,15 @@ pub fn status_read(c: &Cluster, r: &mut Report, n: usize) {
         .stdout(Stdio::null())
         .status();
     c.kill_and_wait(target, false);
+}
+
+/// `n` whole reads of `path`, timed into `s`.
+fn nat_block(n: usize, path: &Path, s: &mut Samples) {
+    for _ in 0..n {
+        let t = Instant::now();
+        read_whole(path);
+        s.push(t.elapsed());
+    }
 }
 
 /// Times of `ps aux` runs as bash reports them (`TIMEFORMAT=%R`), from a script's stderr.
