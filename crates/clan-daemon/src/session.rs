@@ -82,17 +82,19 @@ impl Node {
     ) -> Result<(Gpid, Endpoint)> {
         if s.target == self.id {
             let vp = self
-                .spawn_local(SpawnLocal {
-                    spec: s.spec,
-                    creds: s.creds,
-                    job: s.job,
-                    rank: s.rank,
-                    size: s.size,
-                    parent_node: self.id,
-                    parent: s.parent,
-                })
+                .spawn_local_to(
+                    SpawnLocal {
+                        spec: s.spec,
+                        creds: s.creds,
+                        job: s.job,
+                        rank: s.rank,
+                        size: s.size,
+                        parent_node: self.id,
+                        parent: s.parent,
+                    },
+                    Some(out),
+                )
                 .await?;
-            vp.attach(out);
             return Ok((vp.gpid, Endpoint::Local(vp)));
         }
         let peer = self.peer(s.target)?.clone();
@@ -302,16 +304,22 @@ pub async fn serve_remote(
             .await;
         return;
     };
+    // Output and the exit status queue here from the process's start; they go out after
+    // the reply.
+    let (tx, mut rx) = mpsc::channel(64);
     let spawned = node
-        .spawn_local(SpawnLocal {
-            spec: s.spec.unwrap_or_default(),
-            creds: s.creds.or(req.creds).unwrap_or_default(),
-            job: s.job,
-            rank: s.rank,
-            size: s.size,
-            parent_node: from,
-            parent: s.parent,
-        })
+        .spawn_local_to(
+            SpawnLocal {
+                spec: s.spec.unwrap_or_default(),
+                creds: s.creds.or(req.creds).unwrap_or_default(),
+                job: s.job,
+                rank: s.rank,
+                size: s.size,
+                parent_node: from,
+                parent: s.parent,
+            },
+            Some(tx),
+        )
         .await;
     let vp = match spawned {
         Ok(vp) => vp,
@@ -335,8 +343,6 @@ pub async fn serve_remote(
         vp.hang_up();
         return;
     }
-    let (tx, mut rx) = mpsc::channel(64);
-    vp.attach(tx);
     // Input has a task of its own: PeerReader::read is not cancel safe, so it must never be
     // a branch of a select! that another branch can win halfway through a frame.
     let released = Arc::new(std::sync::atomic::AtomicBool::new(false));

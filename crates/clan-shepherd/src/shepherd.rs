@@ -154,7 +154,18 @@ pub fn run(args: &[String]) -> ExitCode {
     }
     let in_node_ns = ns_init.is_some();
     drop(later_ns);
-    let spec: pb::ShepherdSpec = match read_frame_sync(&mut std::io::stdin().lock()) {
+    // Our stdin, read without a buffer: after the spec it carries cland's messages.
+    let mut from_cland = match std::io::stdin().as_fd().try_clone_to_owned() {
+        Ok(fd) => File::from(fd),
+        Err(e) => {
+            report(
+                &mut out,
+                &error_reply(pb::ErrorCode::Internal, format!("shepherd: stdin: {e}")),
+            );
+            return ExitCode::FAILURE;
+        }
+    };
+    let spec: pb::ShepherdSpec = match read_frame_sync(&mut from_cland) {
         Ok(Some(s)) => s,
         // cland went away (or shut its pool down) before giving us anything to do.
         Ok(None) => return ExitCode::SUCCESS,
@@ -169,11 +180,21 @@ pub fn run(args: &[String]) -> ExitCode {
     let placed = placed && spec.shepherd_cgroup == cgroup;
     match start(&spec, &mut out, placed, in_node_ns) {
         Ok(mut sh) => {
+            // The pipes of the cland that started us are our first link to it (it need not
+            // connect to the socket and ask): an attached process's output and status go out
+            // on them from the start. They leave fds 0 and 1, which go nowhere from here on.
+            let to_cland = out.as_fd().try_clone_to_owned().map(File::from);
             drop(out);
-            // Our stdout/stdin go nowhere from here on.
             if let Ok(null) = File::options().read(true).write(true).open("/dev/null") {
                 let _ = nix::unistd::dup2(null.as_raw_fd(), 0);
                 let _ = nix::unistd::dup2(null.as_raw_fd(), 1);
+            }
+            if let Ok(to_cland) = to_cland {
+                sh.conn = Some(Link {
+                    rd: from_cland,
+                    wr: to_cland,
+                });
+                sh.attached = !spec.spec.as_ref().is_some_and(|s| s.detached);
             }
             sh.serve()
         }
@@ -181,6 +202,23 @@ pub fn run(args: &[String]) -> ExitCode {
             report(&mut out, &ready);
             ExitCode::FAILURE
         }
+    }
+}
+
+/// The shepherd's link to cland: the pipes it was started with, or later the socket a
+/// restarted cland connected to (read and written through two descriptors of it).
+struct Link {
+    rd: File,
+    wr: File,
+}
+
+impl Link {
+    fn socket(s: UnixStream) -> std::io::Result<Link> {
+        let wr = s.try_clone()?;
+        Ok(Link {
+            rd: File::from(OwnedFd::from(s)),
+            wr: File::from(OwnedFd::from(wr)),
+        })
     }
 }
 
@@ -195,7 +233,7 @@ struct Shepherd {
     stdio: Stdio,
     listener: UnixListener,
     socket_path: PathBuf,
-    conn: Option<UnixStream>,
+    conn: Option<Link>,
     conn_buf: Vec<u8>,
     attached: bool,
     orphaned: bool,
@@ -606,7 +644,7 @@ impl Shepherd {
     fn send(&mut self, msg: Out) {
         if let Some(c) = &mut self.conn {
             let bytes = encode(&pb::ShepherdOut { msg: Some(msg) });
-            if c.write_all(&bytes).is_err() {
+            if c.wr.write_all(&bytes).is_err() {
                 self.conn = None;
             }
         }
@@ -839,7 +877,7 @@ impl Shepherd {
             let mut fds: Vec<(u8, std::os::fd::BorrowedFd<'_>, PollFlags)> = Vec::with_capacity(6);
             fds.push((0, self.listener.as_fd(), PollFlags::POLLIN));
             if let Some(c) = &self.conn {
-                fds.push((1, c.as_fd(), PollFlags::POLLIN));
+                fds.push((1, c.rd.as_fd(), PollFlags::POLLIN));
             }
             if self.exited.is_none() {
                 fds.push((2, self.pidfd.as_fd(), PollFlags::POLLIN));
@@ -887,7 +925,7 @@ impl Shepherd {
             for tag in ready {
                 match tag {
                     0 => {
-                        if let Ok((c, _)) = self.listener.accept() {
+                        if let Ok(c) = self.listener.accept().and_then(|(c, _)| Link::socket(c)) {
                             // A new connection (a restarted cland) replaces the old one.
                             self.conn = Some(c);
                             self.conn_buf.clear();
@@ -916,7 +954,7 @@ impl Shepherd {
     fn read_conn(&mut self) {
         let Some(c) = &mut self.conn else { return };
         let mut buf = [0u8; 65536];
-        match c.read(&mut buf) {
+        match c.rd.read(&mut buf) {
             Ok(0) | Err(_) => {
                 self.conn = None;
                 self.attached = false;

@@ -12,7 +12,7 @@ use std::path::Path;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::Arc;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::UnixStream;
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, info, warn};
@@ -54,12 +54,6 @@ impl VProc {
         self.send(In::Orphan(true));
     }
 
-    /// Routes output to `sub` from now on and asks the shepherd to relay.
-    pub fn attach(&self, sub: mpsc::Sender<pb::SessionOutput>) {
-        *self.subscriber.lock() = Some(sub);
-        self.send(In::Attach(true));
-    }
-
     pub fn detach_subscriber(&self) {
         *self.subscriber.lock() = None;
     }
@@ -99,12 +93,37 @@ pub struct SpawnLocal {
     pub parent: u64,
 }
 
+/// What cland knows of a shepherd once linked to it.
+struct Linked {
+    spec: pb::ShepherdSpec,
+    host_pid: u32,
+    ns_pid: u32,
+    gpid: Gpid,
+    shepherd_pid: u32,
+    exited: Option<WaitStatus>,
+}
+
 impl Node {
-    /// Starts a process on this node under a new shepherd.
+    /// Starts a detached process on this node under a new shepherd.
     pub async fn spawn_local(self: &Arc<Self>, req: SpawnLocal) -> Result<Arc<VProc>> {
+        self.spawn_local_to(req, None).await
+    }
+
+    /// Starts a process on this node under a new shepherd; an attached one (its spec not
+    /// detached) sends its output and exit status to `out` from its start.
+    pub async fn spawn_local_to(
+        self: &Arc<Self>,
+        req: SpawnLocal,
+        out: Option<mpsc::Sender<pb::SessionOutput>>,
+    ) -> Result<Arc<VProc>> {
+        if !req.spec.detached && out.is_none() {
+            return Err(Error::Invalid(
+                "attached processes start on a session".into(),
+            ));
+        }
         let job = req.job;
         *self.spawning.lock().entry(job).or_insert(0) += 1;
-        let res = self.spawn_local_inner(req).await;
+        let res = self.spawn_local_inner(req, out).await;
         let mut sp = self.spawning.lock();
         if let Some(n) = sp.get_mut(&job) {
             *n -= 1;
@@ -160,7 +179,11 @@ impl Node {
         })
     }
 
-    async fn spawn_local_inner(self: &Arc<Self>, req: SpawnLocal) -> Result<Arc<VProc>> {
+    async fn spawn_local_inner(
+        self: &Arc<Self>,
+        req: SpawnLocal,
+        out: Option<mpsc::Sender<pb::SessionOutput>>,
+    ) -> Result<Arc<VProc>> {
         if req.spec.argv.is_empty() {
             return Err(Error::Invalid("empty command".into()));
         }
@@ -225,7 +248,9 @@ impl Node {
                 .await
                 .map_err(|e| Error::internal("send spec to shepherd", e))?;
         }
-        drop(stdin);
+        // The pipes stay the link to the shepherd: no socket to connect and no hello to
+        // wait for (its socket is for a restarted cland).
+        let mut stdout = BufReader::new(stdout);
         let ready: Option<pb::ShepherdReady> = read_frame(&mut stdout)
             .await
             .map_err(|e| Error::internal("read shepherd report", e))?;
@@ -236,15 +261,19 @@ impl Node {
         }
         let gpid = Gpid::from_raw(ready.gpid)
             .ok_or_else(|| Error::Internal(format!("shepherd reported gpid {}", ready.gpid)))?;
-        let vp = self
-            .link_shepherd(&self.state_dir.join("sh").join(format!("{gpid}.sock")))
-            .await
-            .inspect_err(|_| {
-                // Nothing may run that nobody manages: stop it and its shepherd.
-                for pid in [gpid.local(), ready.shepherd_pid] {
-                    self.kill_node_pid(pid, libc::SIGKILL);
-                }
-            })?;
+        let vp = self.link(
+            stdout,
+            stdin,
+            Linked {
+                spec,
+                host_pid: ready.host_pid,
+                ns_pid: ready.ns_pid,
+                gpid,
+                shepherd_pid: ready.shepherd_pid,
+                exited: None,
+            },
+            out,
+        );
         let homes = self.alias_insert(gpid.local(), ready.shepherd_pid, &req.creds);
         self.tell_homes(homes).await;
         info!(gpid = %gpid, job = req.job, cmd = %vp.argv0, "started");
@@ -347,15 +376,40 @@ impl Node {
                 }
             }
         };
-        let spec = info.spec.clone().unwrap_or_default();
-        let ps = spec.spec.clone().unwrap_or_default();
         let gpid = Gpid::from_raw(info.gpid)
             .ok_or_else(|| Error::Internal("shepherd has a bad gpid".into()))?;
+        let linked = Linked {
+            spec: info.spec.unwrap_or_default(),
+            host_pid: info.host_pid,
+            ns_pid: info.ns_pid,
+            gpid,
+            shepherd_pid: info.shepherd_pid,
+            exited: info.exited.map(WaitStatus::from),
+        };
+        Ok(self.link(rd, wr, linked, None))
+    }
+
+    /// Enters a linked shepherd in the vproc table and relays between it and the node:
+    /// messages to it from the vproc's queue, its reports to the subscriber (`out`).
+    fn link<R, W>(
+        self: &Arc<Self>,
+        mut rd: R,
+        mut wr: W,
+        l: Linked,
+        out: Option<mpsc::Sender<pb::SessionOutput>>,
+    ) -> Arc<VProc>
+    where
+        R: AsyncRead + Unpin + Send + 'static,
+        W: AsyncWrite + Unpin + Send + 'static,
+    {
+        let spec = l.spec;
+        let ps = spec.spec.clone().unwrap_or_default();
+        let gpid = l.gpid;
         let (tx, mut rx) = mpsc::unbounded_channel::<pb::ShepherdIn>();
-        let (status, _) = watch::channel(info.exited.map(WaitStatus::from));
+        let (status, _) = watch::channel(l.exited);
         let vp = Arc::new(VProc {
             gpid,
-            host_pid: info.host_pid,
+            host_pid: l.host_pid,
             uid: spec.creds.as_ref().map(|c| c.uid).unwrap_or(0),
             job: spec.job,
             parent_node: NodeId::new(spec.parent_node).unwrap_or(self.id),
@@ -370,11 +424,11 @@ impl Node {
             status,
             gone: watch::channel(false).0,
             parent_gone: false.into(),
-            subscriber: NamedMutex::new("vproc.subscriber", None),
+            subscriber: NamedMutex::new("vproc.subscriber", out),
         });
         self.vprocs.write().insert(gpid, vp.clone());
         if let Some(c) = &spec.creds {
-            self.alias_insert(info.ns_pid, info.shepherd_pid, c);
+            self.alias_insert(l.ns_pid, l.shepherd_pid, c);
         }
         if let Some(ws) = vp.exited() {
             // It exited before we asked (or while no cland ran): its parent may not know.
@@ -435,7 +489,7 @@ impl Node {
             node.vprocs.write().remove(&link.gpid);
             link.gone.send_replace(true);
         });
-        Ok(vp)
+        vp
     }
 
     /// Rebuilds the vproc table from the shepherds that outlived a previous cland.
