@@ -90,7 +90,8 @@ impl ProcView {
 
     fn read_at(&self, rel: &str, limit: usize) -> Option<Vec<u8>> {
         let mut f = self.open_at(rel).ok()?;
-        let mut buf = Vec::with_capacity(512);
+        // A page: one read for a stat or status (std then reads once more for the end).
+        let mut buf = Vec::with_capacity(4096);
         f.by_ref().take(limit as u64).read_to_end(&mut buf).ok()?;
         Some(buf)
     }
@@ -98,7 +99,7 @@ impl ProcView {
     /// A file of the view, whole (up to `limit` bytes), with the kernel's error.
     pub fn read_file(&self, rel: &str, limit: u64) -> std::io::Result<Vec<u8>> {
         let mut f = self.open_at(rel).map_err(std::io::Error::from)?;
-        let mut buf = Vec::with_capacity(1024);
+        let mut buf = Vec::with_capacity(4096);
         f.by_ref().take(limit).read_to_end(&mut buf)?;
         Ok(buf)
     }
