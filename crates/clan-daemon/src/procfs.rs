@@ -236,8 +236,19 @@ impl PidMap for NodeMap<'_> {
     }
 }
 
+/// A node's `loadavg` with its last field (the newest pid) as a gpid of the node: the
+/// highest process number of the node's view (the kernel gives the reader's namespace's
+/// last pid, which for cland is the host's).
+pub fn node_loadavg(text: &str, node: NodeId, newest: Option<u32>) -> String {
+    let mut f: Vec<String> = text.split_whitespace().map(str::to_string).collect();
+    if let (Some(last), Some(g)) = (f.get_mut(4), newest.and_then(|p| Gpid::new(node, p))) {
+        *last = g.raw().to_string();
+    }
+    f.join(" ") + "\n"
+}
+
 /// Sums the numbers of several nodes' `loadavg`: the loads and the counts add up, the last
-/// pid is the highest gpid.
+/// pid is the highest gpid (each node gives its own as a gpid, see [`node_loadavg`]).
 pub fn merge_loadavg(parts: &[(NodeId, String)]) -> String {
     let (mut l, mut run, mut total, mut last) = ([0f64; 3], 0u64, 0u64, 0u64);
     for (n, t) in parts {
@@ -249,8 +260,12 @@ pub fn merge_loadavg(parts: &[(NodeId, String)]) -> String {
             run += r.parse::<u64>().unwrap_or(0);
             total += a.parse::<u64>().unwrap_or(0);
         }
-        let lp = f.get(4).and_then(|v| v.parse::<u32>().ok()).unwrap_or(0);
-        if let Some(g) = Gpid::new(*n, lp) {
+        let lp = f.get(4).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        let g = match Gpid::from_raw(lp) {
+            Some(g) if g.node() == *n => Some(g),
+            _ => u32::try_from(lp).ok().and_then(|p| Gpid::new(*n, p)),
+        };
+        if let Some(g) = g {
             last = last.max(g.raw());
         }
     }
@@ -655,6 +670,11 @@ impl Node {
                     .view
                     .read_file(name, MAX_FILE)
                     .map_err(|e| io_err(e, name))?;
+                if name == "loadavg" {
+                    let newest = self.view.pids().into_iter().max();
+                    let text = String::from_utf8_lossy(&reply.data);
+                    reply.data = node_loadavg(&text, self.id, newest).into_bytes();
+                }
             }
         }
         Ok(reply)
@@ -846,6 +866,12 @@ NSsid:\t7\t1\nThreads:\t1\n";
             (n(2), "1.00 0.50 0.20 1/50 17\n".into()),
         ]);
         assert_eq!(la, "1.50 0.75 0.30 3/150 20000017\n");
+        // Nodes give their newest process as a gpid.
+        let one = node_loadavg("0.50 0.25 0.10 2/100 4000\n", n(1), Some(37));
+        assert_eq!(one, "0.50 0.25 0.10 2/100 10000037\n");
+        assert_eq!(node_loadavg("0.5\n", n(1), Some(37)), "0.5\n");
+        let la = merge_loadavg(&[(n(1), one), (n(2), "1.00 0.50 0.20 1/50 20000009\n".into())]);
+        assert_eq!(la, "1.50 0.75 0.30 3/150 20000009\n");
         let mi = merge_meminfo(&[
             (
                 n(1),
