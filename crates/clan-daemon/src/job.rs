@@ -116,8 +116,9 @@ fn send(pid: u32, sig: nix::sys::signal::Signal) {
     let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), sig);
 }
 
-/// How long the signal method may take for a task of `n` processes: each must be scheduled
-/// to take its signal, so a big busy task on few CPUs needs more than the freezer's limit.
+/// How long the signal method may go without progress for a task of `n` processes (each
+/// must be scheduled to take its signal, so a big busy task on few CPUs needs more than the
+/// freezer's limit); a suspend that keeps stopping processes goes on up to [`SIGNALS_MAX`].
 fn signals_limit(n: usize) -> Duration {
     SETTLE
         .max(Duration::from_millis(20) * n as u32)
@@ -289,8 +290,12 @@ impl Node {
     /// the next pass's tree.
     fn suspend_by_signals(&self, job: u64, dir: &Path, subtree: Option<u32>) -> Result<()> {
         use nix::sys::signal::Signal;
-        let limit = signals_limit(procs(dir).len());
-        let deadline = Instant::now() + limit;
+        // A level of a busy tree waits for its slowest process to be scheduled, so a big
+        // tree on a loaded machine takes long: it fails only when no process has stopped
+        // for the stall limit (or after SIGNALS_MAX in all).
+        let stall = signals_limit(procs(dir).len());
+        let start = Instant::now();
+        let (mut most, mut progress_at) = (0, start);
         let mut signalled = std::collections::HashSet::new();
         loop {
             // Each pass goes down the forest: a process is stopped once its tracked parent
@@ -317,9 +322,15 @@ impl Node {
             if done && (subtree.is_some() || procs(dir).into_iter().all(stopped)) {
                 return Ok(());
             }
-            if Instant::now() > deadline {
+            if verified.len() > most {
+                (most, progress_at) = (verified.len(), Instant::now());
+            }
+            if progress_at.elapsed() > stall || start.elapsed() > SIGNALS_MAX {
                 return Err(Error::Internal(format!(
-                    "job {job}: not every process stopped after {limit:?}"
+                    "job {job}: {most} of {} processes stopped after {:?}, none in the last {:?}",
+                    order.len(),
+                    start.elapsed(),
+                    progress_at.elapsed()
                 )));
             }
             std::thread::sleep(RETRY);
