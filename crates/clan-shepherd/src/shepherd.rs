@@ -178,7 +178,7 @@ pub fn run(args: &[String]) -> ExitCode {
         }
     };
     let placed = placed && spec.shepherd_cgroup == cgroup;
-    match start(&spec, &mut out, placed, in_node_ns) {
+    match start(&spec, &mut out, &mut from_cland, placed, in_node_ns) {
         Ok(mut sh) => {
             // The pipes of the cland that started us are our first link to it (it need not
             // connect to the socket and ask): an attached process's output and status go out
@@ -302,6 +302,7 @@ fn fork_in(dir: &str) -> nix::Result<(i32, bool)> {
 fn start(
     spec: &pb::ShepherdSpec,
     out: &mut File,
+    from_cland: &mut File,
     placed: bool,
     in_node_ns: bool,
 ) -> Result<Shepherd, pb::ShepherdReady> {
@@ -481,6 +482,18 @@ fn start(
         }
         env
     };
+    // cland makes the task's cgroups while we set up, and says when they exist.
+    match read_frame_sync::<pb::ShepherdIn, _>(from_cland) {
+        Ok(Some(pb::ShepherdIn {
+            msg: Some(In::Start(_)),
+        })) => {}
+        _ => {
+            return Err(error_reply(
+                pb::ErrorCode::Internal,
+                "shepherd: not told to start".into(),
+            ))
+        }
+    }
     let child = match fork_in(&spec.cgroup) {
         Err(e) => return Err(internal("fork", &e)),
         Ok((0, placed)) => {
@@ -836,6 +849,8 @@ impl Shepherd {
                     }
                 }
             }
+            // Only meaningful before the fork (see `start`).
+            In::Start(_) => {}
             In::Background(b) => {
                 self.background = b;
                 self.ttin_sent = false;

@@ -187,25 +187,16 @@ impl Node {
         if req.spec.argv.is_empty() {
             return Err(Error::Invalid("empty command".into()));
         }
+        // The task's cgroups are made once the shepherd has its spec (below), while it sets
+        // up; here only their names.
         let (cgroup, v1_cgroups) = match &self.cgroup {
-            Some(cg) => {
-                let dir = cg
-                    .job(req.job)
-                    .map_err(|e| Error::internal("create task cgroup", e))?;
-                if req.spec.max_procs > 0 {
-                    cg.set_max_procs(req.job, req.spec.max_procs).map_err(|e| {
-                        Error::Invalid(format!(
-                            "node {} can not limit job {}'s processes: {e}",
-                            self.id, req.job
-                        ))
-                    })?;
-                }
-                let v1 = cg.v1_job_dirs(req.job);
-                (
-                    dir.display().to_string(),
-                    v1.iter().map(|d| d.display().to_string()).collect(),
-                )
-            }
+            Some(cg) => (
+                cg.sub(&format!("job{}", req.job)).display().to_string(),
+                cg.v1_job_dirs(req.job)
+                    .iter()
+                    .map(|d| d.display().to_string())
+                    .collect(),
+            ),
             None if req.spec.max_procs > 0 => {
                 return Err(Error::Invalid(format!(
                     "node {} can not limit job {}'s processes: it has no cgroups",
@@ -248,6 +239,30 @@ impl Node {
                 .await
                 .map_err(|e| Error::internal("send spec to shepherd", e))?;
         }
+        // The shepherd forks the process once told that its cgroups exist; if they can not
+        // be made, it reads the end of its stdin and exits.
+        if let Some(cg) = &self.cgroup {
+            let dir = cg
+                .job(req.job)
+                .map_err(|e| Error::internal("create task cgroup", e))?;
+            debug_assert_eq!(dir.display().to_string(), spec.cgroup);
+            if req.spec.max_procs > 0 {
+                cg.set_max_procs(req.job, req.spec.max_procs).map_err(|e| {
+                    Error::Invalid(format!(
+                        "node {} can not limit job {}'s processes: {e}",
+                        self.id, req.job
+                    ))
+                })?;
+            }
+        }
+        write_frame(
+            &mut stdin,
+            &pb::ShepherdIn {
+                msg: Some(In::Start(true)),
+            },
+        )
+        .await
+        .map_err(|e| Error::internal("start the shepherd", e))?;
         // The pipes stay the link to the shepherd: no socket to connect and no hello to
         // wait for (its socket is for a restarted cland).
         let mut stdout = BufReader::new(stdout);
