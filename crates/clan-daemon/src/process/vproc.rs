@@ -17,6 +17,13 @@ use tokio::net::UnixStream;
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, info, warn};
 
+/// Writes one message to a shepherd (`what` names it in the error).
+async fn tell<W: AsyncWrite + Unpin>(w: &mut W, msg: In, what: &str) -> Result<()> {
+    write_frame(w, &pb::ShepherdIn { msg: Some(msg) })
+        .await
+        .map_err(|e| Error::internal(what, e))
+}
+
 /// A process started by clan on this node.
 pub struct VProc {
     pub gpid: Gpid,
@@ -255,14 +262,7 @@ impl Node {
                 })?;
             }
         }
-        write_frame(
-            &mut stdin,
-            &pb::ShepherdIn {
-                msg: Some(In::Start(true)),
-            },
-        )
-        .await
-        .map_err(|e| Error::internal("start the shepherd", e))?;
+        tell(&mut stdin, In::Start(true), "start the shepherd").await?;
         // The pipes stay the link to the shepherd: no socket to connect and no hello to
         // wait for (its socket is for a restarted cland).
         let mut stdout = BufReader::new(stdout);
@@ -367,14 +367,7 @@ impl Node {
             .await
             .map_err(|e| Error::internal(&format!("connect {}", sock.display()), e))?;
         let (mut rd, mut wr) = stream.into_split();
-        write_frame(
-            &mut wr,
-            &pb::ShepherdIn {
-                msg: Some(In::Hello(true)),
-            },
-        )
-        .await
-        .map_err(|e| Error::internal("shepherd hello", e))?;
+        tell(&mut wr, In::Hello(true), "shepherd hello").await?;
         // A detached process may have exited (and said so) before our hello: Info carries
         // the status too, so anything before it is skipped.
         let info = loop {
