@@ -733,3 +733,63 @@ fn mount_errors_and_clean_unmount() {
         (!alive(m2.server)).then_some(())
     });
 }
+
+/// Processes of `uid` whose command line mentions `needle` are killed when this goes.
+struct KillUsersOnDrop(u32, String);
+
+impl Drop for KillUsersOnDrop {
+    fn drop(&mut self) {
+        let _ = Command::new("pkill")
+            .args(["-KILL", "-u", &self.0.to_string(), "-f", &self.1])
+            .status();
+    }
+}
+
+/// A user mounts the view (through fusermount3, as libfuse does for users) and reads it
+/// with their own rights: the status of another user's process, not its environ; then
+/// unmounts it. This machine's /dev/fuse is root's only (0600), so the test gives the user
+/// a node of their own, 0666 as Debian's udev makes it, in a private mount namespace that
+/// the mount lives in too.
+#[test]
+fn a_user_mounts_the_view_and_reads_with_their_own_rights() {
+    root_or_skip!("a_user_mounts_the_view_and_reads_with_their_own_rights");
+    let c = Cluster::up(2);
+    let g = c.spawn(2, &["sleep", "600"]);
+    let u = test_user("clanpfsm");
+    let mnt = c.dir.join("user-view");
+    std::fs::create_dir_all(&mnt).unwrap();
+    nix::unistd::chown(&mnt, Some(nix::unistd::Uid::from_raw(u)), None).unwrap();
+    let _cleanup = KillUsersOnDrop(u, mnt.to_string_lossy().into_owned());
+    let clan = bin("clan");
+    let script = format!(
+        "set -e; d=$(mktemp -d); mount -t tmpfs none $d; mknod -m 0666 $d/fuse c 10 229; \
+         mount --bind $d/fuse /dev/fuse; \
+         as='setpriv --reuid={u} --regid={u} --clear-groups env CLAN_DIR={dir}'; \
+         $as {clan} proc mount {mnt}; \
+         $as head -1 {mnt}/{g}/status; \
+         if $as cat {mnt}/{g}/environ >/dev/null 2>&1; then echo environ read; \
+         else echo environ refused; fi; \
+         $as {clan} proc umount {mnt}",
+        dir = c.dir.display(),
+        clan = clan.display(),
+        mnt = mnt.display(),
+    );
+    let o = Command::new("unshare")
+        .args(["-m", "--propagation", "private", "sh", "-c", &script])
+        .stdin(Stdio::null())
+        .output()
+        .expect("unshare");
+    let out = String::from_utf8_lossy(&o.stdout);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{out}{err}");
+    assert!(out.contains("cluster /proc mounted"), "{out}{err}");
+    assert!(out.contains("Name:\tsleep"), "{out}{err}");
+    assert!(out.contains("environ refused"), "{out}{err}");
+    assert!(out.contains("unmounted"), "{out}{err}");
+    // The user's server ended with its mount.
+    eventually("the user's server to end", Duration::from_secs(10), || {
+        host_processes_mentioning(&format!("clan-procfs {}", mnt.display()))
+            .is_empty()
+            .then_some(())
+    });
+}
