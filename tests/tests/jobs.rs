@@ -514,3 +514,51 @@ fn limits_accounting_and_joining_jobs() {
     c.clan_ok(&["job", "kill", &big]);
     assert!(host_processes_mentioning("sleep 107").is_empty());
 }
+
+/// A resume undoes a suspension by either method, and a suspend of a job the other method
+/// holds says it is suspended already (the freezer's processes could not take a SIGSTOP).
+#[test]
+fn either_method_resumes_what_the_other_suspended() {
+    root_or_skip!("either_method_resumes_what_the_other_suspended");
+    let c = Cluster::up(1);
+    let o = c.clan(&[
+        "run",
+        "-d",
+        "--",
+        "sh",
+        "-c",
+        "yes >/dev/null & exec sleep 1046",
+    ]);
+    assert!(o.status.success(), "{o:?}");
+    let job = job_of(&o);
+    let states = |c: &Cluster| -> Vec<String> {
+        c.ps(&["--job", &job])
+            .iter()
+            .map(|p| p["state"].as_str().unwrap_or("").to_string())
+            .collect()
+    };
+    eventually("two processes", Duration::from_secs(20), || {
+        (states(&c).len() == 2).then_some(())
+    });
+    let frozen = || task_event(&c, 1, &job, "frozen");
+
+    // Frozen, then asked to stop by signals: suspended already, at once.
+    c.clan_ok(&["job", "suspend", &job]);
+    assert_eq!(frozen().as_deref(), Some("1"));
+    let again = c.clan_ok(&["job", "suspend", "--method", "signals", &job]);
+    assert!(again.contains("already suspended"), "{again}");
+    // Resumed by signals: thawed too.
+    let out = c.clan_ok(&["job", "resume", "--method", "signals", &job]);
+    assert!(out.contains("resumed"), "{out}");
+    assert_eq!(frozen().as_deref(), Some("0"));
+    assert!(states(&c).iter().all(|s| s != "T"), "{:?}", states(&c));
+
+    // Stopped by signals, resumed by the freezer: continued too.
+    c.clan_ok(&["job", "suspend", "--method", "signals", &job]);
+    assert!(states(&c).iter().all(|s| s == "T"), "{:?}", states(&c));
+    let out = c.clan_ok(&["job", "resume", &job]);
+    assert!(out.contains("resumed"), "{out}");
+    assert!(states(&c).iter().all(|s| s != "T"), "{:?}", states(&c));
+    c.clan_ok(&["job", "kill", &job]);
+    assert!(host_processes_mentioning("sleep 1046").is_empty());
+}

@@ -76,6 +76,13 @@ fn wait_event(dir: &Path, key: &str, want: bool, limit: Duration) -> Result<()> 
     }
 }
 
+/// Thaws a task and waits until the kernel says it is (nothing to do if it is not frozen).
+fn thaw(dir: &Path) -> Result<()> {
+    std::fs::write(dir.join("cgroup.freeze"), "0")
+        .map_err(|e| Error::internal("cgroup.freeze", e))?;
+    wait_event(dir, "frozen", false, SETTLE)
+}
+
 /// The host pids in a cgroup (not its descendants: a task has none).
 fn procs(dir: &Path) -> Vec<u32> {
     clan_core::sys::read_small(dir.join("cgroup.procs"))
@@ -616,10 +623,21 @@ impl Node {
         match action {
             A::JobSuspend if signals || subtree.is_some() => {
                 changed = before.state != "suspended";
-                self.suspend_by_signals(job, &dir, subtree)?;
+                // A task the freezer holds is suspended already, and its processes could
+                // not take a SIGSTOP before they are thawed.
+                if event(&dir, "frozen") != Some(true) {
+                    self.suspend_by_signals(job, &dir, subtree)?;
+                }
             }
             A::JobResume if signals || subtree.is_some() => {
                 changed = before.state != "running";
+                // A resume undoes a suspension by either method (a subtree is never frozen
+                // alone: the freezer holds the whole task, which a subtree resume leaves).
+                let frozen = clan_core::sys::read_small(dir.join("cgroup.freeze"))
+                    .is_ok_and(|v| v.trim() == "1");
+                if subtree.is_none() && frozen {
+                    thaw(&dir)?;
+                }
                 self.resume_by_signals(job, &dir, subtree)?;
             }
             A::JobKill if signals || subtree.is_some() => {
@@ -648,9 +666,7 @@ impl Node {
             }
             A::JobResume => {
                 changed = before.state != "running";
-                std::fs::write(dir.join("cgroup.freeze"), "0")
-                    .map_err(|e| Error::internal("cgroup.freeze", e))?;
-                wait_event(&dir, "frozen", false, SETTLE)?;
+                thaw(&dir)?;
             }
             A::JobKill => {
                 let sig = if req.signal == 0 {
@@ -676,6 +692,11 @@ impl Node {
             }
         }
         let mut after = self.task_brief(job, &dir, &procs(&dir));
+        if action == A::JobResume && !signals && subtree.is_none() && after.state == "suspended" {
+            // Thawed, yet every process stopped: suspended by signals; continued the same way.
+            self.resume_by_signals(job, &dir, None)?;
+            after = self.task_brief(job, &dir, &procs(&dir));
+        }
         after.changed = changed;
         if action == A::JobKill {
             after.procs = before.procs; // how many it reached
