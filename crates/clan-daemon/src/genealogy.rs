@@ -105,6 +105,68 @@ impl Genealogy {
     }
 }
 
+/// cland's own line of processes outside the tasks: its children and their descendants that
+/// are not in a task (shepherd launchers, the shepherds proper, the view server). A task
+/// root is only ever forked by one of them (a shepherd, into the job's cgroup), so an
+/// untracked fork whose parent is not of this line is no root, and costs no read of
+/// `/proc/PID/cgroup` (the host's own fork-heavy work is most forks).
+#[derive(Debug, Default)]
+pub struct Lineage(HashSet<u32>);
+
+impl Lineage {
+    /// What an untracked fork of `parent` into `child` is, for `me` (cland's pid): `true`
+    /// when the child may be a task root (its cgroup says); the child joins the line when it
+    /// is cland's or a child of the line (the caller removes it again if it is a root).
+    pub fn forked(&mut self, me: u32, parent: u32, child: u32) -> bool {
+        if parent == me {
+            self.0.insert(child);
+            return false;
+        }
+        if self.0.contains(&parent) {
+            self.0.insert(child);
+            return true;
+        }
+        false
+    }
+
+    pub fn exited(&mut self, pid: u32) {
+        self.0.remove(&pid);
+    }
+
+    /// Starts again from what the kernel says: cland's children, their descendants, and
+    /// the processes of the node's shepherds cgroup (shepherds proper outlive their
+    /// launchers and are adopted by the node's init).
+    fn seed(me: u32, shepherds: Option<&std::path::Path>) -> Lineage {
+        let mut l = Lineage::default();
+        let mut todo = vec![me];
+        if let Some(dir) = shepherds {
+            todo.extend(
+                clan_core::sys::read_small(dir.join("cgroup.procs"))
+                    .unwrap_or_default()
+                    .lines()
+                    .filter_map(|p| p.trim().parse::<u32>().ok()),
+            );
+        }
+        while let Some(p) = todo.pop() {
+            if p != me && !l.0.insert(p) {
+                continue;
+            }
+            let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) else {
+                continue;
+            };
+            for t in tasks.flatten() {
+                let kids =
+                    clan_core::sys::read_small(t.path().join("children")).unwrap_or_default();
+                todo.extend(
+                    kids.split_whitespace()
+                        .filter_map(|k| k.parse::<u32>().ok()),
+                );
+            }
+        }
+        l
+    }
+}
+
 const NETLINK_CONNECTOR: i32 = 11;
 const CN_IDX_PROC: u32 = 1;
 const CN_VAL_PROC: u32 = 1;
@@ -341,6 +403,9 @@ impl Node {
         };
         info!("following process events for job genealogy");
         self.rebuild_genealogy();
+        let me = std::process::id();
+        let shepherds = self.cgroup.as_ref().map(|cg| cg.sub("shepherds"));
+        let mut line = Lineage::seed(me, shepherds.as_deref());
         let node = self.clone();
         std::thread::Builder::new()
             .name("proc-events".into())
@@ -363,6 +428,7 @@ impl Node {
                             Some(libc::ENOBUFS) => {
                                 debug!("proc events lost: rebuilding genealogy");
                                 node.rebuild_genealogy();
+                                line = Lineage::seed(me, shepherds.as_deref());
                                 continue;
                             }
                             _ => {
@@ -380,17 +446,19 @@ impl Node {
                             } if child_pid == child_tgid => {
                                 let tracked =
                                     node.genealogy.lock().fork(parent_tgid, child_tgid, || 0);
-                                if !tracked {
+                                if !tracked && line.forked(me, parent_tgid, child_tgid) {
                                     // A root, if born in one of our task cgroups (read
-                                    // outside the lock).
+                                    // outside the lock); a root leaves cland's line.
                                     let job = node.job_of_host_pid(child_tgid);
                                     if job != 0 {
+                                        line.exited(child_tgid);
                                         node.genealogy.lock().fork(parent_tgid, child_tgid, || job);
                                     }
                                 }
                             }
                             ProcEvent::Exit { pid, tgid } if pid == tgid => {
                                 node.genealogy.lock().exit(tgid);
+                                line.exited(tgid);
                             }
                             _ => {}
                         }
@@ -405,6 +473,34 @@ impl Node {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_forks_of_clands_line_may_make_roots() {
+        let mut l = Lineage::default();
+        let me = 100;
+        assert!(!l.forked(me, me, 200)); // a launcher: of the line, not a root
+        assert!(l.forked(me, 200, 201)); // its child: may be a root (a shepherd, here)
+        assert!(l.forked(me, 201, 202)); // the shepherd proper
+        assert!(l.forked(me, 202, 300)); // what it forks: asked (a root leaves the line)
+        l.exited(300);
+        assert!(!l.forked(me, 300, 301), "a root's children are the genealogy's");
+        assert!(!l.forked(me, 7, 8), "the host's own forks are not asked about");
+        l.exited(200);
+        assert!(!l.forked(me, 200, 203), "gone");
+        assert!(l.forked(me, 202, 302), "the shepherd outlives its launcher");
+    }
+
+    #[test]
+    fn the_line_is_seeded_from_the_kernel() {
+        // This test process's own children (none) and itself: the seed walks from `me`.
+        let me = std::process::id();
+        let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let l = Lineage::seed(me, None);
+        assert!(l.0.contains(&child.id()), "{l:?}");
+        assert!(!l.0.contains(&me));
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
 
     #[test]
     fn orphans_go_to_their_nearest_living_ancestor() {
