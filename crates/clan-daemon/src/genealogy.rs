@@ -483,8 +483,14 @@ mod tests {
         assert!(l.forked(me, 201, 202)); // the shepherd proper
         assert!(l.forked(me, 202, 300)); // what it forks: asked (a root leaves the line)
         l.exited(300);
-        assert!(!l.forked(me, 300, 301), "a root's children are the genealogy's");
-        assert!(!l.forked(me, 7, 8), "the host's own forks are not asked about");
+        assert!(
+            !l.forked(me, 300, 301),
+            "a root's children are the genealogy's"
+        );
+        assert!(
+            !l.forked(me, 7, 8),
+            "the host's own forks are not asked about"
+        );
         l.exited(200);
         assert!(!l.forked(me, 200, 203), "gone");
         assert!(l.forked(me, 202, 302), "the shepherd outlives its launcher");
@@ -494,7 +500,10 @@ mod tests {
     fn the_line_is_seeded_from_the_kernel() {
         // This test process's own children (none) and itself: the seed walks from `me`.
         let me = std::process::id();
-        let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
         let l = Lineage::seed(me, None);
         assert!(l.0.contains(&child.id()), "{l:?}");
         assert!(!l.0.contains(&me));
