@@ -232,12 +232,7 @@ pub fn sigpong(peer: Gpid) -> anyhow::Result<()> {
 pub fn ps_scale(c: &Cluster, r: &mut Report, per_node: usize, n: usize) {
     let g = "cluster ps";
     println!("{g} ({} nodes x {per_node} processes):", c.nodes);
-    let script =
-        format!("i=0; while [ $i -lt {per_node} ]; do sleep 3600 & i=$((i+1)); done; wait");
-    let mut parents = Vec::new();
-    for node in 1..=c.nodes {
-        parents.push(c.spawn(node, &["sh", "-c", &script]).expect("sleepers"));
-    }
+    let parents = c.sleepers(per_node, 3600);
     let want = c.nodes as usize * per_node;
     // The sleeps of our shells (each shell leads the group of its sleeps).
     let groups: Vec<u64> = parents.iter().map(|p| p.raw()).collect();

@@ -64,6 +64,16 @@ impl Cluster {
             .status();
     }
 
+    /// On every node, a shell that starts `per_node` `sleep SECS` and waits for them: the
+    /// shells' gpids (each leads the group of its sleeps).
+    pub fn sleepers(&self, per_node: usize, secs: u32) -> Vec<clan_core::Gpid> {
+        let script =
+            format!("i=0; while [ $i -lt {per_node} ]; do sleep {secs} & i=$((i+1)); done; wait");
+        (1..=self.nodes)
+            .map(|node| self.spawn(node, &["sh", "-c", &script]).expect("sleepers"))
+            .collect()
+    }
+
     /// `clan run -d --node N -- ARGV`: the gpid.
     pub fn spawn(&self, node: u32, argv: &[&str]) -> anyhow::Result<clan_core::Gpid> {
         let out = self

@@ -139,12 +139,7 @@ fn bash_times(stderr: &[u8]) -> Samples {
 pub fn ps_aux(c: &Cluster, r: &mut Report, per_node: usize, n: usize) {
     let g = "ps aux in clan shell";
     println!("{g} ({} nodes x {per_node} processes):", c.nodes);
-    let script =
-        format!("i=0; while [ $i -lt {per_node} ]; do sleep 3701 & i=$((i+1)); done; wait");
-    let mut parents = Vec::new();
-    for node in 1..=c.nodes {
-        parents.push(c.spawn(node, &["sh", "-c", &script]).expect("sleepers"));
-    }
+    let parents = c.sleepers(per_node, 3701);
     let want = c.nodes as usize * per_node;
     let count = || {
         std::fs::read_dir("/proc")

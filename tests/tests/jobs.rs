@@ -29,6 +29,14 @@ fn task_event(c: &Cluster, node: u32, job: &str, key: &str) -> Option<String> {
         .find_map(|l| l.strip_prefix(&format!("{key} ")).map(str::to_string))
 }
 
+/// The states (`clan ps`'s letters) of job `job`'s processes.
+fn job_states(c: &Cluster, job: &str) -> Vec<String> {
+    c.ps(&["--job", job])
+        .iter()
+        .map(|p| p["state"].as_str().unwrap_or("").to_string())
+        .collect()
+}
+
 /// A parent that reports what waitpid(WUNTRACED) told it about its child.
 const PARENT: &str = r#"
 import os, sys
@@ -242,12 +250,7 @@ fn the_signal_method_suspends_and_resumes_busy_tasks() {
     ]);
     assert!(o.status.success(), "{o:?}");
     let job = job_of(&o);
-    let states = |c: &Cluster| -> Vec<String> {
-        c.ps(&["--job", &job])
-            .iter()
-            .map(|p| p["state"].as_str().unwrap_or("").to_string())
-            .collect()
-    };
+    let states = |c: &Cluster| job_states(c, &job);
     eventually("six processes", Duration::from_secs(20), || {
         (states(&c).len() == 6).then_some(())
     });
@@ -366,12 +369,7 @@ fn a_switch_suspends_one_job_and_resumes_the_other() {
     // By signals: stopped processes, state T.
     let out = c.clan_ok(&["job", "switch", "--method", "signals", &a, &b]);
     assert_eq!(out.matches("suspended (1 process)").count(), 2, "{out}");
-    let stat = |job: &str| -> Vec<String> {
-        c.ps(&["--job", job])
-            .iter()
-            .map(|p| p["state"].as_str().unwrap_or("").to_string())
-            .collect()
-    };
+    let stat = |job: &str| job_states(&c, job);
     assert!(
         stat(&a).iter().all(|s| s.starts_with('T')),
         "{:?}",
@@ -531,12 +529,7 @@ fn either_method_resumes_what_the_other_suspended() {
     ]);
     assert!(o.status.success(), "{o:?}");
     let job = job_of(&o);
-    let states = |c: &Cluster| -> Vec<String> {
-        c.ps(&["--job", &job])
-            .iter()
-            .map(|p| p["state"].as_str().unwrap_or("").to_string())
-            .collect()
-    };
+    let states = |c: &Cluster| job_states(c, &job);
     eventually("two processes", Duration::from_secs(20), || {
         (states(&c).len() == 2).then_some(())
     });

@@ -123,18 +123,7 @@ pub fn listed(files: &[String], reader: &Reader) -> pb::ProcEntry {
         start_ticks: 0,
         files: files
             .iter()
-            .map(|f| match read(reader, f) {
-                Ok(data) => pb::ProcFile {
-                    name: f.clone(),
-                    data,
-                    error: None,
-                },
-                Err(e) => pb::ProcFile {
-                    name: f.clone(),
-                    data: Vec::new(),
-                    error: Some(e.into()),
-                },
-            })
+            .map(|f| crate::procfs::proc_file(f, read(reader, f)))
             .collect(),
     }
 }

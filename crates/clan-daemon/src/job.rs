@@ -762,16 +762,13 @@ impl Node {
                     };
                     let limit = Duration::from_millis(node.cfg.dead_after_ms) + settle;
                     let op = pb::peer_request::Op::Job(req);
-                    match tokio::time::timeout(limit, node.call(n, creds, op)).await {
-                        Ok(Ok(pb::peer_reply::Reply::Job(j))) => match j.error {
+                    match node.call_within(n, creds, op, limit).await {
+                        Ok(pb::peer_reply::Reply::Job(j)) => match j.error {
                             None => Ok(j.tasks),
                             Some(e) => Err(e.into()),
                         },
-                        Ok(Ok(other)) => {
-                            Err(Error::Internal(format!("unexpected reply {other:?}")))
-                        }
-                        Ok(Err(e)) => Err(e),
-                        Err(_) => Err(Error::NodeDown(format!("node {n} did not answer"))),
+                        Ok(other) => Err(Error::Internal(format!("unexpected reply {other:?}"))),
+                        Err(e) => Err(e),
                     }
                 };
                 match res {

@@ -598,26 +598,20 @@ impl Node {
         L: Fn(Arc<Node>) -> Fut + Send + Sync + Clone + 'static,
         Fut: std::future::Future<Output = T> + Send,
     {
-        let mut set = tokio::task::JoinSet::new();
-        for n in targets {
+        crate::fanout::on_each(targets, |n| {
             let (node, op, local) = (self.clone(), op.clone(), local.clone());
-            set.spawn(async move {
+            async move {
                 if n == node.id {
-                    return (n, Ok(local(node).await));
+                    return Ok(local(node).await);
                 }
                 let limit = Duration::from_millis(node.cfg.dead_after_ms);
-                let res =
-                    match tokio::time::timeout(limit, node.call(n, node.own_creds(), op)).await {
-                        Ok(Ok(r)) => pick(r).ok_or_else(|| "unexpected reply".to_string()),
-                        Ok(Err(e)) => Err(e.to_string()),
-                        Err(_) => Err(format!("node {n} did not answer")),
-                    };
-                (n, res)
-            });
-        }
-        let mut answers = set.join_all().await;
-        answers.sort_by_key(|(n, _)| *n);
-        answers
+                match node.call_within(n, node.own_creds(), op, limit).await {
+                    Ok(r) => pick(r).ok_or_else(|| "unexpected reply".to_string()),
+                    Err(e) => Err(e.to_string()),
+                }
+            }
+        })
+        .await
     }
 
     async fn ps_cluster(self: &Arc<Self>, p: pb::PsRequest) -> Result<pb::PsReply> {

@@ -165,6 +165,20 @@ impl Node {
         }
     }
 
+    /// [`Node::call`] that gives up after `limit`: a node that does not answer in time is
+    /// down for this request.
+    pub async fn call_within(
+        &self,
+        to: NodeId,
+        creds: pb::Creds,
+        op: Op,
+        limit: Duration,
+    ) -> Result<Reply> {
+        tokio::time::timeout(limit, self.call(to, creds, op))
+            .await
+            .unwrap_or_else(|_| Err(Error::NodeDown(format!("node {to} did not answer"))))
+    }
+
     /// Starts the links: the listener, one dialer per peer, heartbeats and the failure detector.
     pub async fn start_peers(self: &Arc<Self>) -> anyhow::Result<()> {
         let me = self.cfg.node(self.id)?.addr;

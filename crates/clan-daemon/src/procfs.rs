@@ -183,6 +183,19 @@ pub fn rewrite_status(text: &[u8], m: &dyn PidMap) -> Vec<u8> {
     out.into_bytes()
 }
 
+/// One file of a listing's entry: its contents, or why the reader does not get them.
+pub fn proc_file(name: &str, read: Result<Vec<u8>>) -> pb::ProcFile {
+    let (data, error) = match read {
+        Ok(d) => (d, None),
+        Err(e) => (Vec::new(), Some(e.into())),
+    };
+    pb::ProcFile {
+        name: name.to_string(),
+        data,
+        error,
+    }
+}
+
 /// The reader a request names (set by `proc_request` before it is used).
 fn reader_of(req: &pb::ProcRequest) -> pb::Creds {
     req.reader.clone().unwrap_or_default()
@@ -592,15 +605,8 @@ impl Node {
                     };
                     for f in &req.files {
                         let parts: Vec<&str> = f.split('/').collect();
-                        let (data, error) = match self.read_one(&reader, pid, &parts, &cache) {
-                            Ok(d) => (d, None),
-                            Err(e) => (Vec::new(), Some(e.into())),
-                        };
-                        e.files.push(pb::ProcFile {
-                            name: f.clone(),
-                            data,
-                            error,
-                        });
+                        e.files
+                            .push(proc_file(f, self.read_one(&reader, pid, &parts, &cache)));
                     }
                     reply.procs.push(e);
                 }
@@ -772,13 +778,10 @@ impl Node {
                         .unwrap_or_else(|e| Err(Error::Internal(e.to_string())))
                 } else {
                     let op = pb::peer_request::Op::Proc(req);
-                    match tokio::time::timeout(limit, node.call(n, node.own_creds(), op)).await {
-                        Ok(Ok(pb::peer_reply::Reply::Proc(r))) => Ok(r),
-                        Ok(Ok(other)) => {
-                            Err(Error::Internal(format!("unexpected reply {other:?}")))
-                        }
-                        Ok(Err(e)) => Err(e),
-                        Err(_) => Err(Error::NodeDown(format!("node {n} did not answer"))),
+                    match node.call_within(n, node.own_creds(), op, limit).await {
+                        Ok(pb::peer_reply::Reply::Proc(r)) => Ok(r),
+                        Ok(other) => Err(Error::Internal(format!("unexpected reply {other:?}"))),
+                        Err(e) => Err(e),
                     }
                 }
             }

@@ -40,6 +40,12 @@ pub const SNAPSHOT_FILES: [&str; 4] = ["stat", "status", "cmdline", "statm"];
 /// process of its node at once.
 pub const BATCH_FILES: [&str; 2] = ["environ", "cgroup"];
 
+/// Whether number `n` at the root names a process of the cluster view (a gpid, or the
+/// cluster's init) rather than a pid of the caller's machine.
+fn is_cluster_pid(n: u64) -> bool {
+    n >= GPID_SPAN || n == CLUSTER_INIT
+}
+
 /// How long the kernel keeps the names of a process directory (see [`View::entry_ttl`]).
 pub const PROC_NAMES_TTL: Duration = Duration::from_secs(3600);
 
@@ -241,9 +247,7 @@ impl<S: Source> View<S> {
         match self.node(parent) {
             Ok(Node::Root)
                 if name.to_str().is_some_and(|n| {
-                    is_number(n)
-                        && n.parse::<u64>()
-                            .is_ok_and(|v| v < GPID_SPAN && v != CLUSTER_INIT)
+                    is_number(n) && n.parse::<u64>().is_ok_and(|v| !is_cluster_pid(v))
                 }) =>
             {
                 Duration::ZERO
@@ -748,7 +752,7 @@ impl<S: Source> View<S> {
                 }
                 if is_number(name) {
                     let n: u64 = name.parse().map_err(|_| libc::ENOENT)?;
-                    if n >= GPID_SPAN || n == CLUSTER_INIT {
+                    if is_cluster_pid(n) {
                         let (uid, gid) = self.owner(who, n).await?;
                         let ino = self.ino(&Node::Proc(n))?;
                         return Ok(attr(ino, FileType::Directory, 0o555, uid, gid));
@@ -1106,6 +1110,13 @@ mod tests {
         view: View<Arc<Fake>>,
     }
 
+    impl Setup {
+        /// `name` in directory `parent`, looked up as [`ME`].
+        async fn at(&self, parent: u64, name: &str) -> Result<FileAttr, Errno> {
+            self.view.lookup(&ME, parent, OsStr::new(name)).await
+        }
+    }
+
     const ME: Who = Who {
         uid: 0,
         gid: 0,
@@ -1202,54 +1213,28 @@ mod tests {
     #[tokio::test]
     async fn process_directory_owner_and_files() {
         let s = setup();
-        let d = s
-            .view
-            .lookup(&ME, crate::inode::ROOT, OsStr::new("20000005"))
-            .await
-            .unwrap();
+        let d = s.at(crate::inode::ROOT, "20000005").await.unwrap();
         assert_eq!((d.uid, d.gid, d.kind), (1000, 100, FileType::Directory));
         assert_eq!(crate::inode::gpid_of(d.ino.0), Some(20_000_005));
-        let st = s
-            .view
-            .lookup(&ME, d.ino.0, OsStr::new("status"))
-            .await
-            .unwrap();
+        let st = s.at(d.ino.0, "status").await.unwrap();
         assert_eq!(st.kind, FileType::RegularFile);
         assert_eq!(
             read(&s.view, &ME, st.ino.0).await.unwrap(),
             b"Pid:\t20000005\n"
         );
-        let cwd = s
-            .view
-            .lookup(&ME, d.ino.0, OsStr::new("cwd"))
-            .await
-            .unwrap();
+        let cwd = s.at(d.ino.0, "cwd").await.unwrap();
         assert_eq!(cwd.kind, FileType::Symlink);
         assert_eq!(s.view.readlink(&ME, cwd.ino.0).await.unwrap(), b"/work");
-        let env = s
-            .view
-            .lookup(&ME, d.ino.0, OsStr::new("environ"))
-            .await
-            .unwrap();
+        let env = s.at(d.ino.0, "environ").await.unwrap();
         assert_eq!(read(&s.view, &ME, env.ino.0).await, Err(libc::EACCES));
-        assert_eq!(
-            s.view
-                .lookup(&ME, d.ino.0, OsStr::new("nothing"))
-                .await
-                .unwrap_err(),
-            libc::ENOENT
-        );
+        assert_eq!(s.at(d.ino.0, "nothing").await.unwrap_err(), libc::ENOENT);
     }
 
     #[tokio::test]
     async fn names_of_a_process_directory_are_kept_long_present_or_absent() {
         let s = setup();
         let root = crate::inode::ROOT;
-        let d = s
-            .view
-            .lookup(&ME, root, OsStr::new("10000001"))
-            .await
-            .unwrap();
+        let d = s.at(root, "10000001").await.unwrap();
         assert_eq!(s.view.entry_ttl(root, OsStr::new("10000001")), s.view.ttl());
         assert_eq!(s.view.entry_ttl(root, OsStr::new("4711")), Duration::ZERO);
         assert!(!s.view.caches_absence(root));
@@ -1270,13 +1255,9 @@ mod tests {
         let s = setup();
         s.view.readdir(&ME, crate::inode::ROOT).await.unwrap();
         assert_eq!(s.fake.snapshots.load(Ordering::SeqCst), 1);
-        let d = s
-            .view
-            .lookup(&ME, crate::inode::ROOT, OsStr::new("10000001"))
-            .await
-            .unwrap();
+        let d = s.at(crate::inode::ROOT, "10000001").await.unwrap();
         for f in ["stat", "status", "cmdline"] {
-            let a = s.view.lookup(&ME, d.ino.0, OsStr::new(f)).await.unwrap();
+            let a = s.at(d.ino.0, f).await.unwrap();
             read(&s.view, &ME, a.ino.0).await.unwrap();
         }
         assert_eq!(
@@ -1306,12 +1287,12 @@ mod tests {
         let root = crate::inode::ROOT;
         s.view.readdir(&ME, root).await.unwrap();
         for g in ["10000001", "20000005", "20000006"] {
-            let d = s.view.lookup(&ME, root, OsStr::new(g)).await.unwrap();
+            let d = s.at(root, g).await.unwrap();
             for f in ["stat", "status", "environ", "cmdline"] {
-                let a = s.view.lookup(&ME, d.ino.0, OsStr::new(f)).await.unwrap();
+                let a = s.at(d.ino.0, f).await.unwrap();
                 let _ = read(&s.view, &ME, a.ino.0).await;
             }
-            let e = s.view.lookup(&ME, d.ino.0, OsStr::new("ctty")).await;
+            let e = s.at(d.ino.0, "ctty").await;
             assert_eq!(e.unwrap_err(), libc::ENOENT);
         }
         assert_eq!(s.fake.reads.load(Ordering::SeqCst), 0);
@@ -1319,39 +1300,20 @@ mod tests {
         assert_eq!(s.fake.readdirs.load(Ordering::SeqCst), 2);
         assert_eq!(s.fake.snapshots.load(Ordering::SeqCst), 1 + 2);
         // Owners come from the snapshot, per process.
-        let d = s
-            .view
-            .lookup(&ME, root, OsStr::new("20000006"))
-            .await
-            .unwrap();
-        let st = s
-            .view
-            .lookup(&ME, d.ino.0, OsStr::new("stat"))
-            .await
-            .unwrap();
+        let d = s.at(root, "20000006").await.unwrap();
+        let st = s.at(d.ino.0, "stat").await.unwrap();
         assert_eq!((st.uid, st.gid), (1001, 100));
     }
 
     #[tokio::test]
     async fn a_gone_process_is_enoent_and_no_cland_is_eio() {
         let s = setup();
-        let d = s
-            .view
-            .lookup(&ME, crate::inode::ROOT, OsStr::new("20000005"))
-            .await
-            .unwrap();
-        let st = s
-            .view
-            .lookup(&ME, d.ino.0, OsStr::new("status"))
-            .await
-            .unwrap();
+        let d = s.at(crate::inode::ROOT, "20000005").await.unwrap();
+        let st = s.at(d.ino.0, "status").await.unwrap();
         s.fake.procs.lock().remove(&20_000_005);
         assert_eq!(read(&s.view, &ME, st.ino.0).await, Err(libc::ENOENT));
         assert_eq!(
-            s.view
-                .lookup(&ME, crate::inode::ROOT, OsStr::new("20000009"))
-                .await
-                .unwrap_err(),
+            s.at(crate::inode::ROOT, "20000009").await.unwrap_err(),
             libc::ENOENT
         );
         s.fake.down.store(true, Ordering::SeqCst);
@@ -1368,69 +1330,39 @@ mod tests {
     async fn passed_through_names_and_pid_max() {
         let s = setup();
         let root = crate::inode::ROOT;
-        let sys = s.view.lookup(&ME, root, OsStr::new("sys")).await.unwrap();
-        let k = s
-            .view
-            .lookup(&ME, sys.ino.0, OsStr::new("kernel"))
-            .await
-            .unwrap();
-        let pm = s
-            .view
-            .lookup(&ME, k.ino.0, OsStr::new("pid_max"))
-            .await
-            .unwrap();
+        let sys = s.at(root, "sys").await.unwrap();
+        let k = s.at(sys.ino.0, "kernel").await.unwrap();
+        let pm = s.at(k.ino.0, "pid_max").await.unwrap();
         assert_eq!(read(&s.view, &ME, pm.ino.0).await.unwrap(), PID_MAX);
-        let v = s
-            .view
-            .lookup(&ME, root, OsStr::new("version"))
-            .await
-            .unwrap();
+        let v = s.at(root, "version").await.unwrap();
         assert_eq!(read(&s.view, &ME, v.ino.0).await.unwrap(), b"Linux\n");
         // A local pid resolves, though it is not listed.
-        let host = s.view.lookup(&ME, root, OsStr::new("4711")).await.unwrap();
+        let host = s.at(root, "4711").await.unwrap();
         assert_eq!(host.kind, FileType::Directory);
-        let hs = s
-            .view
-            .lookup(&ME, host.ino.0, OsStr::new("status"))
-            .await
-            .unwrap();
+        let hs = s.at(host.ino.0, "status").await.unwrap();
         assert_eq!(
             read(&s.view, &ME, hs.ino.0).await.unwrap(),
             b"Name:\thost\n"
         );
         // The cluster's stat, not the host's.
-        let st = s.view.lookup(&ME, root, OsStr::new("stat")).await.unwrap();
+        let st = s.at(root, "stat").await.unwrap();
         assert_eq!(read(&s.view, &ME, st.ino.0).await.unwrap(), b"stat of []\n");
     }
 
     #[tokio::test]
     async fn nodes_directory() {
         let s = setup();
-        let n = s
-            .view
-            .lookup(&ME, crate::inode::ROOT, OsStr::new("nodes"))
-            .await
-            .unwrap();
+        let n = s.at(crate::inode::ROOT, "nodes").await.unwrap();
         assert_eq!(
             names(&s.view.readdir(&ME, n.ino.0).await.unwrap()),
             [".", "..", "1", "2"]
         );
-        let two = s.view.lookup(&ME, n.ino.0, OsStr::new("2")).await.unwrap();
-        let la = s
-            .view
-            .lookup(&ME, two.ino.0, OsStr::new("loadavg"))
-            .await
-            .unwrap();
+        let two = s.at(n.ino.0, "2").await.unwrap();
+        let la = s.at(two.ino.0, "loadavg").await.unwrap();
         assert_eq!(
             read(&s.view, &ME, la.ino.0).await.unwrap(),
             b"loadavg of [2]\n"
         );
-        assert_eq!(
-            s.view
-                .lookup(&ME, n.ino.0, OsStr::new("7"))
-                .await
-                .unwrap_err(),
-            libc::ENOENT
-        );
+        assert_eq!(s.at(n.ino.0, "7").await.unwrap_err(), libc::ENOENT);
     }
 }

@@ -65,14 +65,7 @@ fn fail(err_fd: RawFd, errno: Errno, what: &str) -> ! {
 fn cluster_proc(view: &CString, node_proc: &CString) -> Result<(), (Errno, &'static str)> {
     use nix::mount::{mount, MsFlags};
     nix::sched::unshare(CloneFlags::CLONE_NEWNS).map_err(|e| (e, "unshare a mount namespace"))?;
-    mount(
-        None::<&str>,
-        "/",
-        None::<&str>,
-        MsFlags::MS_REC | MsFlags::MS_SLAVE,
-        None::<&str>,
-    )
-    .map_err(|e| (e, "make / a slave mount"))?;
+    crate::slave_root().map_err(|e| (e, "make / a slave mount"))?;
     mount(
         Some("/proc"),
         node_proc.as_c_str(),

@@ -53,13 +53,7 @@ pub fn run(args: &[String]) -> ExitCode {
             drop(rd);
             let setup = || -> nix::Result<()> {
                 setsid()?;
-                mount(
-                    None::<&str>,
-                    "/",
-                    None::<&str>,
-                    MsFlags::MS_REC | MsFlags::MS_SLAVE,
-                    None::<&str>,
-                )?;
+                crate::slave_root()?;
                 mount(
                     Some("proc"),
                     "/proc",

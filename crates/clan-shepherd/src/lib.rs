@@ -13,6 +13,19 @@ mod shepherd;
 
 use std::process::ExitCode;
 
+/// Makes every mount of this (new) mount namespace a slave of where it was copied from:
+/// mounts made there still arrive, this namespace's own never leave.
+fn slave_root() -> nix::Result<()> {
+    use nix::mount::{mount, MsFlags};
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_SLAVE,
+        None::<&str>,
+    )
+}
+
 /// Entry point of the `clan-shepherd` binary.
 pub fn main_with_args(args: Vec<String>) -> ExitCode {
     match args.first().map(String::as_str) {

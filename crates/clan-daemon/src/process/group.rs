@@ -446,18 +446,18 @@ impl Node {
         sig: i32,
         creds: &pb::Creds,
     ) -> Vec<pb::KillResult> {
-        let mut set = tokio::task::JoinSet::new();
-        for n in nodes {
+        let answers = crate::fanout::on_each(nodes, |n| {
             let (node, canon, creds) = (self.clone(), canon.to_string(), creds.clone());
-            set.spawn(async move {
+            async move {
                 if n == node.id {
                     node.sigsend_local(&canon, sig, &creds).await
                 } else {
                     node.sigsend_remote(n, &canon, sig, false, &creds).await
                 }
-            });
-        }
-        let mut out: Vec<pb::KillResult> = set.join_all().await.into_iter().flatten().collect();
+            }
+        })
+        .await;
+        let mut out: Vec<pb::KillResult> = answers.into_iter().flat_map(|(_, r)| r).collect();
         out.sort_by_key(|r| r.gpid);
         out
     }

@@ -84,28 +84,30 @@ impl Node {
     /// Counts group `g`'s controlling links over the live nodes; if there are none and a
     /// member is stopped, sends every member SIGHUP then SIGCONT. Returns whether it did.
     pub async fn orphan_check(self: &Arc<Self>, g: Gpid) -> bool {
-        let mut set = tokio::task::JoinSet::new();
-        for n in self.cfg.node_ids() {
-            if !self.node_alive(n).unwrap_or(false) {
-                continue;
-            }
+        let live: Vec<_> = self
+            .cfg
+            .node_ids()
+            .filter(|&n| self.node_alive(n).unwrap_or(false))
+            .collect();
+        let parts = crate::fanout::on_each(live, |n| {
             let node = self.clone();
-            set.spawn(async move {
+            async move {
                 if n == node.id {
                     let node2 = node.clone();
-                    return tokio::task::spawn_blocking(move || node2.orphan_part(g))
+                    return crate::fanout::blocking(move || node2.orphan_part(g))
                         .await
                         .ok();
                 }
                 let op = pb::peer_request::Op::Orphan(pb::OrphanProbe { pgid: g.raw() });
                 let limit = std::time::Duration::from_millis(node.cfg.dead_after_ms);
-                match tokio::time::timeout(limit, node.call(n, node.own_creds(), op)).await {
-                    Ok(Ok(pb::peer_reply::Reply::Orphan(o))) => Some(o),
+                match node.call_within(n, node.own_creds(), op, limit).await {
+                    Ok(pb::peer_reply::Reply::Orphan(o)) => Some(o),
                     _ => None, // a node that does not answer holds no links we can count
                 }
-            });
-        }
-        let parts: Vec<pb::OrphanInfo> = set.join_all().await.into_iter().flatten().collect();
+            }
+        })
+        .await;
+        let parts: Vec<pb::OrphanInfo> = parts.into_iter().filter_map(|(_, p)| p).collect();
         let members: u32 = parts.iter().map(|p| p.members).sum();
         let links: u32 = parts.iter().map(|p| p.links).sum();
         let stopped = parts.iter().any(|p| p.stopped);
