@@ -10,10 +10,12 @@ fn main() {
             "-shared", "-fPIC", "-O2", "-Wall", "-Wextra", "-Werror", "-o",
         ])
         .arg(&so)
-        .arg("shim.c")
+        .args(["shim.c", "walk.c"])
         .arg("-ldl")
         .status()
         .expect("run the C compiler");
     assert!(status.success(), "compiling shim.c failed");
-    println!("cargo:rerun-if-changed=shim.c");
+    for f in ["shim.c", "walk.c", "shim.h"] {
+        println!("cargo:rerun-if-changed={f}");
+    }
 }

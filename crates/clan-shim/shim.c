@@ -11,16 +11,20 @@
 //   - local pids (below 10,000,000: what fork() returns) pass through untouched;
 //   - what can not cross nodes (pidfd_open or ptrace attach of a remote process) fails with
 //     EREMOTE rather than give a wrong answer.
+// It also serves the opens of a process that walks /proc (ps, top, pgrep) from walk files
+// (walk.c).
 // kill() may run in a signal handler: the remote path uses only fork, execve, waitpid and
 // stack buffers, and blocks SIGCHLD meanwhile so that a shell's SIGCHLD handler does not
 // reap the helper before we do.
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ptrace.h>
@@ -30,6 +34,8 @@
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include "shim.h"
 
 #define SPAN 10000000L
 #define FUSE_MAGIC 0x65735546L
@@ -54,6 +60,8 @@ static long raw(long n, long a, long b, long c, long d) {
         shim_init();
     return real_syscall(n, a, b, c, d, 0L, 0L);
 }
+
+long shim_raw(long n, long a, long b, long c, long d) { return raw(n, a, b, c, d); }
 
 static int is_gpid(long pid) { return pid >= SPAN; }
 static int is_local_gpid(long pid) { return node > 0 && pid / SPAN == node; }
@@ -254,3 +262,153 @@ long syscall(long n, ...) {
         shim_init();
     return real_syscall(n, a[0], a[1], a[2], a[3], a[4], a[5]);
 }
+
+// ------------------------------------------------------------------ opens (walk.c)
+
+static void *next(const char *name) { return dlsym(RTLD_NEXT, name); }
+
+// Whether an openat path ignores its directory (a NULL is passed on, for EFAULT).
+static int absolute(const char *path) { return path && path[0] == '/'; }
+
+// The mode argument of an open that creates.
+#define MODE_OF(flags, last)                                                                   \
+    mode_t mode = 0;                                                                           \
+    if ((flags) & (O_CREAT | O_TMPFILE)) {                                                     \
+        va_list ap;                                                                            \
+        va_start(ap, last);                                                                    \
+        mode = va_arg(ap, mode_t);                                                             \
+        va_end(ap);                                                                            \
+    }
+
+#define SERVE(path, flags)                                                                     \
+    do {                                                                                       \
+        int fd_;                                                                               \
+        if (node > 0 && shim_walk_open(path, flags, &fd_))                                     \
+            return fd_;                                                                        \
+    } while (0)
+
+#define OPEN_HOOK(fn)                                                                          \
+    int fn(const char *path, int flags, ...) {                                                 \
+        static int (*real)(const char *, int, ...);                                            \
+        MODE_OF(flags, flags);                                                                 \
+        SERVE(path, flags);                                                                    \
+        if (!real)                                                                             \
+            real = (int (*)(const char *, int, ...))next(#fn);                                 \
+        return real(path, flags, mode);                                                        \
+    }
+
+#define OPENAT_HOOK(fn)                                                                        \
+    int fn(int dir, const char *path, int flags, ...) {                                        \
+        static int (*real)(int, const char *, int, ...);                                       \
+        MODE_OF(flags, flags);                                                                 \
+        if (absolute(path))                                                                    \
+            SERVE(path, flags);                                                                \
+        if (!real)                                                                             \
+            real = (int (*)(int, const char *, int, ...))next(#fn);                            \
+        return real(dir, path, flags, mode);                                                   \
+    }
+
+// What _FORTIFY_SOURCE builds call for an open without a mode.
+#define OPEN2_HOOK(fn)                                                                         \
+    int fn(const char *path, int flags) {                                                      \
+        static int (*real)(const char *, int);                                                 \
+        SERVE(path, flags);                                                                    \
+        if (!real)                                                                             \
+            real = (int (*)(const char *, int))next(#fn);                                      \
+        return real(path, flags);                                                              \
+    }
+
+#define OPENAT2_HOOK(fn)                                                                       \
+    int fn(int dir, const char *path, int flags) {                                             \
+        static int (*real)(int, const char *, int);                                            \
+        if (absolute(path))                                                                    \
+            SERVE(path, flags);                                                                \
+        if (!real)                                                                             \
+            real = (int (*)(int, const char *, int))next(#fn);                                 \
+        return real(dir, path, flags);                                                         \
+    }
+
+OPEN_HOOK(open)
+OPEN_HOOK(open64)
+OPENAT_HOOK(openat)
+OPENAT_HOOK(openat64)
+OPEN2_HOOK(__open_2)
+OPEN2_HOOK(__open64_2)
+OPENAT2_HOOK(__openat_2)
+OPENAT2_HOOK(__openat64_2)
+
+// A read-only fopen served from a walk: the stream, or NULL with errno; `*served` 0 if not.
+static FILE *fopen_walk(const char *path, const char *mode, int *served) {
+    *served = 0;
+    if (node <= 0 || !mode || mode[0] != 'r' || strchr(mode, '+'))
+        return NULL;
+    int fd;
+    if (!shim_walk_open(path, O_RDONLY | (strchr(mode, 'e') ? O_CLOEXEC : 0), &fd))
+        return NULL;
+    *served = 1;
+    if (fd < 0)
+        return NULL;
+    FILE *f = fdopen(fd, mode);
+    if (!f) {
+        int e = errno;
+        close(fd);
+        errno = e;
+    }
+    return f;
+}
+
+#define FOPEN_HOOK(fn)                                                                         \
+    FILE *fn(const char *path, const char *mode) {                                             \
+        static FILE *(*real)(const char *, const char *);                                      \
+        int served;                                                                            \
+        FILE *f = fopen_walk(path, mode, &served);                                             \
+        if (served)                                                                            \
+            return f;                                                                          \
+        if (!real)                                                                             \
+            real = (FILE * (*)(const char *, const char *)) next(#fn);                         \
+        return real(path, mode);                                                               \
+    }
+
+FOPEN_HOOK(fopen)
+FOPEN_HOOK(fopen64)
+
+DIR *opendir(const char *name) {
+    static DIR *(*real)(const char *);
+    if (!real)
+        real = (DIR * (*)(const char *)) next("opendir");
+    DIR *d = real(name);
+    if (d && node > 0)
+        shim_walk_listed(name);
+    return d;
+}
+
+// stat(2) of /proc/GPID during a walk (walk.c); x86_64 and arm64 share struct stat and
+// struct stat64.
+#define STAT_HOOK(fn, type)                                                                    \
+    int fn(const char *restrict path, struct type *restrict st) {                              \
+        static int (*real)(const char *restrict, struct type *restrict);                       \
+        if (node > 0 && shim_walk_stat(path, (struct stat *)st))                               \
+            return 0;                                                                          \
+        if (!real)                                                                             \
+            real = (int (*)(const char *restrict, struct type *restrict))next(#fn);            \
+        return real(path, st);                                                                 \
+    }
+
+STAT_HOOK(stat, stat)
+STAT_HOOK(stat64, stat64)
+STAT_HOOK(lstat, stat)
+STAT_HOOK(lstat64, stat64)
+
+#define STATAT_HOOK(fn, type)                                                                  \
+    int fn(int dir, const char *restrict path, struct type *restrict st, int flags) {          \
+        static int (*real)(int, const char *restrict, struct type *restrict, int);             \
+        if (node > 0 && absolute(path) && !(flags & AT_EMPTY_PATH) &&                          \
+            shim_walk_stat(path, (struct stat *)st))                                           \
+            return 0;                                                                          \
+        if (!real)                                                                             \
+            real = (int (*)(int, const char *restrict, struct type *restrict, int))next(#fn);  \
+        return real(dir, path, st, flags);                                                     \
+    }
+
+STATAT_HOOK(fstatat, stat)
+STATAT_HOOK(fstatat64, stat64)

@@ -336,3 +336,119 @@ fn sigqueue_carries_its_value_across_nodes() {
         "signo code pid uid value"
     );
 }
+
+/// What a process of a clan shell reads of every process after listing /proc (a walk:
+/// one read of `/proc/.clan-walk/FILE` for every process, served from memory by the
+/// preloaded library) is what the mount gives it file by file: the same bytes, the same
+/// owner, inode and device of `/proc/GPID`, the same errors (EACCES for another user's
+/// `environ`, ENOENT for names a process directory does not have and gpids that do not
+/// exist); and a new listing sees the processes as they are now.
+#[test]
+fn a_walk_of_proc_reads_what_the_mount_gives() {
+    root_or_skip!("a_walk_of_proc_reads_what_the_mount_gives");
+    let c = Cluster::up(2);
+    let user = test_user("clanshell2");
+    let g = run_d(&c, 2, &["sleep", "8401"]);
+    let compare = format!(
+        r#"python3 - <<'PY'
+import json, os
+g = {g}
+def read_all(path):
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError as e:
+        return ["err", e.errno]
+    memfd = os.readlink("/proc/self/fd/%d" % fd).startswith("/memfd:")
+    data = b""
+    while True:
+        b = os.read(fd, 65536)
+        if not b:
+            break
+        data += b
+    os.close(fd)
+    return ["ok", data.decode(errors="replace"), memfd]
+def look():
+    out = {{f: read_all("/proc/%d/%s" % (g, f))
+           for f in ["stat", "status", "cmdline", "statm", "environ", "ctty"]}}
+    st = os.stat("/proc/%d" % g)
+    out["dir"] = [st.st_dev, st.st_ino, st.st_uid, st.st_gid, st.st_mode]
+    try:
+        os.stat("/proc/29999999")
+        out["missing"] = 0
+    except OSError as e:
+        out["missing"] = e.errno
+    return out
+before = look()
+os.listdir("/proc")
+print(json.dumps([before, look()]))
+PY"#
+    );
+    for uid in [None, Some(user)] {
+        let o = shell(&c, 1, uid, &compare);
+        assert!(o.status.success(), "{}", text(&o));
+        let v: serde_json::Value =
+            serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&o)));
+        let (mount, walk) = (&v[0], &v[1]);
+        for f in ["stat", "status", "cmdline", "statm"] {
+            assert_eq!(mount[f][0], "ok", "{f} through the mount: {mount}");
+            assert_eq!(mount[f][1], walk[f][1], "{f} differs (uid {uid:?})");
+            assert_eq!(
+                mount[f][2], false,
+                "{f} read before a listing is the mount's"
+            );
+            assert_eq!(walk[f][2], true, "{f} after a listing comes from the walk");
+        }
+        assert!(
+            mount["stat"][1]
+                .as_str()
+                .is_some_and(|s| s.starts_with(&format!("{g} (sleep) S "))),
+            "{mount}"
+        );
+        match uid {
+            None => {
+                assert_eq!(mount["environ"][1], walk["environ"][1]);
+                assert_eq!(walk["environ"][2], true);
+            }
+            Some(_) => {
+                let eacces = serde_json::json!(["err", libc::EACCES]);
+                assert_eq!(mount["environ"], eacces, "another user's environ");
+                assert_eq!(walk["environ"], eacces, "another user's environ");
+            }
+        }
+        let enoent = serde_json::json!(["err", libc::ENOENT]);
+        assert_eq!(mount["ctty"], enoent);
+        assert_eq!(walk["ctty"], enoent);
+        assert_eq!(mount["dir"], walk["dir"], "stat of /proc/{g}");
+        assert_eq!(mount["dir"][1], g << 24, "the view's inode for /proc/{g}");
+        assert_eq!(mount["missing"], libc::ENOENT);
+        assert_eq!(walk["missing"], libc::ENOENT);
+    }
+
+    // A new listing starts a new walk: a process stopped since is seen stopped.
+    let fresh = format!(
+        r#"python3 - <<'PY'
+import os, subprocess, time
+g = {g}
+def state():
+    os.listdir("/proc")
+    with open("/proc/%d/stat" % g) as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+print(state())
+subprocess.run(["clan", "kill", "-s", "STOP", str(g)], check=True)
+deadline = time.monotonic() + 20
+while state() != "T" and time.monotonic() < deadline:
+    pass
+print(state())
+PY"#
+    );
+    let o = shell(&c, 1, None, &fresh);
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .collect::<Vec<_>>(),
+        ["S", "T"],
+        "{}",
+        text(&o)
+    );
+    c.clan_ok(&["kill", "-s", "KILL", &g.to_string()]);
+}

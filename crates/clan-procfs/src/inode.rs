@@ -6,6 +6,7 @@
 //! | inode | what |
 //! |---|---|
 //! | 1 ... 9 | the root, `self`, `thread-self`, `nodes`, the five cluster files |
+//! | 10, 11 ... 16 | the hidden `.clan-walk` and its files (`crate::walk`) |
 //! | `1 << 20 \| n << 4 \| k` | `nodes/n` (k = 0) and its files (k = 1 ... 5) |
 //! | `gpid << 24` | the directory `/GPID` |
 //! | `gpid << 24 \| 1 << 20 \| i` | a path inside it (i: its index in the process's table) |
@@ -20,6 +21,8 @@ pub const SELF: u64 = 2;
 pub const THREAD_SELF: u64 = 3;
 pub const NODES: u64 = 4;
 const CLUSTER_BASE: u64 = 5;
+const WALK_DIR: u64 = 10;
+const WALK_BASE: u64 = 11;
 const NODE_BASE: u64 = 1 << 20;
 const PROC_SHIFT: u32 = 24;
 const PROC_PATH: u64 = 1 << 20;
@@ -84,6 +87,10 @@ pub enum Node {
     ProcPath(u64, String),
     /// `PATH` of the local /proc (`sys/kernel/pid_max`, `1234/status`)
     Pass(String),
+    /// `.clan-walk/`, hidden in the root
+    WalkDir,
+    /// `.clan-walk/NAME`: file `crate::walk::FILES[i]` of every process
+    Walk(usize),
 }
 
 impl Node {
@@ -104,7 +111,9 @@ impl Node {
             | Node::ThreadSelf
             | Node::Nodes
             | Node::Cluster(_)
+            | Node::WalkDir
             | Node::Proc(_) => Node::Root,
+            Node::Walk(_) => Node::WalkDir,
             Node::NodeDir(_) => Node::Nodes,
             Node::NodeFile(n, _) => Node::NodeDir(*n),
             Node::ProcPath(g, p) => match p.rsplit_once('/') {
@@ -186,6 +195,9 @@ impl Inodes {
             }
             Node::Proc(_) | Node::ProcPath(..) => return None,
             Node::Pass(p) => PASS | self.pass.intern(p, PASS - 1)?,
+            Node::WalkDir => WALK_DIR,
+            Node::Walk(i) if *i < crate::walk::FILES.len() => WALK_BASE + *i as u64,
+            Node::Walk(_) => return None,
         })
     }
 
@@ -212,6 +224,10 @@ impl Inodes {
             SELF => Some(Node::SelfLink),
             THREAD_SELF => Some(Node::ThreadSelf),
             NODES => Some(Node::Nodes),
+            WALK_DIR => Some(Node::WalkDir),
+            i if (WALK_BASE..WALK_BASE + crate::walk::FILES.len() as u64).contains(&i) => {
+                Some(Node::Walk((i - WALK_BASE) as usize))
+            }
             i if (CLUSTER_BASE..CLUSTER_BASE + 5).contains(&i) => NodeFile::ALL
                 .get((i - CLUSTER_BASE) as usize)
                 .map(|&f| Node::Cluster(f)),
@@ -270,6 +286,9 @@ mod tests {
             Node::ProcPath(2_130_000_000, "fd/3".into()),
             Node::Pass("sys/kernel/pid_max".into()),
             Node::Pass("1234".into()),
+            Node::WalkDir,
+            Node::Walk(0),
+            Node::Walk(5),
         ];
         let mut seen = std::collections::HashSet::new();
         for n in &nodes {
@@ -298,7 +317,7 @@ mod tests {
     fn unknown_numbers_are_nothing() {
         let t = Inodes::default();
         assert_eq!(t.node(0), None);
-        assert_eq!(t.node(10), None);
+        assert_eq!(t.node(40), None);
         assert_eq!(t.node(PASS | 5), None);
         assert_eq!(t.node(20_000_005 << 24 | PROC_PATH | 9), None);
         assert_eq!(t.node(20_000_005 << 24 | 3), None);

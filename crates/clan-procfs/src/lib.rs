@@ -9,6 +9,7 @@
 //! - [`caller`]: the reader's identity, and whether a caller is a process of the cluster.
 //! - [`pass`]: the local /proc accessed with the reader's identity.
 //! - [`inode`]: inode numbers that encode the gpid.
+//! - [`walk`]: one file of every process in one read, for `clan shell`'s library.
 //! - [`mount`]: mounting, the watcher that unmounts after a crash, signals, readiness.
 //! - [`mountinfo`]: reading /proc/self/mountinfo.
 //!
@@ -23,3 +24,4 @@ pub mod mountinfo;
 pub mod pass;
 pub mod source;
 pub mod view;
+pub mod walk;

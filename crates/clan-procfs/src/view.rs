@@ -18,6 +18,7 @@ use crate::caller::{self, Caller, Locator, Reader};
 use crate::inode::{Inodes, Node, NodeFile, NODES, SELF, THREAD_SELF};
 use crate::pass;
 use crate::source::{Failure, Source};
+use crate::walk;
 use clan_core::{Gpid, CLUSTER_INIT, GPID_SPAN};
 use clan_proto::pb;
 use fuser::{FileAttr, FileType, INodeNo};
@@ -54,7 +55,8 @@ pub const PROC_NAMES_TTL: Duration = Duration::from_secs(3600);
 pub const PID_MAX: &[u8] = b"99999999\n";
 
 /// Names of the root that the view defines itself (never passed through).
-const OWN_NAMES: [&str; 8] = [
+const OWN_NAMES: [&str; 9] = [
+    walk::DIR,
     "self",
     "thread-self",
     "nodes",
@@ -346,11 +348,16 @@ impl<S: Source> View<S> {
         gone.insert(gpid, (Instant::now(), ()));
     }
 
+    /// Whether the snapshot `s` may still speak to thread `pid`: for a ttl, and to the
+    /// thread that took it for the whole walk.
+    fn fresh(&self, s: &Snapshot, pid: u32) -> bool {
+        let age = s.at.elapsed();
+        age < self.opts.ttl || (pid != 0 && pid == s.walker && age < WALK_TTL)
+    }
+
     /// Whether the snapshot `s` may still speak for `gpid` (not gone since) to thread `pid`.
     fn current(&self, s: &Snapshot, gpid: u64, pid: u32) -> bool {
-        let age = s.at.elapsed();
-        (age < self.opts.ttl || (pid != 0 && pid == s.walker && age < WALK_TTL))
-            && self.gone.lock().get(&gpid).is_none_or(|(at, _)| *at < s.at)
+        self.fresh(s, pid) && self.current_at(s.at, gpid)
     }
 
     // ------------------------------------------------------------------ processes
@@ -473,17 +480,31 @@ impl<S: Source> View<S> {
         Ok(Some(attr(ino, kind_of_mode(mode), mode, owner.0, owner.1)))
     }
 
-    /// A snapshot of every process (for the reader), fetched now.
-    async fn take_snapshot(&self, who: &Who) -> Result<Arc<Snapshot>, Errno> {
-        let reader = self.reader(who);
-        let reply = self
-            .src
+    /// `files` of every process of `nodes` (empty: every node) as `reader` may read them.
+    async fn files_of_every_process(
+        &self,
+        who: &Who,
+        reader: &Reader,
+        files: Vec<String>,
+        nodes: Vec<u32>,
+    ) -> Result<pb::ProcReply, Failure> {
+        self.src
             .proc(pb::ProcRequest {
                 op: pb::ProcOp::ProcSnapshot as i32,
-                files: SNAPSHOT_FILES.iter().map(|s| s.to_string()).collect(),
+                files,
+                nodes,
                 reader: Some(reader.to_creds(who.pid)),
                 ..Default::default()
             })
+            .await
+    }
+
+    /// A snapshot of every process (for the reader), fetched now.
+    async fn take_snapshot(&self, who: &Who) -> Result<Arc<Snapshot>, Errno> {
+        let reader = self.reader(who);
+        let files = SNAPSHOT_FILES.iter().map(|s| s.to_string()).collect();
+        let reply = self
+            .files_of_every_process(who, &reader, files, vec![])
             .await
             .map_err(|e| match e {
                 Failure::Permission(_) => libc::EACCES,
@@ -580,14 +601,7 @@ impl<S: Source> View<S> {
             Some((at, m)) if at.elapsed() < self.opts.ttl && self.current_at(at, gpid) => m,
             _ => {
                 let reply = self
-                    .src
-                    .proc(pb::ProcRequest {
-                        op: pb::ProcOp::ProcSnapshot as i32,
-                        files: vec![path.to_string()],
-                        nodes: vec![node],
-                        reader: Some(reader.to_creds(who.pid)),
-                        ..Default::default()
-                    })
+                    .files_of_every_process(who, reader, vec![path.to_string()], vec![node])
                     .await
                     .ok()?;
                 let m: Arc<HashMap<u64, pb::ProcFile>> = Arc::new(
@@ -605,6 +619,94 @@ impl<S: Source> View<S> {
             }
         };
         files.get(&gpid).filter(|f| f.name == path).cloned()
+    }
+
+    /// `.clan-walk/NAME` (`walk::FILES[i]`): that file of every process of the snapshot
+    /// this reader's listing took (a new one if it is stale), each as the mount serves it
+    /// to this reader; a file that is not in snapshots is fetched for every process.
+    async fn walk(&self, who: &Who, i: usize) -> Result<Vec<u8>, Errno> {
+        let name = *walk::FILES.get(i).ok_or(libc::ENOENT)?;
+        let reader = self.reader(who);
+        let last = self.snapshot.lock().clone();
+        let snap = match last.filter(|s| s.reader == reader && self.fresh(s, who.pid)) {
+            Some(s) => s,
+            None => self.take_snapshot(who).await?,
+        };
+        let fetched: Option<HashMap<u64, pb::ProcFile>> = if SNAPSHOT_FILES.contains(&name) {
+            None
+        } else {
+            let reply = self
+                .files_of_every_process(who, &reader, vec![name.to_string()], vec![])
+                .await
+                .map_err(|e| match e {
+                    Failure::Permission(_) => libc::EACCES,
+                    _ => libc::EIO,
+                })?;
+            Some(
+                reply
+                    .procs
+                    .into_iter()
+                    .filter_map(|mut e| Some((e.gpid, e.files.pop()?)))
+                    .collect(),
+            )
+        };
+        let mut gpids: Vec<u64> = snap
+            .procs
+            .keys()
+            .copied()
+            .filter(|g| self.current_at(snap.at, *g))
+            .collect();
+        gpids.sort_unstable();
+        let templates = self.walk_templates(who, &gpids).await;
+        let names: Vec<walk::Names> = templates
+            .iter()
+            .map(|(node, t)| walk::Names {
+                node: *node,
+                names: t.keys().map(String::as_str).collect(),
+            })
+            .collect();
+        let records = gpids.iter().filter_map(|g| {
+            let e = snap.procs.get(g)?;
+            let f = match &fetched {
+                Some(m) => m.get(g).filter(|f| f.name == name)?,
+                None => e.files.iter().find(|f| f.name == name)?,
+            };
+            Some(walk::Record {
+                gpid: *g,
+                uid: e.uid,
+                gid: e.gid,
+                contents: match &f.error {
+                    Some(err) => Err(Failure::from_pb(err).errno()),
+                    None => Ok(&f.data[..]),
+                },
+            })
+        });
+        Ok(walk::encode(&names, records))
+    }
+
+    /// The names of a process directory on each node of `gpids` (asked for of one of its
+    /// processes where not known yet), by node.
+    async fn walk_templates(
+        &self,
+        who: &Who,
+        gpids: &[u64],
+    ) -> Vec<(u32, Arc<HashMap<String, u32>>)> {
+        let mut one_of: std::collections::BTreeMap<u32, u64> = Default::default();
+        for g in gpids {
+            if let Some(node) = Gpid::from_raw(*g).map(|x| x.node().get()) {
+                one_of.entry(node).or_insert(*g);
+            }
+        }
+        let mut out = Vec::with_capacity(one_of.len());
+        for (node, g) in one_of {
+            if !self.templates.lock().contains_key(&node) {
+                let _ = self.listing(who, g, "", true).await;
+            }
+            if let Some(t) = self.templates.lock().get(&node).cloned() {
+                out.push((node, t));
+            }
+        }
+        out
     }
 
     /// Whether something fetched at `at` may still speak for `gpid` (not gone since).
@@ -745,6 +847,7 @@ impl<S: Source> View<S> {
                     return self.getattr(who, self.ino(&Node::Cluster(f))?).await;
                 }
                 match name {
+                    walk::DIR => return self.getattr(who, self.ino(&Node::WalkDir)?).await,
                     "self" => return self.getattr(who, SELF).await,
                     "thread-self" => return self.getattr(who, THREAD_SELF).await,
                     "nodes" => return self.getattr(who, NODES).await,
@@ -785,20 +888,29 @@ impl<S: Source> View<S> {
             Node::Proc(g) => self.proc_entry(who, g, "", name).await,
             Node::ProcPath(g, p) => self.proc_entry(who, g, &p, name).await,
             Node::Pass(p) => self.pass_attr(who, &format!("{p}/{name}")).await,
-            Node::SelfLink | Node::ThreadSelf | Node::Cluster(_) | Node::NodeFile(..) => {
-                Err(libc::ENOTDIR)
+            Node::WalkDir => {
+                let i = walk::FILES
+                    .iter()
+                    .position(|f| *f == name)
+                    .ok_or(libc::ENOENT)?;
+                self.getattr(who, self.ino(&Node::Walk(i))?).await
             }
+            Node::SelfLink
+            | Node::ThreadSelf
+            | Node::Cluster(_)
+            | Node::NodeFile(..)
+            | Node::Walk(_) => Err(libc::ENOTDIR),
         }
     }
 
     /// The attributes of `ino`.
     pub async fn getattr(&self, who: &Who, ino: u64) -> Result<FileAttr, Errno> {
         match self.node(ino)? {
-            Node::Root | Node::Nodes | Node::NodeDir(_) => {
+            Node::Root | Node::Nodes | Node::NodeDir(_) | Node::WalkDir => {
                 Ok(attr(ino, FileType::Directory, 0o555, 0, 0))
             }
             Node::SelfLink | Node::ThreadSelf => Ok(attr(ino, FileType::Symlink, 0o777, 0, 0)),
-            Node::Cluster(_) | Node::NodeFile(..) => {
+            Node::Cluster(_) | Node::NodeFile(..) | Node::Walk(_) => {
                 Ok(attr(ino, FileType::RegularFile, 0o444, 0, 0))
             }
             Node::Proc(g) => {
@@ -863,7 +975,10 @@ impl<S: Source> View<S> {
                     .await
                     .map(Contents::File)
             }
-            Node::Root | Node::Nodes | Node::NodeDir(_) | Node::Proc(_) => Err(libc::EISDIR),
+            Node::Walk(i) => self.walk(who, i).await.map(Contents::Data),
+            Node::Root | Node::Nodes | Node::NodeDir(_) | Node::Proc(_) | Node::WalkDir => {
+                Err(libc::EISDIR)
+            }
             Node::SelfLink | Node::ThreadSelf => Err(libc::ELOOP),
         }
     }
@@ -947,6 +1062,11 @@ impl<S: Source> View<S> {
                     add(Node::NodeFile(n, f), FileType::RegularFile, f.name())?;
                 }
             }
+            Node::WalkDir => {
+                for (i, f) in walk::FILES.iter().enumerate() {
+                    add(Node::Walk(i), FileType::RegularFile, f)?;
+                }
+            }
             Node::Proc(g) => {
                 for e in self.listing(who, g, "", true).await?.iter() {
                     add(
@@ -982,9 +1102,11 @@ impl<S: Source> View<S> {
                     add(Node::Pass(format!("{p}/{n}")), kind, n)?;
                 }
             }
-            Node::SelfLink | Node::ThreadSelf | Node::Cluster(_) | Node::NodeFile(..) => {
-                return Err(libc::ENOTDIR)
-            }
+            Node::SelfLink
+            | Node::ThreadSelf
+            | Node::Cluster(_)
+            | Node::NodeFile(..)
+            | Node::Walk(_) => return Err(libc::ENOTDIR),
         }
         Ok(out)
     }
@@ -1208,6 +1330,70 @@ mod tests {
             "local pids are not listed"
         );
         assert_eq!(root.iter().filter(|n| *n == "stat").count(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_walk_file_holds_one_file_of_every_process_as_the_mount_serves_it() {
+        let s = setup();
+        assert_eq!(
+            walk::FILES.to_vec(),
+            [SNAPSHOT_FILES.as_slice(), BATCH_FILES.as_slice()].concat(),
+            "a walk carries the snapshot's files and the batched ones"
+        );
+        let root = names(&s.view.readdir(&ME, crate::inode::ROOT).await.unwrap());
+        assert!(!root.contains(&walk::DIR.to_string()), "hidden: {root:?}");
+        assert_eq!(s.fake.snapshots.load(Ordering::SeqCst), 1);
+        let dir = s.at(crate::inode::ROOT, walk::DIR).await.unwrap();
+        assert_eq!(dir.kind, FileType::Directory);
+        let listed = names(&s.view.readdir(&ME, dir.ino.0).await.unwrap());
+        assert_eq!(listed[2..], walk::FILES.map(String::from));
+        let f = s.at(dir.ino.0, "status").await.unwrap();
+        let bytes = read(&s.view, &ME, f.ino.0).await.unwrap();
+        assert_eq!(
+            s.fake.snapshots.load(Ordering::SeqCst),
+            1,
+            "the listing's snapshot serves the walk"
+        );
+        let (names, recs) = walk::decode(&bytes).expect("a walk file");
+        let mut nodes: Vec<u32> = names.iter().map(|n| n.node).collect();
+        nodes.sort_unstable();
+        assert_eq!(nodes, vec![1, 2], "every node's names");
+        assert!(names.iter().all(|n| n.names.contains(&"status")
+            && n.names.contains(&"cwd")
+            && !n.names.contains(&"ctty")));
+        let rec = |gpid, uid, gid, data: &'static [u8]| walk::Record {
+            gpid,
+            uid,
+            gid,
+            contents: Ok(data),
+        };
+        assert_eq!(
+            recs,
+            vec![
+                rec(10_000_001, 0, 0, b"Pid:\t10000001\n"),
+                rec(20_000_005, 1000, 100, b"Pid:\t20000005\n"),
+                rec(20_000_006, 1001, 100, b"Pid:\t20000006\n"),
+            ]
+        );
+        // A file snapshots do not carry is fetched for every process, errors kept.
+        let env = s.at(dir.ino.0, "environ").await.unwrap();
+        let bytes = read(&s.view, &ME, env.ino.0).await.unwrap();
+        assert_eq!(s.fake.snapshots.load(Ordering::SeqCst), 2);
+        let (_, recs) = walk::decode(&bytes).unwrap();
+        assert_eq!(recs.len(), 3);
+        assert!(recs.iter().all(|r| r.contents == Err(libc::EACCES)));
+        // A process gone since the snapshot is left out (the mount says ENOENT for it).
+        s.fake.procs.lock().remove(&20_000_006);
+        s.view.forget(20_000_006); // what a read that found it gone does
+        let bytes = read(&s.view, &ME, f.ino.0).await.unwrap();
+        let gpids: Vec<u64> = walk::decode(&bytes)
+            .unwrap()
+            .1
+            .iter()
+            .map(|r| r.gpid)
+            .collect();
+        assert_eq!(gpids, vec![10_000_001, 20_000_005]);
+        assert_eq!(s.at(dir.ino.0, "maps").await.unwrap_err(), libc::ENOENT);
     }
 
     #[tokio::test]
