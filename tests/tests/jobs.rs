@@ -347,7 +347,12 @@ fn outside_processes_are_adopted_and_subtrees_act_alone() {
 fn a_switch_suspends_one_job_and_resumes_the_other() {
     root_or_skip!("a_switch_suspends_one_job_and_resumes_the_other");
     let c = Cluster::up(2);
-    let a = job_of(&c.clan(&["run", "-N", "2", "-d", "--", "sleep", "1061"]));
+    let started = c.clan(&["run", "-N", "2", "-d", "--", "sleep", "1061"]);
+    let a = job_of(&started);
+    let a_gpids: Vec<String> = String::from_utf8_lossy(&started.stdout)
+        .split_whitespace()
+        .map(str::to_string)
+        .collect();
     let b = job_of(&c.clan(&["run", "-N", "2", "-d", "--", "sleep", "1062"]));
     c.clan_ok(&["job", "suspend", &b]);
     let frozen = |job: &str| -> Vec<Option<String>> {
@@ -387,6 +392,27 @@ fn a_switch_suspends_one_job_and_resumes_the_other() {
     for j in [&a, &b] {
         c.clan_ok(&["job", "kill", j]);
     }
+    assert!(host_processes_mentioning("sleep 106").is_empty());
+
+    // Once its exits are collected, the emptied task is removed; a new process of the job
+    // makes it again, and the job's operations act on the new cgroup (not through
+    // descriptors kept on the old one).
+    let mut wait = vec!["wait"];
+    wait.extend(a_gpids.iter().map(String::as_str));
+    let _ = c.clan(&wait);
+    let task = c.cgroup().map(|g| g.join(format!("node1/job{a}")));
+    if let Some(task) = task {
+        eventually("the empty task removed", Duration::from_secs(20), || {
+            (!task.exists()).then_some(())
+        });
+    }
+    c.clan_ok(&[
+        "run", "-d", "--job", &a, "--node", "1", "--", "sleep", "1063",
+    ]);
+    let out = c.clan_ok(&["job", "suspend", &a]);
+    assert!(out.contains("suspended (1 process)"), "{out}");
+    assert_eq!(task_event(&c, 1, &a, "frozen").as_deref(), Some("1"));
+    c.clan_ok(&["job", "kill", &a]);
     assert!(host_processes_mentioning("sleep 106").is_empty());
 }
 

@@ -30,11 +30,6 @@ use std::time::{Duration, Instant};
 /// How long a freeze, thaw or kill may take before it is reported as failed.
 const SETTLE: Duration = Duration::from_secs(10);
 
-/// A `cgroup.events` key ("populated", "frozen").
-fn event(dir: &Path, key: &str) -> Option<bool> {
-    event_of(&std::fs::File::open(dir.join("cgroup.events")).ok()?, key)
-}
-
 /// `key` of a `cgroup.events` read through `f` from its start (which also re-arms the
 /// kernel's notification on that descriptor).
 fn event_of(f: &std::fs::File, key: &str) -> Option<bool> {
@@ -53,12 +48,17 @@ fn event_of(f: &std::fs::File, key: &str) -> Option<bool> {
 /// The kernel sends at most one notification per file every few milliseconds and delays
 /// the next: the poll is bounded by 1 ms so a change right after one is not waited for.
 fn wait_event(dir: &Path, key: &str, want: bool, limit: Duration) -> Result<()> {
-    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
     let f = std::fs::File::open(dir.join("cgroup.events"))
         .map_err(|e| Error::internal("open cgroup.events", e))?;
+    wait_on(&f, dir, key, want, limit)
+}
+
+/// [`wait_event`] through an open `cgroup.events` of `dir`.
+fn wait_on(f: &std::fs::File, dir: &Path, key: &str, want: bool, limit: Duration) -> Result<()> {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
     let deadline = Instant::now() + limit;
     loop {
-        if event_of(&f, key) == Some(want) {
+        if event_of(f, key) == Some(want) {
             return Ok(());
         }
         let left = deadline.saturating_duration_since(Instant::now());
@@ -76,11 +76,83 @@ fn wait_event(dir: &Path, key: &str, want: bool, limit: Duration) -> Result<()> 
     }
 }
 
-/// Thaws a task and waits until the kernel says it is (nothing to do if it is not frozen).
-fn thaw(dir: &Path) -> Result<()> {
-    std::fs::write(dir.join("cgroup.freeze"), "0")
-        .map_err(|e| Error::internal("cgroup.freeze", e))?;
-    wait_event(dir, "frozen", false, SETTLE)
+/// A task here: its cgroup, descriptors on its control files, its processes.
+pub struct Task {
+    pub dir: PathBuf,
+    files: Arc<TaskFiles>,
+    pub pids: Vec<u32>,
+}
+
+/// Descriptors on a task's `cgroup.freeze`, `cgroup.events` and `cgroup.procs`, kept from
+/// one request to the next (`Node::task_files`): a job switch, on a gang scheduler's every
+/// time slice, reads and writes them without walking a path through cgroupfs each time.
+/// Once the cgroup is removed they fail (ENODEV), and [`Node::task`] opens them again.
+pub struct TaskFiles {
+    freeze: std::fs::File,
+    events: std::fs::File,
+    procs: std::fs::File,
+}
+
+impl TaskFiles {
+    fn open(dir: &Path) -> std::io::Result<TaskFiles> {
+        let ro = |name: &str| std::fs::File::open(dir.join(name));
+        Ok(TaskFiles {
+            freeze: std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(dir.join("cgroup.freeze"))?,
+            events: ro("cgroup.events")?,
+            procs: ro("cgroup.procs")?,
+        })
+    }
+
+    /// The host pids in the task (from the start of `cgroup.procs`, read whole).
+    fn procs(&self) -> std::io::Result<Vec<u32>> {
+        use std::os::unix::fs::FileExt;
+        let mut buf = vec![0u8; 4096];
+        let mut n = 0;
+        loop {
+            if n == buf.len() {
+                buf.resize(buf.len() * 2, 0);
+            }
+            match self.procs.read_at(&mut buf[n..], n as u64) {
+                Ok(0) => break,
+                Ok(k) => n += k,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(String::from_utf8_lossy(&buf[..n])
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect())
+    }
+
+    fn event(&self, key: &str) -> Option<bool> {
+        event_of(&self.events, key)
+    }
+
+    /// Whether `cgroup.freeze` asks for the task frozen (it may not be yet).
+    fn freezing(&self) -> bool {
+        use std::os::unix::fs::FileExt;
+        let mut b = [0u8; 8];
+        self.freeze
+            .read_at(&mut b, 0)
+            .is_ok_and(|n| b[..n].first() == Some(&b'1'))
+    }
+
+    /// Freezes (`on`) or thaws the task and waits until the kernel says it is.
+    fn set_frozen(&self, dir: &Path, on: bool) -> Result<()> {
+        use std::os::unix::fs::FileExt;
+        self.freeze
+            .write_at(if on { b"1" } else { b"0" }, 0)
+            .map_err(|e| Error::internal("cgroup.freeze", e))?;
+        self.wait(dir, "frozen", on, SETTLE)
+    }
+
+    fn wait(&self, dir: &Path, key: &str, want: bool, limit: Duration) -> Result<()> {
+        wait_on(&self.events, dir, key, want, limit)
+    }
 }
 
 /// The host pids in a cgroup (not its descendants: a task has none).
@@ -249,8 +321,11 @@ impl Node {
                 }
             }
         }
-        let dir = res?;
-        Ok(self.task_info(job, &dir))
+        res?;
+        let task = self
+            .task(job)
+            .ok_or_else(|| Error::NotFound(format!("job {job}'s task is gone")))?;
+        Ok(self.task_info(job, &task))
     }
 
     /// The task's processes top-down, or only the subtree rooted at the process whose
@@ -407,10 +482,26 @@ impl Node {
         }
     }
 
-    /// The cgroup of job `job`'s task here, if the node has cgroups and the task exists.
-    fn task_dir(&self, job: u64) -> Option<PathBuf> {
-        let d = self.cgroup.as_ref()?.root.join(format!("job{job}"));
-        d.is_dir().then_some(d)
+    /// Job `job`'s task here, if the node has cgroups and the task exists: its control
+    /// files from the last request when they still answer (the cgroup was not removed
+    /// since), else opened now.
+    pub fn task(&self, job: u64) -> Option<Task> {
+        let dir = self.cgroup.as_ref()?.root.join(format!("job{job}"));
+        let kept = self.task_files.lock().get(&job).cloned();
+        if let Some(files) = kept {
+            if let Ok(pids) = files.procs() {
+                return Some(Task { dir, files, pids });
+            }
+            self.task_files.lock().remove(&job);
+        }
+        let files = Arc::new(TaskFiles::open(&dir).ok()?);
+        let pids = files.procs().ok()?;
+        let mut kept = self.task_files.lock();
+        if kept.len() >= 4096 {
+            kept.clear();
+        }
+        kept.insert(job, files.clone());
+        Some(Task { dir, files, pids })
     }
 
     /// Every task of this node (or only `job`'s), with what the kernel says of it.
@@ -426,7 +517,8 @@ impl Node {
             .filter_map(|e| {
                 let name = e.file_name().to_string_lossy().into_owned();
                 let j: u64 = name.strip_prefix("job")?.parse().ok()?;
-                (job == 0 || j == job).then(|| self.task_info(j, &e.path()))
+                let t = (job == 0 || j == job).then(|| self.task(j))??;
+                Some(self.task_info(j, &t))
             })
             .collect();
         out.sort_by_key(|t| t.job);
@@ -435,18 +527,16 @@ impl Node {
 
     /// The state of a task with processes `pids` (one read of its `cgroup.events`, and of
     /// the processes' states only when it is not frozen and may be stopped by signals).
-    fn task_state(dir: &Path, pids: &[u32]) -> &'static str {
+    fn task_state(files: &TaskFiles, pids: &[u32]) -> &'static str {
         if pids.is_empty() {
             "empty"
-        } else if event(dir, "frozen") == Some(true)
+        } else if files.event("frozen") == Some(true)
             || pids
                 .iter()
                 .all(|p| matches!(proc_state(*p), Some('T') | None))
         {
             "suspended"
-        } else if clan_core::sys::read_small(dir.join("cgroup.freeze"))
-            .is_ok_and(|v| v.trim() == "1")
-        {
+        } else if files.freezing() {
             "suspending"
         } else {
             "running"
@@ -455,21 +545,21 @@ impl Node {
 
     /// What a suspend, resume, switch or kill reports of a task: its state and processes,
     /// nothing that costs more reads (a switch is on a gang scheduler's every time slice).
-    fn task_brief(&self, job: u64, dir: &Path, pids: &[u32]) -> pb::TaskInfo {
+    fn task_brief(&self, job: u64, files: &TaskFiles, pids: &[u32]) -> pb::TaskInfo {
         pb::TaskInfo {
             job,
             node: self.id.get(),
             procs: pids.len() as u32,
-            state: Self::task_state(dir, pids).into(),
+            state: Self::task_state(files, pids).into(),
             ..Default::default()
         }
     }
 
     /// What the kernel says of a task, for listings (its owner reads every process's
     /// status: too slow for a suspend or resume of a big task, which use `task_brief`).
-    fn task_info(&self, job: u64, dir: &Path) -> pb::TaskInfo {
-        let pids = procs(dir);
-        let state = Self::task_state(dir, &pids);
+    fn task_info(&self, job: u64, task: &Task) -> pb::TaskInfo {
+        let (dir, pids) = (&task.dir, &task.pids);
+        let state = Self::task_state(&task.files, pids);
         let peak = self.task_peaks.lock().get(&job).copied().unwrap_or(0);
         let (mem, mem_peak) = self
             .cgroup
@@ -575,38 +665,38 @@ impl Node {
         if action == A::JobSwitch {
             // A gang scheduler's row switch: the old row stops before the new one runs.
             let mut out = Vec::with_capacity(2);
-            if let Some(dir) = self.task_dir(req.job) {
-                out.push(self.act_on_task(A::JobSuspend, req, req.job, &dir, signals, creds)?);
+            if let Some(t) = self.task(req.job) {
+                out.push(self.act_on_task(A::JobSuspend, req, req.job, &t, signals, creds)?);
             }
-            if let Some(dir) = self.task_dir(req.resume) {
-                out.push(self.act_on_task(A::JobResume, req, req.resume, &dir, signals, creds)?);
+            if let Some(t) = self.task(req.resume) {
+                out.push(self.act_on_task(A::JobResume, req, req.resume, &t, signals, creds)?);
             }
             return Ok(out);
         }
-        let Some(dir) = self.task_dir(req.job) else {
+        let Some(t) = self.task(req.job) else {
             return Ok(Vec::new()); // no task of the job here
         };
-        self.act_on_task(action, req, req.job, &dir, signals, creds)
+        self.act_on_task(action, req, req.job, &t, signals, creds)
             .map(|t| vec![t])
     }
 
-    /// Suspend, resume or kill (`action`) job `job`'s task in `dir` (or the subtree `req`
-    /// names), verified; reports the task after.
+    /// Suspend, resume or kill (`action`) job `job`'s task (or the subtree `req` names),
+    /// verified; reports the task after.
     fn act_on_task(
         &self,
         action: pb::JobAction,
         req: &pb::JobRequest,
         job: u64,
-        dir: &Path,
+        task: &Task,
         signals: bool,
         creds: &pb::Creds,
     ) -> Result<pb::TaskInfo> {
         use pb::JobAction as A;
-        let dir = dir.to_path_buf();
+        let (dir, files) = (&task.dir, &*task.files);
         let subtree = match Gpid::from_raw(req.subtree) {
             None if req.subtree == 0 => None,
             Some(g) if g.node() == self.id => {
-                if self.order(job, &dir, Some(g.local())).is_empty() {
+                if self.order(job, dir, Some(g.local())).is_empty() {
                     return Err(Error::NotFound(format!(
                         "process {g} is not a process of job {} on node {}",
                         job, self.id
@@ -616,29 +706,27 @@ impl Node {
             }
             _ => return Err(Error::Invalid(format!("invalid subtree {}", req.subtree))),
         };
-        let pids = procs(&dir);
-        self.may_act(creds, job, &pids)?;
-        let before = self.task_brief(job, &dir, &pids);
+        let pids = &task.pids;
+        self.may_act(creds, job, pids)?;
+        let before = self.task_brief(job, files, pids);
         let changed;
         match action {
             A::JobSuspend if signals || subtree.is_some() => {
                 changed = before.state != "suspended";
                 // A task the freezer holds is suspended already, and its processes could
                 // not take a SIGSTOP before they are thawed.
-                if event(&dir, "frozen") != Some(true) {
-                    self.suspend_by_signals(job, &dir, subtree)?;
+                if files.event("frozen") != Some(true) {
+                    self.suspend_by_signals(job, dir, subtree)?;
                 }
             }
             A::JobResume if signals || subtree.is_some() => {
                 changed = before.state != "running";
                 // A resume undoes a suspension by either method (a subtree is never frozen
                 // alone: the freezer holds the whole task, which a subtree resume leaves).
-                let frozen = clan_core::sys::read_small(dir.join("cgroup.freeze"))
-                    .is_ok_and(|v| v.trim() == "1");
-                if subtree.is_none() && frozen {
-                    thaw(&dir)?;
+                if subtree.is_none() && files.freezing() {
+                    files.set_frozen(dir, false)?;
                 }
-                self.resume_by_signals(job, &dir, subtree)?;
+                self.resume_by_signals(job, dir, subtree)?;
             }
             A::JobKill if signals || subtree.is_some() => {
                 // Top-down, as the paper's task kill: a parent dies before its children
@@ -649,24 +737,22 @@ impl Node {
                     req.signal
                 })
                 .map_err(|_| Error::Invalid(format!("invalid signal {}", req.signal)))?;
-                let order = self.order(job, &dir, subtree);
+                let order = self.order(job, dir, subtree);
                 changed = !order.is_empty();
                 for p in order {
                     send(p, sig);
                 }
                 if sig == nix::sys::signal::Signal::SIGKILL && subtree.is_none() {
-                    self.kill_rest_by_signals(job, &dir)?;
+                    self.kill_rest_by_signals(job, dir)?;
                 }
             }
             A::JobSuspend => {
                 changed = before.state != "suspended";
-                std::fs::write(dir.join("cgroup.freeze"), "1")
-                    .map_err(|e| Error::internal("cgroup.freeze", e))?;
-                wait_event(&dir, "frozen", true, SETTLE)?;
+                files.set_frozen(dir, true)?;
             }
             A::JobResume => {
                 changed = before.state != "running";
-                thaw(&dir)?;
+                files.set_frozen(dir, false)?;
             }
             A::JobKill => {
                 let sig = if req.signal == 0 {
@@ -677,11 +763,11 @@ impl Node {
                 if sig == libc::SIGKILL {
                     std::fs::write(dir.join("cgroup.kill"), "1")
                         .map_err(|e| Error::internal("cgroup.kill", e))?;
-                    wait_event(&dir, "populated", false, SETTLE)?;
+                    files.wait(dir, "populated", false, SETTLE)?;
                 } else {
                     let sig = nix::sys::signal::Signal::try_from(sig)
                         .map_err(|_| Error::Invalid(format!("invalid signal {sig}")))?;
-                    for p in procs(&dir) {
+                    for p in files.procs().unwrap_or_default() {
                         let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(p as i32), sig);
                     }
                 }
@@ -691,11 +777,11 @@ impl Node {
                 unreachable!("handled above")
             }
         }
-        let mut after = self.task_brief(job, &dir, &procs(&dir));
+        let mut after = self.task_brief(job, files, &files.procs().unwrap_or_default());
         if action == A::JobResume && !signals && subtree.is_none() && after.state == "suspended" {
             // Thawed, yet every process stopped: suspended by signals; continued the same way.
-            self.resume_by_signals(job, &dir, None)?;
-            after = self.task_brief(job, &dir, &procs(&dir));
+            self.resume_by_signals(job, dir, None)?;
+            after = self.task_brief(job, files, &files.procs().unwrap_or_default());
         }
         after.changed = changed;
         if action == A::JobKill {

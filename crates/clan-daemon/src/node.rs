@@ -72,6 +72,8 @@ pub struct Node {
     pub genealogy: NamedMutex<crate::genealogy::Genealogy>,
     /// The highest process count seen in each task (job.rs).
     pub task_peaks: NamedMutex<HashMap<u64, u32>>,
+    /// Open control files of this node's tasks, by job (`job.rs`, `Node::task`).
+    pub task_files: NamedMutex<HashMap<u64, Arc<crate::job::TaskFiles>>>,
     /// Shepherds started ahead of time, waiting for a spec.
     pub pool: NamedMutex<Vec<crate::process::vproc::Waiting>>,
     pub shutdown: watch::Sender<Option<bool>>,
@@ -134,6 +136,7 @@ impl Node {
             spawning: NamedMutex::new("spawning", HashMap::new()),
             pool: NamedMutex::new("shepherd.pool", Vec::new()),
             task_peaks: NamedMutex::new("task.peaks", HashMap::new()),
+            task_files: NamedMutex::new("task.files", HashMap::new()),
             genealogy: NamedMutex::new("genealogy", Default::default()),
             aliases: NamedRwLock::new("group.aliases", Aliases::default()),
             members: NamedMutex::new("group.members", Members::default()),
@@ -301,6 +304,10 @@ impl Node {
         busy.extend(self.vprocs.read().values().map(|v| v.job));
         cg.prune_jobs(&busy);
         drop(spawning);
+        // The descriptors of removed tasks would only keep their cgroups' memory.
+        self.task_files
+            .lock()
+            .retain(|j, _| cg.root.join(format!("job{j}")).exists());
     }
 
     /// Refreshes this node's load figures from its /proc (runs on a blocking thread).
