@@ -22,7 +22,9 @@ pub struct ChildPlan {
     pub gid: u32,
     pub groups: Vec<u32>,
     pub cgroup_procs: Option<String>,
-    /// `cgroup.procs` files of v1 hierarchies to join as well.
+    /// `tasks` files of v1 hierarchies to join as well: the child has one thread, so it
+    /// moves itself there without the kernel's global threadgroup lock (`cgroup.procs`
+    /// takes it, and its taking waits for an RCU grace period, 5 to 16 ms here).
     pub v1_procs: Vec<String>,
     /// `clan shell`: the cluster view over /proc (view, where the node's procfs goes).
     pub cluster_proc: Option<(CString, CString)>,

@@ -515,7 +515,7 @@ fn start(
                 v1_procs: spec
                     .v1_cgroups
                     .iter()
-                    .map(|d| format!("{d}/cgroup.procs"))
+                    .map(|d| format!("{d}/tasks"))
                     .collect(),
                 cluster_proc: spec.cluster_proc.as_ref().and_then(|cp| {
                     Some((cstr(cp.view.as_bytes())?, cstr(cp.node_proc.as_bytes())?))
