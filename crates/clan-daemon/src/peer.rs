@@ -385,8 +385,11 @@ impl Node {
                         // Quick requests are served here, with no task between the socket
                         // and the kernel (a remote signal's critical path); the others get
                         // a task so they do not hold up the connection.
-                        let quick =
-                            matches!(req.op, Some(Op::Signal(_) | Op::Status(_) | Op::Join(_)));
+                        let quick = match &req.op {
+                            Some(Op::Signal(_) | Op::Status(_) | Op::Join(_)) => true,
+                            Some(Op::Proc(p)) => crate::procfs::quick(p),
+                            _ => false,
+                        };
                         let (node, wr) = (self.clone(), wr.clone());
                         let serve = async move {
                             let id = req.id;
@@ -496,13 +499,7 @@ impl Node {
                     error: None,
                 }))
             }
-            Op::Proc(r) => {
-                let node = self.clone();
-                let reply = crate::fanout::blocking(move || node.proc_local(&r))
-                    .await
-                    .map_err(|e| Error::Internal(e.to_string()))??;
-                Ok(Reply::Proc(reply))
-            }
+            Op::Proc(r) => Ok(Reply::Proc(self.proc_here(r).await?)),
             Op::Join(j) => {
                 self.member_join(&j)?;
                 Ok(Reply::Ok(pb::Ok {}))

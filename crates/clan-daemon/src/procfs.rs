@@ -197,6 +197,30 @@ pub fn proc_file(name: &str, read: Result<Vec<u8>>) -> pb::ProcFile {
 }
 
 /// The reader a request names (set by `proc_request` before it is used).
+/// Whether answering `req` takes a few reads that never wait for another process: the
+/// `stat`, `status` or `statm` of one process or thread, or the target of one of its links
+/// (the kernel makes them from the task and its counters, without the lock of the
+/// process's memory map that `cmdline`, `environ` or `maps` take, which a process stuck
+/// in a page fault can hold for long). Those are answered where the request is read, with
+/// no task or thread in between (a remote `status` read's critical path).
+pub fn quick(req: &pb::ProcRequest) -> bool {
+    use pb::ProcOp as P;
+    // `task/TID/x` is the thread's `x`.
+    let path = match req.path.strip_prefix("task/") {
+        Some(rest) => rest.split_once('/').map_or("", |(_, p)| p),
+        None => req.path.as_str(),
+    };
+    match P::try_from(req.op) {
+        Ok(P::ProcRead) => matches!(path, "stat" | "status" | "statm"),
+        // Not `map_files/`, whose links are found in the memory map.
+        Ok(P::ProcReadlink) => matches!(
+            path.split('/').next(),
+            Some("cwd" | "exe" | "root" | "fd" | "ns")
+        ),
+        _ => false,
+    }
+}
+
 fn reader_of(req: &pb::ProcRequest) -> pb::Creds {
     req.reader.clone().unwrap_or_default()
 }
@@ -761,6 +785,19 @@ impl Node {
 
     /// Sends `req` to each of `nodes` at once (this one answered on a blocking thread);
     /// a node that does not answer within `limit` is an error for that node.
+    /// This node's answer to `req`, where the caller is: a [`quick`] request inline, others
+    /// with [`crate::fanout::blocking`] (a snapshot of thousands of processes, or a file
+    /// that waits for the process's memory map, must not hold a worker).
+    pub async fn proc_here(self: &Arc<Self>, req: pb::ProcRequest) -> Result<pb::ProcReply> {
+        if quick(&req) {
+            return self.proc_local(&req);
+        }
+        let node = self.clone();
+        crate::fanout::blocking(move || node.proc_local(&req))
+            .await
+            .unwrap_or_else(|e| Err(Error::Internal(e.to_string())))
+    }
+
     async fn proc_on(
         self: &Arc<Self>,
         nodes: Vec<NodeId>,
@@ -772,10 +809,7 @@ impl Node {
             let limit = limit.unwrap_or(Duration::from_millis(node.cfg.dead_after_ms));
             async move {
                 if n == node.id {
-                    let node2 = node.clone();
-                    crate::fanout::blocking(move || node2.proc_local(&req))
-                        .await
-                        .unwrap_or_else(|e| Err(Error::Internal(e.to_string())))
+                    node.proc_here(req).await
                 } else {
                     let op = pb::peer_request::Op::Proc(req);
                     match node.call_within(n, node.own_creds(), op, limit).await {
@@ -919,6 +953,39 @@ NSsid:\t7\t1\nThreads:\t1\n";
         assert_eq!(ci.matches("processor").count(), 3);
         assert!(ci.contains("processor\t: 2\nmodel name\t: Y\n"), "{ci}");
         assert!(merge("nope", &[]).is_err());
+    }
+
+    #[test]
+    fn quick_requests_are_the_ones_that_never_wait_for_a_process() {
+        let req = |op: pb::ProcOp, path: &str| pb::ProcRequest {
+            op: op as i32,
+            gpid: 20_000_005,
+            path: path.into(),
+            ..Default::default()
+        };
+        use pb::ProcOp as P;
+        for (op, path) in [
+            (P::ProcRead, "status"),
+            (P::ProcRead, "stat"),
+            (P::ProcRead, "task/20000006/statm"),
+            (P::ProcReadlink, "cwd"),
+            (P::ProcReadlink, "fd/3"),
+            (P::ProcReadlink, "task/20000006/exe"),
+        ] {
+            assert!(quick(&req(op, path)), "{op:?} {path}");
+        }
+        for (op, path) in [
+            (P::ProcRead, "cmdline"),
+            (P::ProcRead, "environ"),
+            (P::ProcRead, "task/20000006/maps"),
+            (P::ProcRead, "task/status"),
+            (P::ProcReadlink, "map_files/400000-401000"),
+            (P::ProcReaddir, ""),
+            (P::ProcSnapshot, ""),
+            (P::ProcGlobal, "loadavg"),
+        ] {
+            assert!(!quick(&req(op, path)), "{op:?} {path}");
+        }
     }
 
     #[test]
