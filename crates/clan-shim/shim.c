@@ -273,7 +273,7 @@ static int absolute(const char *path) { return path && path[0] == '/'; }
 // The mode argument of an open that creates.
 #define MODE_OF(flags, last)                                                                   \
     mode_t mode = 0;                                                                           \
-    if ((flags) & (O_CREAT | O_TMPFILE)) {                                                     \
+    if (((flags) & O_CREAT) || ((flags) & O_TMPFILE) == O_TMPFILE) {                           \
         va_list ap;                                                                            \
         va_start(ap, last);                                                                    \
         mode = va_arg(ap, mode_t);                                                             \
@@ -394,6 +394,7 @@ DIR *opendir(const char *name) {
         return real(path, st);                                                                 \
     }
 
+#if defined(__x86_64__) || defined(__aarch64__)
 STAT_HOOK(stat, stat)
 STAT_HOOK(stat64, stat64)
 STAT_HOOK(lstat, stat)
@@ -412,3 +413,4 @@ STAT_HOOK(lstat64, stat64)
 
 STATAT_HOOK(fstatat, stat)
 STATAT_HOOK(fstatat64, stat64)
+#endif

@@ -76,6 +76,7 @@ static struct walk walks[NFILES];
 static dev_t proc_dev;       // the device of /proc (the view's mount), when `listed`
 static int listed;           // the process listed /proc and the walk may speak
 static long long listed_at;  // when (CLOCK_MONOTONIC, ns)
+static long long relisted;   // a listing made while another thread held `busy` (0: none)
 static char busy;            // held while the walks change or are read
 
 static long long now_ns(void) {
@@ -261,8 +262,14 @@ static int absent(const struct walk *w, uint64_t node, const char *name) {
 
 // Walk i, loaded if it was not since the listing; NULL if the walk may not speak.
 static struct walk *walk_of(size_t i) {
+    long long again = __atomic_exchange_n(&relisted, 0, __ATOMIC_ACQ_REL);
+    if (again > listed_at) {
+        drop_all();
+        proc_dev = 0;
+        listed_at = again;
+    }
     if (now_ns() - listed_at > WALK_AGE_NS) {
-        listed = 0;
+        __atomic_store_n(&listed, 0, __ATOMIC_RELAXED);
         drop_all();
         return NULL;
     }
@@ -278,7 +285,8 @@ static struct walk *walk_of(size_t i) {
 
 // A memfd holding `len` bytes of `data`, at offset 0; -1 if it can not be made.
 static int memfd_with(const char *data, uint32_t len, int cloexec) {
-    int fd = (int)shim_raw(SYS_memfd_create, (long)"clan-proc", cloexec ? MFD_CLOEXEC : 0, 0, 0);
+    int fd = (int)shim_raw(SYS_memfd_create, (long)"clan-proc",
+                           MFD_ALLOW_SEALING | (cloexec ? MFD_CLOEXEC : 0), 0, 0);
     if (fd < 0)
         return -1;
     for (uint32_t done = 0; done < len;) {
@@ -291,6 +299,8 @@ static int memfd_with(const char *data, uint32_t len, int cloexec) {
         }
         done += (uint32_t)n;
     }
+    // Read-only from now on, as the file it stands for (a write fails with EPERM).
+    shim_raw(SYS_fcntl, fd, F_ADD_SEALS, F_SEAL_SEAL | F_SEAL_WRITE | F_SEAL_GROW | F_SEAL_SHRINK, 0);
     return fd;
 }
 
@@ -309,7 +319,7 @@ int shim_walk_open(const char *path, int flags, int *fd) {
     struct walk *w = walk_of(i >= 0 ? (size_t)i : 0);
     const struct rec *r = w ? find(w, gpid) : NULL;
     if (r && i < 0) {
-        if (absent(w, gpid / SPAN, name)) {
+        if (strcmp(name, ".") != 0 && strcmp(name, "..") != 0 && absent(w, gpid / SPAN, name)) {
             served = 1;
             *fd = -1;
             err = ENOENT;
@@ -361,8 +371,12 @@ int shim_walk_stat(const char *path, struct stat *st) {
 void shim_walk_listed(const char *dir) {
     if (!dir || (strcmp(dir, "/proc") != 0 && strcmp(dir, "/proc/") != 0))
         return;
-    if (__atomic_test_and_set(&busy, __ATOMIC_ACQUIRE))
-        return; // another thread is loading: its walk stays as old as its own listing
+    if (__atomic_test_and_set(&busy, __ATOMIC_ACQUIRE)) {
+        // Another thread is in a walk: the next one to take it starts the new one.
+        __atomic_store_n(&relisted, now_ns(), __ATOMIC_RELEASE);
+        __atomic_store_n(&listed, 1, __ATOMIC_RELAXED);
+        return;
+    }
     drop_all();
     proc_dev = 0;
     listed_at = now_ns();

@@ -380,7 +380,16 @@ def look():
     return out
 before = look()
 os.listdir("/proc")
-print(json.dumps([before, look()]))
+after = look()
+fd = os.open("/proc/%d/stat" % g, os.O_RDONLY)
+try:
+    os.write(fd, b"x")
+    wrote = "written"
+except OSError as e:
+    wrote = e.errno
+os.close(fd)
+os.close(os.open("/proc/%d/." % g, os.O_RDONLY))
+print(json.dumps([before, after, wrote]))
 PY"#
     );
     for uid in [None, Some(user)] {
@@ -422,6 +431,7 @@ PY"#
         assert_eq!(mount["dir"][1], g << 24, "the view's inode for /proc/{g}");
         assert_eq!(mount["missing"], libc::ENOENT);
         assert_eq!(walk["missing"], libc::ENOENT);
+        assert!(v[2].is_i64(), "a served file is read-only: {}", v[2]);
     }
 
     // A new listing starts a new walk: a process stopped since is seen stopped.

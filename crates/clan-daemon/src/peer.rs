@@ -385,11 +385,8 @@ impl Node {
                         // Quick requests are served here, with no task between the socket
                         // and the kernel (a remote signal's critical path); the others get
                         // a task so they do not hold up the connection.
-                        let quick = match &req.op {
-                            Some(Op::Signal(_) | Op::Status(_) | Op::Join(_)) => true,
-                            Some(Op::Proc(p)) => crate::procfs::quick(p),
-                            _ => false,
-                        };
+                        let quick =
+                            matches!(req.op, Some(Op::Signal(_) | Op::Status(_) | Op::Join(_)));
                         let (node, wr) = (self.clone(), wr.clone());
                         let serve = async move {
                             let id = req.id;

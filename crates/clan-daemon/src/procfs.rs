@@ -201,8 +201,11 @@ pub fn proc_file(name: &str, read: Result<Vec<u8>>) -> pb::ProcFile {
 /// `stat`, `status` or `statm` of one process or thread, or the target of one of its links
 /// (the kernel makes them from the task and its counters, without the lock of the
 /// process's memory map that `cmdline`, `environ` or `maps` take, which a process stuck
-/// in a page fault can hold for long). Those are answered where the request is read, with
-/// no task or thread in between (a remote `status` read's critical path).
+/// in a page fault can hold for long). Those are answered on the worker that has the
+/// request, with no `block_in_place` hand-over (a remote `status` read's critical path);
+/// on a peer link still in a task of their own, as a reader can be left to free the
+/// memory of a process that exits during the read, and the link's heartbeats must not
+/// wait for that.
 pub fn quick(req: &pb::ProcRequest) -> bool {
     use pb::ProcOp as P;
     // `task/TID/x` is the thread's `x`.
@@ -664,7 +667,15 @@ impl Node {
                 for name in self.view.list_entry(&rel).map_err(|e| io_err(e, &rel))? {
                     let Ok((mode, uid, gid)) = self.view.stat_entry(&format!("{rel}/{name}"))
                     else {
-                        continue; // gone meanwhile
+                        // A process directory's names are fixed for its life: one that
+                        // can not be looked at means the process is gone, and a listing
+                        // without it would be taken for all the names such directories
+                        // have (the view's per-node template, walks). A thread or an fd
+                        // gone meanwhile is just left out.
+                        if parts.is_empty() {
+                            return Err(Error::NotFound(format!("no such process {}", req.gpid)));
+                        }
+                        continue;
                     };
                     let name = if tasks {
                         match name.parse::<u32>().ok().and_then(|t| Gpid::new(self.id, t)) {
