@@ -20,18 +20,14 @@ use std::path::{Path, PathBuf};
 /// Why a cluster file can not be used.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("cannot read {path}: {source}")]
-    Read {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    // `err`, not `source`: the message carries it, and a chain printed with `{:#}` would
+    // say it twice.
+    #[error("cannot read {path}: {err}")]
+    Read { path: PathBuf, err: std::io::Error },
     #[error("{path}: {message}")]
     Parse { path: PathBuf, message: String },
-    #[error("cannot read cluster key {path}: {source}")]
-    Key {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    #[error("cannot read cluster key {path}: {err}")]
+    Key { path: PathBuf, err: std::io::Error },
     #[error("cluster key {0} is shorter than 16 bytes")]
     ShortKey(PathBuf),
     #[error("node {0} is not in the cluster file")]
@@ -99,9 +95,9 @@ pub struct ClusterConfig {
 impl ClusterConfig {
     /// Reads and checks a cluster file and the key it names.
     pub fn load(path: &Path) -> Result<ClusterConfig, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        let text = std::fs::read_to_string(path).map_err(|err| ConfigError::Read {
             path: path.into(),
-            source,
+            err,
         })?;
         let raw: RawConfig = toml::from_str(&text).map_err(|e| ConfigError::Parse {
             path: path.into(),
@@ -132,9 +128,9 @@ impl ClusterConfig {
         } else {
             base.join(&raw.key_file)
         };
-        let key = std::fs::read(&key_path).map_err(|source| ConfigError::Key {
+        let key = std::fs::read(&key_path).map_err(|err| ConfigError::Key {
             path: key_path.clone(),
-            source,
+            err,
         })?;
         let key: Vec<u8> = String::from_utf8(key.clone())
             .map(|s| s.trim().as_bytes().to_vec())
