@@ -292,15 +292,22 @@ pub fn srun_true(n: usize) -> Result<Samples, String> {
     slurm_ready()?;
     let mut s = Samples::default();
     for _ in 0..n {
-        let t = Instant::now();
-        let st = Command::new("srun")
-            .args(["-N1", "true"])
-            .status()
-            .map_err(|e| e.to_string())?;
-        s.push(t.elapsed());
-        if !st.success() {
-            return Err("srun failed".into());
-        }
+        s.push(srun_once()?);
     }
     Ok(s)
+}
+
+/// One `srun -N1 true`, timed.
+pub fn srun_once() -> Result<Duration, String> {
+    let t = Instant::now();
+    let st = Command::new("srun")
+        .args(["-N1", "true"])
+        .status()
+        .map_err(|e| e.to_string())?;
+    let d = t.elapsed();
+    if st.success() {
+        Ok(d)
+    } else {
+        Err("srun failed".into())
+    }
 }

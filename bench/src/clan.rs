@@ -45,16 +45,19 @@ pub fn run_latency(c: &Cluster, r: &mut Report, n: usize) {
         Ok(s) => r.latency(g, "slurm srun -N1 true", &s, None),
         Err(why) => println!("  slurm srun -N1 true: skipped: {why}"),
     }
-    let mut s = Samples::default();
-    for _ in 0..n {
+    let clan_run = || {
         let t = Instant::now();
         let st = c
             .cmd()
             .args(["--from", "1", "run", "--node", "2", "--", "true"])
             .status()
             .expect("clan run");
-        s.push(t.elapsed());
         assert!(st.success());
+        t.elapsed()
+    };
+    let mut s = Samples::default();
+    for _ in 0..n {
+        s.push(clan_run());
     }
     r.latency(
         g,
@@ -62,10 +65,11 @@ pub fn run_latency(c: &Cluster, r: &mut Report, n: usize) {
         &s,
         Some("local sh -c true (fork/exec/wait)"),
     );
-    if r.rows
+    let have_srun = r
+        .rows
         .iter()
-        .any(|x| x.group == g && x.name.starts_with("slurm"))
-    {
+        .any(|x| x.group == g && x.name.starts_with("slurm"));
+    if have_srun {
         r.latency(
             g,
             "clan run --node 2 true (CLI) vs srun",
@@ -73,6 +77,31 @@ pub fn run_latency(c: &Cluster, r: &mut Report, n: usize) {
             Some("slurm srun -N1 true"),
         );
     }
+    // As a user types commands: each run after a quiet second, when the CPUs have halted
+    // and the kernel's per-operation state (RCU, cgroup locks, caches) has gone idle; clan
+    // and srun in turns.
+    let spaced = (n / 10).clamp(3, 10);
+    let (mut cs, mut ss) = (Samples::default(), Samples::default());
+    for _ in 0..spaced {
+        std::thread::sleep(QUIET);
+        cs.push(clan_run());
+        if have_srun {
+            std::thread::sleep(QUIET);
+            if let Ok(d) = baselines::srun_once() {
+                ss.push(d);
+            }
+        }
+    }
+    let srun_spaced = "slurm srun -N1 true, after a quiet second";
+    if !ss.0.is_empty() {
+        r.latency(g, srun_spaced, &ss, None);
+    }
+    r.latency(
+        g,
+        "clan run --node 2 true (CLI), after a quiet second",
+        &cs,
+        (!ss.0.is_empty()).then_some(srun_spaced),
+    );
     let client = c.client(1);
     let mut s = Samples::default();
     rt().block_on(async {
@@ -105,6 +134,9 @@ pub fn run_latency(c: &Cluster, r: &mut Report, n: usize) {
         Some("local sh -c true (fork/exec/wait)"),
     );
 }
+
+/// The pause before each run of the "after a quiet second" rows.
+const QUIET: Duration = Duration::from_secs(1);
 
 /// Blocks the ping-pong and its TCP baseline are split into (see `sigping`).
 const SIGNAL_TURNS: usize = 10;
