@@ -189,6 +189,29 @@ fn zombies_hold_their_gpid_until_waited_for() {
     });
 }
 
+/// A detached process started from outside the cluster has the cluster's init for parent:
+/// its exit status waits `exit_retention_ms` for a `clan wait`, then the zombie is reaped,
+/// as init would, and its gpid is free again.
+#[test]
+fn unwaited_zombies_are_reaped_after_the_retention() {
+    root_or_skip!("unwaited_zombies_are_reaped_after_the_retention");
+    let c = Cluster::up_with(2, &["--exit-retention-ms", "3000"]);
+    // Waited for within the retention: its status, as always.
+    let w = c.spawn(2, &["sh", "-c", "sleep 0.2; exit 7"]);
+    assert_eq!(c.clan(&["wait", &w.to_string()]).status.code(), Some(7));
+    // Not waited for: a zombie for the retention, then gone with its status.
+    let g = c.spawn(2, &["true"]);
+    eventually("zombie", Duration::from_secs(3), || {
+        c.ps_one(g).filter(|p| p["state"] == "Z")
+    });
+    eventually(
+        "reaped after the retention",
+        Duration::from_secs(30),
+        || c.ps_one(g).is_none().then_some(()),
+    );
+    assert_eq!(c.clan(&["wait", &g.to_string()]).status.code(), Some(127));
+}
+
 #[test]
 fn ps_lists_every_node_and_filters() {
     root_or_skip!("ps_lists_every_node_and_filters");

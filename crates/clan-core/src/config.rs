@@ -56,6 +56,8 @@ struct RawConfig {
     suspect_after_ms: Option<u64>,
     #[serde(default)]
     dead_after_ms: Option<u64>,
+    #[serde(default = "default_exit_retention")]
+    exit_retention_ms: u64,
     /// Local clusters: every node gets its own pid namespace and cgroup subtree.
     #[serde(default)]
     local: bool,
@@ -76,6 +78,15 @@ fn default_heartbeat() -> u64 {
     500
 }
 
+/// An hour, an order of magnitude above Slurm's default `MinJobAge` (300 s): long enough
+/// to `clan wait` for a detached process after a coffee, short enough that unwaited ones do
+/// not pile up.
+pub const DEFAULT_EXIT_RETENTION_MS: u64 = 3_600_000;
+
+fn default_exit_retention() -> u64 {
+    DEFAULT_EXIT_RETENTION_MS
+}
+
 /// A parsed cluster file with its key.
 #[derive(Debug, Clone)]
 pub struct ClusterConfig {
@@ -84,6 +95,10 @@ pub struct ClusterConfig {
     pub heartbeat_ms: u64,
     pub suspect_after_ms: u64,
     pub dead_after_ms: u64,
+    /// How long the exit status of a detached process with no parent in the cluster
+    /// (started from outside it) waits for a `clan wait` before the process is reaped,
+    /// as init would (Slurm's `MinJobAge`).
+    pub exit_retention_ms: u64,
     pub local: bool,
     pub dir: PathBuf,
     state_dir: String,
@@ -147,6 +162,7 @@ impl ClusterConfig {
             heartbeat_ms: raw.heartbeat_ms,
             suspect_after_ms: raw.suspect_after_ms.unwrap_or(raw.heartbeat_ms * 3),
             dead_after_ms: raw.dead_after_ms.unwrap_or(raw.heartbeat_ms * 6),
+            exit_retention_ms: raw.exit_retention_ms,
             local: raw.local,
             state_dir: raw
                 .state_dir
@@ -202,6 +218,7 @@ mod tests {
         assert_eq!(c.nodes[0].id, 1);
         assert_eq!(c.key, b"0123456789abcdef0123");
         assert_eq!(c.dead_after_ms, 3000);
+        assert_eq!(c.exit_retention_ms, DEFAULT_EXIT_RETENTION_MS);
         assert_eq!(c.state_dir(NodeId::new(2).unwrap()), d.path().join("node2"));
         assert_eq!(
             c.proc_view(NodeId::new(2).unwrap()),
@@ -217,6 +234,12 @@ mod tests {
             c.proc_view(NodeId::new(1).unwrap()),
             PathBuf::from("/run/v1")
         );
+        // The example shipped for real deployments loads (its key aside).
+        let example = include_str!("../../../deploy/cluster.toml.example")
+            .replace("/etc/clan/cluster.key", "k");
+        std::fs::write(&p, example).unwrap();
+        let c = ClusterConfig::load(&p).unwrap();
+        assert_eq!(c.exit_retention_ms, 3_600_000);
     }
 
     #[test]

@@ -19,6 +19,10 @@ pub struct Args {
     /// A node not heard from for this long is dead.
     #[arg(long, default_value_t = 3000)]
     dead_after_ms: u64,
+    /// How long the exit status of a detached process started from outside the cluster
+    /// is kept for `clan wait` before the process is reaped.
+    #[arg(long, default_value_t = clan_core::config::DEFAULT_EXIT_RETENTION_MS)]
+    exit_retention_ms: u64,
     /// Run node N in the existing network namespace `PREFIX<N>` (e.g. made with
     /// `ip netns add`), listening on --ip-base + N; for testing partitions.
     #[arg(long, value_name = "PREFIX", requires = "ip_base")]
@@ -47,6 +51,7 @@ pub async fn run(a: Args, dir: Option<PathBuf>) -> ExitCode {
         base_port: a.base_port,
         heartbeat_ms: a.heartbeat_ms,
         dead_after_ms: a.dead_after_ms,
+        exit_retention_ms: a.exit_retention_ms,
         bin_dir,
         netns: a.netns.zip(a.ip_base),
     };

@@ -55,6 +55,9 @@ pub struct ChildRec {
     pub state: watch::Sender<RecState>,
     /// The parent process exited: release the child as soon as it exits.
     pub orphan: bool,
+    /// A process of this node is its parent (`Node::adopt`); without one (started from
+    /// outside the cluster) its exit status waits `exit_retention_ms` for a `clan wait`.
+    pub parented: bool,
 }
 
 impl ChildRec {
@@ -63,6 +66,7 @@ impl ChildRec {
             uid,
             state: watch::channel(RecState::default()).0,
             orphan: false,
+            parented: false,
         }
     }
 }
@@ -134,8 +138,35 @@ impl Node {
                 ch.remove(&gpid);
                 let node = self.clone();
                 tokio::spawn(async move { node.release(gpid).await });
+            } else if !rec.parented {
+                // No parent in the cluster (started from outside it): its status waits a
+                // while for a `clan wait` by its user, then the zombie goes, as init would
+                // take it; the record goes with it, so a reused gpid never finds it.
+                let node = self.clone();
+                let after = Duration::from_millis(self.cfg.exit_retention_ms);
+                tokio::spawn(async move {
+                    tokio::time::sleep(after).await;
+                    node.reap_unwaited(gpid).await;
+                });
             }
         }
+    }
+
+    /// Parent side: a child with no parent in the cluster exited `exit_retention_ms` ago;
+    /// if nobody collected its status (and no parent adopted it meanwhile), it is reaped.
+    async fn reap_unwaited(self: &Arc<Self>, gpid: Gpid) {
+        {
+            let mut ch = self.children.lock();
+            let unwaited = ch
+                .get(&gpid)
+                .is_some_and(|r| !r.parented && r.state.borrow().exit.is_some());
+            if !unwaited {
+                return;
+            }
+            ch.remove(&gpid);
+        }
+        info!(%gpid, "reaped: its exit status was not waited for");
+        self.release(gpid).await;
     }
 
     /// Parent side: a node died; its children are, to us, killed by SIGKILL (and the
@@ -177,6 +208,9 @@ impl Node {
             rec.kids.push((gpid, creds.pgid, creds.sid));
             first
         };
+        if let Some(r) = self.children.lock().get_mut(&gpid) {
+            r.parented = true;
+        }
         if !first {
             return;
         }
