@@ -1053,3 +1053,44 @@ fn terminal_stops_reach_remote_members_of_a_group() {
     });
     assert_eq!(state_of(&c, 2, "sleep 1064").as_deref(), Some("S"));
 }
+
+/// A node that died numbers its processes afresh when it comes back, so a new process may
+/// get the gpid of one that died with it: the new one's status is its own, and collecting
+/// the old one's ("killed by SIGKILL") releases nothing on the node.
+#[test]
+fn a_gpid_reused_after_a_node_death_gets_its_own_status() {
+    root_or_skip!("a_gpid_reused_after_a_node_death_gets_its_own_status");
+    let c = Cluster::up(2);
+    let old = c.spawn(2, &["sleep", "1093"]);
+    c.power_cut(2);
+    eventually("node 2 dead", Duration::from_secs(20), || {
+        c.clan_ok(&["nodes"])
+            .lines()
+            .any(|l| l.starts_with("2 ") && l.contains("dead"))
+            .then_some(())
+    });
+    c.node_start(2);
+    // New processes on node 2, each waited for, until one has the old gpid (the new pid
+    // namespace counts from 1 again) or they are past it.
+    let mut reused = false;
+    for _ in 0..20 {
+        let g = c.spawn(2, &["sh", "-c", "exit 3"]);
+        let o = c.clan(&["wait", &g.to_string()]);
+        assert_eq!(o.status.code(), Some(3), "{g} (old {old}): {o:?}");
+        if g == old {
+            reused = true;
+            break;
+        }
+        if g.local() > old.local() {
+            break;
+        }
+    }
+    let o = c.clan(&["wait", &old.to_string()]);
+    if reused {
+        // Its record went to the new process, which was collected.
+        assert_eq!(o.status.code(), Some(127), "{o:?}");
+    } else {
+        assert_eq!(o.status.code(), Some(128 + 9), "{o:?}");
+    }
+    eprintln!("gpid {old} reused after the node's death: {reused}");
+}
