@@ -133,11 +133,6 @@ impl Node {
         };
         let mut ch = self.children.lock();
         let rec = ch.entry(gpid).or_insert_with(|| ChildRec::new(st.uid));
-        if rec.gone_with_node {
-            // News from the node's next incarnation about a process that got the gpid of
-            // one that died with the node (possibly before `expect_child` for it).
-            *rec = ChildRec::new(st.uid);
-        }
         if st.stopped != 0 {
             rec.state
                 .send_modify(|s| s.change = Some(Change::Stopped(st.stopped)));
