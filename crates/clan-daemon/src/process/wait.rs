@@ -58,10 +58,6 @@ pub struct ChildRec {
     /// A process of this node is its parent (`Node::adopt`); without one (started from
     /// outside the cluster) its exit status waits `exit_retention_ms` for a `clan wait`.
     pub parented: bool,
-    /// Its node was declared dead: its zombie went with it, so collecting the record
-    /// releases nothing there (the node's next incarnation numbers its processes afresh,
-    /// and a release could reach a new process with the same gpid).
-    pub gone_with_node: bool,
 }
 
 impl ChildRec {
@@ -71,7 +67,6 @@ impl ChildRec {
             state: watch::channel(RecState::default()).0,
             orphan: false,
             parented: false,
-            gone_with_node: false,
         }
     }
 }
@@ -116,14 +111,10 @@ fn may_wait(creds: &pb::Creds, uid: u32, gpid: Gpid) -> Result<()> {
 impl Node {
     /// Parent side: a child was started on our behalf; expect its status.
     pub fn expect_child(&self, gpid: Gpid, uid: u32) {
-        let mut ch = self.children.lock();
-        let rec = ch.entry(gpid).or_insert_with(|| ChildRec::new(uid));
-        if rec.gone_with_node {
-            // A process of the node's next incarnation that got the same gpid: the old
-            // one's uncollected status goes (it died with its node), not to this one.
-            warn!(%gpid, "a new process has the gpid of one that died with its node");
-            *rec = ChildRec::new(uid);
-        }
+        self.children
+            .lock()
+            .entry(gpid)
+            .or_insert_with(|| ChildRec::new(uid));
     }
 
     /// Parent side: childstatuschange arrived (an exit, a stop or a continue).
@@ -155,7 +146,7 @@ impl Node {
                 let after = Duration::from_millis(self.cfg.exit_retention_ms);
                 tokio::spawn(async move {
                     tokio::time::sleep(after).await;
-                    node.reap_unwaited(gpid).await;
+                    node.reap_unwaited(gpid, true).await;
                 });
             }
         }
@@ -163,9 +154,9 @@ impl Node {
 
     /// Parent side: a child with no parent in the cluster exited `exit_retention_ms` ago;
     /// if nobody collected its status (and no parent adopted it meanwhile), its record goes
-    /// with its zombie.
-    async fn reap_unwaited(self: &Arc<Self>, gpid: Gpid) {
-        let release = {
+    /// and, with `release`, its zombie.
+    async fn reap_unwaited(self: &Arc<Self>, gpid: Gpid, release: bool) {
+        {
             let mut ch = self.children.lock();
             let unwaited = ch
                 .get(&gpid)
@@ -173,8 +164,8 @@ impl Node {
             if !unwaited {
                 return;
             }
-            ch.remove(&gpid).is_some_and(|r| !r.gone_with_node)
-        };
+            ch.remove(&gpid);
+        }
         info!(%gpid, "reaped: its exit status was not waited for");
         if release {
             self.release(gpid).await;
@@ -202,7 +193,6 @@ impl Node {
                     unparented.push(*g);
                 }
             }
-            rec.gone_with_node = true;
             !rec.orphan
         });
         drop(ch);
@@ -213,8 +203,10 @@ impl Node {
         let after = Duration::from_millis(self.cfg.exit_retention_ms);
         tokio::spawn(async move {
             tokio::time::sleep(after).await;
+            // Their zombies died with their node: only the records go (a release could
+            // reach a new process of the node's next incarnation with the same gpid).
             for g in unparented {
-                node.reap_unwaited(g).await;
+                node.reap_unwaited(g, false).await;
             }
         });
     }
@@ -270,10 +262,8 @@ impl Node {
             for g in rec.kids.iter().map(|k| k.0) {
                 let Some(rec) = ch.get_mut(&g) else { continue };
                 if rec.state.borrow().exit.is_some() {
-                    if !rec.gone_with_node {
-                        release.push(g);
-                    }
                     ch.remove(&g);
+                    release.push(g);
                 } else {
                     rec.orphan = true;
                 }
@@ -456,7 +446,6 @@ impl Node {
             let ch = self.children.lock();
             ch.get(&gpid).map(|r| (r.uid, r.state.subscribe()))
         };
-        let mut release = true;
         let ws = match rec {
             Some((uid, mut rx)) => {
                 may_wait(creds, uid, gpid)?;
@@ -470,7 +459,6 @@ impl Node {
                     };
                     let state = *rec.state.borrow();
                     if let Some(ws) = state.exit {
-                        release = !rec.gone_with_node;
                         ch.remove(&gpid);
                         break ws;
                     }
@@ -509,9 +497,7 @@ impl Node {
                 }
             }
         };
-        if release {
-            self.release(gpid).await;
-        }
+        self.release(gpid).await;
         Ok(WaitEvent::Exited(ws))
     }
 }
