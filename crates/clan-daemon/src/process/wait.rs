@@ -146,16 +146,15 @@ impl Node {
                 let after = Duration::from_millis(self.cfg.exit_retention_ms);
                 tokio::spawn(async move {
                     tokio::time::sleep(after).await;
-                    node.reap_unwaited(gpid, true).await;
+                    node.reap_unwaited(gpid).await;
                 });
             }
         }
     }
 
     /// Parent side: a child with no parent in the cluster exited `exit_retention_ms` ago;
-    /// if nobody collected its status (and no parent adopted it meanwhile), its record goes
-    /// and, with `release`, its zombie.
-    async fn reap_unwaited(self: &Arc<Self>, gpid: Gpid, release: bool) {
+    /// if nobody collected its status (and no parent adopted it meanwhile), it is reaped.
+    async fn reap_unwaited(self: &Arc<Self>, gpid: Gpid) {
         {
             let mut ch = self.children.lock();
             let unwaited = ch
@@ -167,16 +166,12 @@ impl Node {
             ch.remove(&gpid);
         }
         info!(%gpid, "reaped: its exit status was not waited for");
-        if release {
-            self.release(gpid).await;
-        }
+        self.release(gpid).await;
     }
 
     /// Parent side: a node died; its children are, to us, killed by SIGKILL (and the
-    /// records of orphans among them go; those with no parent in the cluster wait the
-    /// retention for a `clan wait`, as any other exit).
-    pub fn children_of_dead_node(self: &Arc<Self>, dead: NodeId) {
-        let mut unparented = Vec::new();
+    /// records of orphans among them go).
+    pub fn children_of_dead_node(&self, dead: NodeId) {
         let mut ch = self.children.lock();
         ch.retain(|g, rec| {
             if g.node() != dead {
@@ -189,25 +184,8 @@ impl Node {
                         ..Default::default()
                     })
                 });
-                if !rec.orphan && !rec.parented {
-                    unparented.push(*g);
-                }
             }
             !rec.orphan
-        });
-        drop(ch);
-        if unparented.is_empty() {
-            return;
-        }
-        let node = self.clone();
-        let after = Duration::from_millis(self.cfg.exit_retention_ms);
-        tokio::spawn(async move {
-            tokio::time::sleep(after).await;
-            // Their zombies died with their node: only the records go (a release could
-            // reach a new process of the node's next incarnation with the same gpid).
-            for g in unparented {
-                node.reap_unwaited(g, false).await;
-            }
         });
     }
 
