@@ -58,7 +58,13 @@ pub struct ChildRec {
     /// A process of this node is its parent (`Node::adopt`); without one (started from
     /// outside the cluster) its exit status waits `exit_retention_ms` for a `clan wait`.
     pub parented: bool,
+    /// Which record this is: a gpid can name another process once its zombie is released,
+    /// and a timer or a waiter must not act on a later record of the same gpid.
+    pub gen: u64,
 }
+
+/// Generations of child records (`ChildRec::gen`), unique for the daemon's life.
+static NEXT_GEN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 impl ChildRec {
     fn new(uid: u32) -> ChildRec {
@@ -67,6 +73,7 @@ impl ChildRec {
             state: watch::channel(RecState::default()).0,
             orphan: false,
             parented: false,
+            gen: NEXT_GEN.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         }
     }
 }
@@ -142,11 +149,11 @@ impl Node {
                 // No parent in the cluster (started from outside it): its status waits a
                 // while for a `clan wait` by its user, then the zombie goes, as init would
                 // take it; the record goes with it, so a reused gpid never finds it.
-                let node = self.clone();
+                let (node, gen) = (self.clone(), rec.gen);
                 let after = Duration::from_millis(self.cfg.exit_retention_ms);
                 tokio::spawn(async move {
                     tokio::time::sleep(after).await;
-                    node.reap_unwaited(gpid).await;
+                    node.reap_unwaited(gpid, gen).await;
                 });
             }
         }
@@ -154,12 +161,12 @@ impl Node {
 
     /// Parent side: a child with no parent in the cluster exited `exit_retention_ms` ago;
     /// if nobody collected its status (and no parent adopted it meanwhile), it is reaped.
-    async fn reap_unwaited(self: &Arc<Self>, gpid: Gpid) {
+    async fn reap_unwaited(self: &Arc<Self>, gpid: Gpid, gen: u64) {
         {
             let mut ch = self.children.lock();
             let unwaited = ch
                 .get(&gpid)
-                .is_some_and(|r| !r.parented && r.state.borrow().exit.is_some());
+                .is_some_and(|r| r.gen == gen && !r.parented && r.state.borrow().exit.is_some());
             if !unwaited {
                 return;
             }
@@ -422,18 +429,19 @@ impl Node {
         };
         let rec = {
             let ch = self.children.lock();
-            ch.get(&gpid).map(|r| (r.uid, r.state.subscribe()))
+            ch.get(&gpid).map(|r| (r.uid, r.gen, r.state.subscribe()))
         };
         let ws = match rec {
-            Some((uid, mut rx)) => {
+            Some((uid, gen, mut rx)) => {
                 may_wait(creds, uid, gpid)?;
                 loop {
                     rx.wait_for(wanted)
                         .await
                         .map_err(|_| Error::NoSuchProcess(gpid))?;
                     let mut ch = self.children.lock();
-                    let Some(rec) = ch.get_mut(&gpid) else {
-                        return Err(Error::NoSuchProcess(gpid)); // another waiter collected it
+                    // Gone, or a later process's record: another waiter collected it.
+                    let Some(rec) = ch.get_mut(&gpid).filter(|r| r.gen == gen) else {
+                        return Err(Error::NoSuchProcess(gpid));
                     };
                     let state = *rec.state.borrow();
                     if let Some(ws) = state.exit {
