@@ -273,15 +273,22 @@ pub unsafe fn fork_into(cgroup_dir: &impl AsRawFd) -> io::Result<i32> {
 /// then reads it in chunks of 32, 32, 64, ... bytes, as these files have size 0); more
 /// reads only when a page does not hold it.
 pub fn read_small(path: impl AsRef<std::path::Path>) -> io::Result<String> {
-    use std::io::Read;
-    let mut f = std::fs::File::open(path)?;
+    let buf = read_whole_at(&std::fs::File::open(path)?)?;
+    String::from_utf8(buf).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+}
+
+/// The whole contents of an open small kernel file, read from its start (which also makes
+/// the kernel render it afresh, so a descriptor kept open reads the current contents), as
+/// [`read_small`] reads: a page first, more only when a page does not hold it.
+pub fn read_whole_at(f: &std::fs::File) -> io::Result<Vec<u8>> {
+    use std::os::unix::fs::FileExt;
     let mut buf = vec![0u8; 4096];
     let mut n = 0;
     loop {
         if n == buf.len() {
             buf.resize(buf.len() * 2, 0);
         }
-        match f.read(&mut buf[n..]) {
+        match f.read_at(&mut buf[n..], n as u64) {
             Ok(0) => break,
             Ok(k) => n += k,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -289,7 +296,7 @@ pub fn read_small(path: impl AsRef<std::path::Path>) -> io::Result<String> {
         }
     }
     buf.truncate(n);
-    String::from_utf8(buf).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+    Ok(buf)
 }
 
 /// One field of a /proc `status` file (`"Groups"`, `"NSpid"`): the text after the colon.

@@ -212,9 +212,14 @@ impl NodeCgroup {
             .ok()
     }
 
+    /// Where job `job`'s task is (or would be) in the v2 tree.
+    pub fn job_dir(&self, job: u64) -> PathBuf {
+        self.root.join(format!("job{job}"))
+    }
+
     /// The task directory of a job, created on first use (with its v1 directories).
     pub fn job(&self, job: u64) -> io::Result<PathBuf> {
-        let p = self.root.join(format!("job{job}"));
+        let p = self.job_dir(job);
         std::fs::create_dir_all(&p)?;
         for d in self.v1_job_dirs(job) {
             std::fs::create_dir_all(&d)?;
@@ -269,11 +274,12 @@ impl NodeCgroup {
         std::fs::write(self.sub(sub).join("cgroup.procs"), "0")
     }
 
-    /// Removes job directories that hold no process any more.
+    /// Removes job directories that hold no process any more; returns their jobs.
     /// Jobs in `busy` (processes being started or still known to cland) are kept.
-    pub fn prune_jobs(&self, busy: &std::collections::HashSet<u64>) {
+    pub fn prune_jobs(&self, busy: &std::collections::HashSet<u64>) -> Vec<u64> {
+        let mut removed = Vec::new();
         let Ok(rd) = std::fs::read_dir(&self.root) else {
-            return;
+            return removed;
         };
         for e in rd.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
@@ -284,9 +290,12 @@ impl NodeCgroup {
                 for d in self.v1_job_dirs(job) {
                     let _ = std::fs::remove_dir(d);
                 }
-                let _ = std::fs::remove_dir(e.path());
+                if std::fs::remove_dir(e.path()).is_ok() {
+                    removed.push(job);
+                }
             }
         }
+        removed
     }
 }
 

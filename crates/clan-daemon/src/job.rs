@@ -43,17 +43,11 @@ fn event_of(f: &std::fs::File, key: &str) -> Option<bool> {
         .map(|v| v == 1)
 }
 
-/// Waits until `cgroup.events` says `key` is `want`, woken by the kernel's notification on
-/// the file (poll(2) with POLLPRI on the descriptor it is read through), not by sleeping.
-/// The kernel sends at most one notification per file every few milliseconds and delays
-/// the next: the poll is bounded by 1 ms so a change right after one is not waited for.
-fn wait_event(dir: &Path, key: &str, want: bool, limit: Duration) -> Result<()> {
-    let f = std::fs::File::open(dir.join("cgroup.events"))
-        .map_err(|e| Error::internal("open cgroup.events", e))?;
-    wait_on(&f, dir, key, want, limit)
-}
-
-/// [`wait_event`] through an open `cgroup.events` of `dir`.
+/// Waits until `cgroup.events` of `dir`, open as `f`, says `key` is `want`, woken by the
+/// kernel's notification on the file (poll(2) with POLLPRI on the descriptor it is read
+/// through), not by sleeping. The kernel sends at most one notification per file every few
+/// milliseconds and delays the next: the poll is bounded by 1 ms so a change right after
+/// one is not waited for.
 fn wait_on(f: &std::fs::File, dir: &Path, key: &str, want: bool, limit: Duration) -> Result<()> {
     use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
     let deadline = Instant::now() + limit;
@@ -106,26 +100,10 @@ impl TaskFiles {
         })
     }
 
-    /// The host pids in the task (from the start of `cgroup.procs`, read whole).
+    /// The host pids in the task (`cgroup.procs`, read afresh).
     fn procs(&self) -> std::io::Result<Vec<u32>> {
-        use std::os::unix::fs::FileExt;
-        let mut buf = vec![0u8; 4096];
-        let mut n = 0;
-        loop {
-            if n == buf.len() {
-                buf.resize(buf.len() * 2, 0);
-            }
-            match self.procs.read_at(&mut buf[n..], n as u64) {
-                Ok(0) => break,
-                Ok(k) => n += k,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(String::from_utf8_lossy(&buf[..n])
-            .lines()
-            .filter_map(|l| l.trim().parse().ok())
-            .collect())
+        let text = clan_core::sys::read_whole_at(&self.procs)?;
+        Ok(pids_in(&String::from_utf8_lossy(&text)))
     }
 
     fn event(&self, key: &str) -> Option<bool> {
@@ -157,11 +135,12 @@ impl TaskFiles {
 
 /// The host pids in a cgroup (not its descendants: a task has none).
 fn procs(dir: &Path) -> Vec<u32> {
-    clan_core::sys::read_small(dir.join("cgroup.procs"))
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| l.trim().parse().ok())
-        .collect()
+    pids_in(&clan_core::sys::read_small(dir.join("cgroup.procs")).unwrap_or_default())
+}
+
+/// The pids of a `cgroup.procs` text.
+fn pids_in(text: &str) -> Vec<u32> {
+    text.lines().filter_map(|l| l.trim().parse().ok()).collect()
 }
 
 /// Real uid of a host process.
@@ -454,7 +433,7 @@ impl Node {
     /// After a top-down SIGKILL pass: rounds of the same over what is still in the task
     /// (children forked while the pass ran, processes the genealogy had not seen yet) until
     /// the kernel reports the task empty.
-    fn kill_rest_by_signals(&self, job: u64, dir: &Path) -> Result<()> {
+    fn kill_rest_by_signals(&self, job: u64, dir: &Path, files: &TaskFiles) -> Result<()> {
         let deadline = Instant::now() + SETTLE;
         loop {
             let mut left = self.order(job, dir, None);
@@ -468,7 +447,7 @@ impl Node {
                 .filter(|p| !matches!(proc_state(*p), Some('Z' | 'X') | None))
                 .collect();
             if live.is_empty() {
-                return wait_event(dir, "populated", false, SETTLE);
+                return files.wait(dir, "populated", false, SETTLE);
             }
             if Instant::now() > deadline {
                 return Err(Error::Internal(format!(
@@ -486,7 +465,7 @@ impl Node {
     /// files from the last request when they still answer (the cgroup was not removed
     /// since), else opened now.
     pub fn task(&self, job: u64) -> Option<Task> {
-        let dir = self.cgroup.as_ref()?.root.join(format!("job{job}"));
+        let dir = self.cgroup.as_ref()?.job_dir(job);
         let kept = self.task_files.lock().get(&job).cloned();
         if let Some(files) = kept {
             if let Ok(pids) = files.procs() {
@@ -743,7 +722,7 @@ impl Node {
                     send(p, sig);
                 }
                 if sig == nix::sys::signal::Signal::SIGKILL && subtree.is_none() {
-                    self.kill_rest_by_signals(job, dir)?;
+                    self.kill_rest_by_signals(job, dir, files)?;
                 }
             }
             A::JobSuspend => {
@@ -816,6 +795,19 @@ impl Node {
         Ok(after)
     }
 
+    /// This node's part of a job request, off the workers' loop (cgroup files, waits for
+    /// the kernel, the signal method's rounds).
+    pub async fn job_here(
+        self: &Arc<Self>,
+        req: pb::JobRequest,
+        creds: pb::Creds,
+    ) -> Result<Vec<pb::TaskInfo>> {
+        let node = self.clone();
+        crate::fanout::blocking(move || node.job_local(&req, &creds))
+            .await
+            .unwrap_or_else(|e| Err(Error::Internal(e.to_string())))
+    }
+
     /// A job request from a local caller: every target node at once, reported per node.
     pub async fn job_cluster(
         self: &Arc<Self>,
@@ -835,10 +827,7 @@ impl Node {
             req.nodes.clear();
             async move {
                 let res = if n == node.id {
-                    let node2 = node.clone();
-                    crate::fanout::blocking(move || node2.job_local(&req, &creds))
-                        .await
-                        .unwrap_or_else(|e| Err(Error::Internal(e.to_string())))
+                    node.job_here(req, creds).await
                 } else {
                     // The signal method's own limit grows with the task (signals_limit).
                     let settle = if req.method == "signals" {

@@ -302,12 +302,13 @@ impl Node {
         let spawning = self.spawning.lock();
         let mut busy: std::collections::HashSet<u64> = spawning.keys().copied().collect();
         busy.extend(self.vprocs.read().values().map(|v| v.job));
-        cg.prune_jobs(&busy);
+        let removed = cg.prune_jobs(&busy);
         drop(spawning);
         // The descriptors of removed tasks would only keep their cgroups' memory.
-        self.task_files
-            .lock()
-            .retain(|j, _| cg.root.join(format!("job{j}")).exists());
+        let mut files = self.task_files.lock();
+        for j in removed {
+            files.remove(&j);
+        }
     }
 
     /// Refreshes this node's load figures from its /proc (runs on a blocking thread).

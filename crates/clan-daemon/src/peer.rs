@@ -486,10 +486,7 @@ impl Node {
                 Ok(Reply::Kill(pb::KillReply { results }))
             }
             Op::Job(j) => {
-                let node = self.clone();
-                let tasks = crate::fanout::blocking(move || node.job_local(&j, &creds))
-                    .await
-                    .map_err(|e| Error::Internal(e.to_string()))??;
+                let tasks = self.job_here(j, creds).await?;
                 Ok(Reply::Job(pb::NodeJobs {
                     node: self.id.get(),
                     tasks,

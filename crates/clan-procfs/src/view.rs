@@ -480,14 +480,15 @@ impl<S: Source> View<S> {
         Ok(Some(attr(ino, kind_of_mode(mode), mode, owner.0, owner.1)))
     }
 
-    /// `files` of every process of `nodes` (empty: every node) as `reader` may read them.
+    /// `files` of every process of `nodes` (empty: every node) as `reader` may read them
+    /// (EACCES if the reader may not list them, EIO if cland does not answer).
     async fn files_of_every_process(
         &self,
         who: &Who,
         reader: &Reader,
         files: Vec<String>,
         nodes: Vec<u32>,
-    ) -> Result<pb::ProcReply, Failure> {
+    ) -> Result<pb::ProcReply, Errno> {
         self.src
             .proc(pb::ProcRequest {
                 op: pb::ProcOp::ProcSnapshot as i32,
@@ -497,6 +498,10 @@ impl<S: Source> View<S> {
                 ..Default::default()
             })
             .await
+            .map_err(|e| match e {
+                Failure::Permission(_) => libc::EACCES,
+                _ => libc::EIO,
+            })
     }
 
     /// A snapshot of every process (for the reader), fetched now.
@@ -505,11 +510,7 @@ impl<S: Source> View<S> {
         let files = SNAPSHOT_FILES.iter().map(|s| s.to_string()).collect();
         let reply = self
             .files_of_every_process(who, &reader, files, vec![])
-            .await
-            .map_err(|e| match e {
-                Failure::Permission(_) => libc::EACCES,
-                _ => libc::EIO,
-            })?;
+            .await?;
         if !reply.down.is_empty() {
             tracing::debug!(down = ?reply.down, "nodes left out of the listing");
         }
@@ -637,11 +638,7 @@ impl<S: Source> View<S> {
         } else {
             let reply = self
                 .files_of_every_process(who, &reader, vec![name.to_string()], vec![])
-                .await
-                .map_err(|e| match e {
-                    Failure::Permission(_) => libc::EACCES,
-                    _ => libc::EIO,
-                })?;
+                .await?;
             Some(
                 reply
                     .procs

@@ -25,7 +25,7 @@ pub struct ChildPlan {
     /// `tasks` files of v1 hierarchies to join as well: the child has one thread, so it
     /// moves itself there without the kernel's global threadgroup lock (`cgroup.procs`
     /// takes it, and its taking waits for an RCU grace period, 5 to 16 ms here).
-    pub v1_procs: Vec<String>,
+    pub v1_tasks: Vec<String>,
     /// `clan shell`: the cluster view over /proc (view, where the node's procfs goes).
     pub cluster_proc: Option<(CString, CString)>,
     pub mnt_ns: Option<OwnedFd>,
@@ -118,8 +118,8 @@ pub fn child(plan: ChildPlan, err_fd: RawFd) -> ! {
             fail(err_fd, e, what);
         }
     }
-    for procs in &plan.v1_procs {
-        if let Err(e) = std::fs::write(procs, "0") {
+    for tasks in &plan.v1_tasks {
+        if let Err(e) = std::fs::write(tasks, "0") {
             fail(
                 err_fd,
                 Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)),

@@ -512,7 +512,7 @@ fn start(
                 groups: creds.groups.clone(),
                 cgroup_procs: (!spec.cgroup.is_empty() && !placed)
                     .then(|| format!("{}/cgroup.procs", spec.cgroup)),
-                v1_procs: spec
+                v1_tasks: spec
                     .v1_cgroups
                     .iter()
                     .map(|d| format!("{d}/tasks"))

@@ -198,7 +198,7 @@ impl Node {
         // up; here only their names.
         let (cgroup, v1_cgroups) = match &self.cgroup {
             Some(cg) => (
-                cg.sub(&format!("job{}", req.job)).display().to_string(),
+                cg.job_dir(req.job).display().to_string(),
                 cg.v1_job_dirs(req.job)
                     .iter()
                     .map(|d| d.display().to_string())
