@@ -238,6 +238,44 @@ pub fn decode(buf: &[u8]) -> Vec<ProcEvent> {
     out
 }
 
+/// Whether the kernel filters proc connector events per listener (Linux 6.6: the listen
+/// request may carry an event mask, and events outside it wake nobody). Older kernels
+/// ignore a listen request of that size, so they get the plain one.
+fn filters_events() -> bool {
+    let Ok(u) = nix::sys::utsname::uname() else {
+        return false;
+    };
+    let release = u.release().to_string_lossy().into_owned();
+    let mut nums = release
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|n| n.parse::<u32>().ok());
+    matches!((nums.next(), nums.next()), (Some(major), Some(minor)) if (major, minor) >= (6, 6))
+}
+
+/// The netlink message that subscribes socket `port` to the proc connector: with `mask`,
+/// to forks and exits only (`struct proc_input`), else to every event.
+fn listen_request(port: u32, mask: bool) -> Vec<u8> {
+    let payload: usize = if mask { 8 } else { 4 };
+    let total = NLMSG_HDR + CN_MSG_HDR + payload;
+    let mut msg = Vec::with_capacity(total);
+    msg.extend_from_slice(&(total as u32).to_ne_bytes());
+    msg.extend_from_slice(&(libc::NLMSG_DONE as u16).to_ne_bytes());
+    msg.extend_from_slice(&0u16.to_ne_bytes()); // flags
+    msg.extend_from_slice(&0u32.to_ne_bytes()); // seq
+    msg.extend_from_slice(&port.to_ne_bytes());
+    msg.extend_from_slice(&CN_IDX_PROC.to_ne_bytes());
+    msg.extend_from_slice(&CN_VAL_PROC.to_ne_bytes());
+    msg.extend_from_slice(&0u32.to_ne_bytes()); // seq
+    msg.extend_from_slice(&0u32.to_ne_bytes()); // ack
+    msg.extend_from_slice(&(payload as u16).to_ne_bytes()); // len
+    msg.extend_from_slice(&0u16.to_ne_bytes()); // flags
+    msg.extend_from_slice(&PROC_CN_MCAST_LISTEN.to_ne_bytes());
+    if mask {
+        msg.extend_from_slice(&(PROC_EVENT_FORK | PROC_EVENT_EXIT).to_ne_bytes());
+    }
+    msg
+}
+
 /// Opens the proc connector and subscribes to its events (needs CAP_NET_ADMIN).
 fn connect() -> std::io::Result<OwnedFd> {
     // SAFETY: socket(2) with constant arguments; the result is checked.
@@ -280,20 +318,7 @@ fn connect() -> std::io::Result<OwnedFd> {
             std::mem::size_of::<libc::c_int>() as u32,
         )
     };
-    let mut msg = Vec::with_capacity(NLMSG_HDR + CN_MSG_HDR + 4);
-    let total = (NLMSG_HDR + CN_MSG_HDR + 4) as u32;
-    msg.extend_from_slice(&total.to_ne_bytes());
-    msg.extend_from_slice(&(libc::NLMSG_DONE as u16).to_ne_bytes());
-    msg.extend_from_slice(&0u16.to_ne_bytes()); // flags
-    msg.extend_from_slice(&0u32.to_ne_bytes()); // seq
-    msg.extend_from_slice(&std::process::id().to_ne_bytes());
-    msg.extend_from_slice(&CN_IDX_PROC.to_ne_bytes());
-    msg.extend_from_slice(&CN_VAL_PROC.to_ne_bytes());
-    msg.extend_from_slice(&0u32.to_ne_bytes()); // seq
-    msg.extend_from_slice(&0u32.to_ne_bytes()); // ack
-    msg.extend_from_slice(&4u16.to_ne_bytes()); // len
-    msg.extend_from_slice(&0u16.to_ne_bytes()); // flags
-    msg.extend_from_slice(&PROC_CN_MCAST_LISTEN.to_ne_bytes());
+    let msg = listen_request(std::process::id(), filters_events());
     // SAFETY: send(2) of a buffer we own.
     let n = unsafe {
         libc::send(
@@ -576,6 +601,24 @@ mod tests {
         assert!((3000..5000).all(|k| g.get(k).unwrap().parent == 0));
         assert_eq!(g.len(), 2001);
         assert!(g.kids.is_empty());
+    }
+
+    #[test]
+    fn listen_requests_carry_a_mask_only_when_asked() {
+        for (mask, payload) in [(false, 4usize), (true, 8)] {
+            let m = listen_request(7, mask);
+            assert_eq!(m.len(), NLMSG_HDR + CN_MSG_HDR + payload);
+            assert_eq!(u32_at(&m, 0), Some(m.len() as u32));
+            let len_at = NLMSG_HDR + 16;
+            assert_eq!(
+                u16::from_ne_bytes([m[len_at], m[len_at + 1]]) as usize,
+                payload
+            );
+            let op = NLMSG_HDR + CN_MSG_HDR;
+            assert_eq!(u32_at(&m, op), Some(PROC_CN_MCAST_LISTEN));
+            let want = mask.then_some(PROC_EVENT_FORK | PROC_EVENT_EXIT);
+            assert_eq!(u32_at(&m, op + 4), want);
+        }
     }
 
     #[test]

@@ -76,6 +76,9 @@ pub struct Node {
     pub task_files: NamedMutex<HashMap<u64, Arc<crate::job::TaskFiles>>>,
     /// Shepherds started ahead of time, waiting for a spec.
     pub pool: NamedMutex<Vec<crate::process::vproc::Waiting>>,
+    /// The socket to this node's shepherd zygote, which forks waiting shepherds (None
+    /// until the first is needed, and again after it died).
+    pub zygote: NamedMutex<Option<std::os::unix::net::UnixStream>>,
     pub shutdown: watch::Sender<Option<bool>>,
 }
 
@@ -135,6 +138,7 @@ impl Node {
             job_owners: NamedMutex::new("jobs.owners", job_owners),
             spawning: NamedMutex::new("spawning", HashMap::new()),
             pool: NamedMutex::new("shepherd.pool", Vec::new()),
+            zygote: NamedMutex::new("shepherd.zygote", None),
             task_peaks: NamedMutex::new("task.peaks", HashMap::new()),
             task_files: NamedMutex::new("task.files", HashMap::new()),
             genealogy: NamedMutex::new("genealogy", Default::default()),

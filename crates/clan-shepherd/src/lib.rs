@@ -4,7 +4,8 @@
 //! keeps it a zombie until its parent has the status (so the gpid is not reused), and
 //! outlives cland: a restarted cland finds it again by its socket in `state/sh/GPID.sock`.
 //!
-//! The same binary also provides `node-init`, pid 1 of a local-cluster node's pid, mount and
+//! `zygote` forks waiting shepherds for cland without an exec each. The same binary also
+//! provides `node-init`, pid 1 of a local-cluster node's pid, mount and
 //! UTS namespaces.
 
 mod exec;
@@ -30,9 +31,10 @@ fn slave_root() -> nix::Result<()> {
 pub fn main_with_args(args: Vec<String>) -> ExitCode {
     match args.first().map(String::as_str) {
         Some("run") => shepherd::run(&args[1..]),
+        Some("zygote") => shepherd::zygote(&args[1..]),
         Some("node-init") => init::run(&args[1..]),
         _ => {
-            eprintln!("usage: clan-shepherd run < spec | clan-shepherd node-init --hostname NAME [--cgroup DIR]");
+            eprintln!("usage: clan-shepherd run < spec | clan-shepherd zygote < socket | clan-shepherd node-init --hostname NAME [--cgroup DIR]");
             ExitCode::from(2)
         }
     }

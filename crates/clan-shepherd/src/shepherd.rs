@@ -62,12 +62,118 @@ enum Stdio {
     Log,
 }
 
-/// `clan-shepherd run [--cgroup DIR]`: forks first (the child born in DIR, the shepherds'
-/// cgroup) so the caller can reap the parent at once, then waits for its spec on stdin. cland
-/// keeps a few shepherds waiting like this, so a spawn skips starting one.
+/// `clan-shepherd run [--cgroup DIR] [--ns-init PID]`: forks first (the child born in DIR,
+/// the shepherds' cgroup) so the caller can reap the parent at once, then waits for its spec
+/// on stdin. cland keeps a few shepherds waiting like this, so a spawn skips starting one.
 pub fn run(args: &[String]) -> ExitCode {
     // SAFETY: fd 1 is the report pipe cland gave us; we take ownership of it once.
     let mut out = unsafe { File::from_raw_fd(1) };
+    match settle(args, &mut out) {
+        Ok(at) => serve_spec(out, &at),
+        Err(code) => code,
+    }
+}
+
+/// `clan-shepherd zygote [--cgroup DIR] [--ns-init PID]`: settles where a shepherd lives
+/// (as `run`), then forks one waiting shepherd for each pair of pipes cland sends on its
+/// stdin, a Unix socket (SCM_RIGHTS: the end the shepherd reads its spec and messages
+/// from, the end it reports on). A shepherd made this way costs two forks of a small
+/// process instead of an exec, whose start (the dynamic loader, libc probing the CPU's
+/// caches through `cpuid`, which traps in a virtual machine) took most of a spawn's CPU.
+/// It ends at the end of its stdin: when its cland is gone.
+pub fn zygote(args: &[String]) -> ExitCode {
+    // SAFETY: fd 1 is whatever cland gave us (/dev/null); we take ownership of it once.
+    let mut out = unsafe { File::from_raw_fd(1) };
+    let at = match settle(args, &mut out) {
+        Ok(at) => at,
+        Err(code) => return code,
+    };
+    loop {
+        let fds = match receive_pipes() {
+            Ok(Some(fds)) => fds,
+            Ok(None) => return ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("clan-shepherd zygote: receive: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        let [spec_in, report_out] = match <[OwnedFd; 2]>::try_from(fds) {
+            Ok(pair) => pair,
+            Err(_) => continue, // not a pair: dropped (closed)
+        };
+        // SAFETY: the zygote is single-threaded; each child below only forks, moves
+        // descriptors and exits, or becomes a shepherd as `run` does after its forks.
+        match unsafe { fork() } {
+            // SAFETY: as above: the child is single-threaded too.
+            Ok(ForkResult::Child) => match unsafe { fork() } {
+                Ok(ForkResult::Child) => {
+                    // The shepherd proper, adopted by the node's init once its parent exits.
+                    let moved = nix::unistd::dup2(spec_in.as_raw_fd(), 0)
+                        .and_then(|_| nix::unistd::dup2(report_out.as_raw_fd(), 1));
+                    drop((spec_in, report_out));
+                    if moved.is_err() {
+                        // SAFETY: _exit in a forked child; cland sees the pipes close.
+                        unsafe { libc::_exit(1) }
+                    }
+                    // SAFETY: fd 1 is now the report pipe; we take ownership of it once.
+                    return serve_spec(unsafe { File::from_raw_fd(1) }, &at);
+                }
+                // SAFETY: _exit in a forked child skips destructors shared with the zygote.
+                _ => unsafe { libc::_exit(0) },
+            },
+            Ok(ForkResult::Parent { child }) => {
+                drop((spec_in, report_out));
+                let _ = nix::sys::wait::waitpid(child, None);
+            }
+            Err(e) => {
+                // The pipes close with the pair: the spawn that takes them starts another.
+                eprintln!("clan-shepherd zygote: fork: {e}");
+            }
+        }
+    }
+}
+
+/// One message of the zygote's socket: the descriptors it carries; `None` at its end.
+fn receive_pipes() -> nix::Result<Option<Vec<OwnedFd>>> {
+    use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
+    let mut byte = [0u8; 1];
+    let mut space = nix::cmsg_space!([std::os::fd::RawFd; 2]);
+    loop {
+        let mut iov = [std::io::IoSliceMut::new(&mut byte)];
+        let msg = match recvmsg::<()>(0, &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC) {
+            Err(nix::errno::Errno::EINTR) => continue,
+            other => other?,
+        };
+        let mut fds = Vec::new();
+        for c in msg.cmsgs()? {
+            if let ControlMessageOwned::ScmRights(raw) = c {
+                // SAFETY: descriptors received with SCM_RIGHTS are new and ours alone.
+                fds.extend(
+                    raw.into_iter()
+                        .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }),
+                );
+            }
+        }
+        if msg.bytes == 0 && fds.is_empty() {
+            return Ok(None);
+        }
+        return Ok(Some(fds));
+    }
+}
+
+/// Where a shepherd lives once settled: its cgroup, whether it was born there, and whether
+/// it runs inside the node's namespaces.
+struct Settled {
+    cgroup: String,
+    placed: bool,
+    in_node_ns: bool,
+}
+
+/// Puts this process where a shepherd lives: into the node's pid namespace (`--ns-init`),
+/// forked so that the caller can reap its child at once (`Err` there, with the exit code)
+/// and the shepherd is adopted by the node's init, then into the node's mount and UTS
+/// namespaces.
+fn settle(args: &[String], out: &mut File) -> Result<Settled, ExitCode> {
     let cgroup = args
         .iter()
         .position(|a| a == "--cgroup")
@@ -91,10 +197,10 @@ pub fn run(args: &[String]) -> ExitCode {
             (Ok(pid), Ok(mnt), Ok(uts)) => {
                 if let Err(e) = setns(&pid, CloneFlags::CLONE_NEWPID) {
                     report(
-                        &mut out,
+                        out,
                         &error_reply(pb::ErrorCode::Internal, format!("shepherd: setns: {e}")),
                     );
-                    return ExitCode::FAILURE;
+                    return Err(ExitCode::FAILURE);
                 }
                 later_ns = vec![
                     (mnt, CloneFlags::CLONE_NEWNS),
@@ -103,10 +209,10 @@ pub fn run(args: &[String]) -> ExitCode {
             }
             _ => {
                 report(
-                    &mut out,
+                    out,
                     &error_reply(pb::ErrorCode::NodeDown, "node namespace is gone".into()),
                 );
-                return ExitCode::FAILURE;
+                return Err(ExitCode::FAILURE);
             }
         }
     }
@@ -118,16 +224,15 @@ pub fn run(args: &[String]) -> ExitCode {
                 // Until the child has forked the shepherd proper (below) and exited.
                 let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None);
             }
-            std::mem::forget(out);
-            return ExitCode::SUCCESS;
+            return Err(ExitCode::SUCCESS);
         }
         Ok((_, placed)) => placed,
         Err(e) => {
             report(
-                &mut out,
+                out,
                 &error_reply(pb::ErrorCode::Internal, format!("shepherd: fork: {e}")),
             );
-            return ExitCode::FAILURE;
+            return Err(ExitCode::FAILURE);
         }
     };
     if ns_init.is_some() {
@@ -146,14 +251,21 @@ pub fn run(args: &[String]) -> ExitCode {
     for (ns, kind) in &later_ns {
         if let Err(e) = setns(ns, *kind) {
             report(
-                &mut out,
+                out,
                 &error_reply(pb::ErrorCode::Internal, format!("shepherd: setns: {e}")),
             );
-            return ExitCode::FAILURE;
+            return Err(ExitCode::FAILURE);
         }
     }
-    let in_node_ns = ns_init.is_some();
-    drop(later_ns);
+    Ok(Settled {
+        cgroup,
+        placed,
+        in_node_ns: ns_init.is_some(),
+    })
+}
+
+/// A settled shepherd's life: reads its spec on stdin, starts the process, serves it.
+fn serve_spec(mut out: File, at: &Settled) -> ExitCode {
     // Our stdin, read without a buffer: after the spec it carries cland's messages.
     let mut from_cland = match std::io::stdin().as_fd().try_clone_to_owned() {
         Ok(fd) => File::from(fd),
@@ -177,8 +289,8 @@ pub fn run(args: &[String]) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let placed = placed && spec.shepherd_cgroup == cgroup;
-    match start(&spec, &mut out, &mut from_cland, placed, in_node_ns) {
+    let placed = at.placed && spec.shepherd_cgroup == at.cgroup;
+    match start(&spec, &mut out, &mut from_cland, placed, at.in_node_ns) {
         Ok(mut sh) => {
             // The pipes of the cland that started us are our first link to it (it need not
             // connect to the socket and ask): an attached process's output and status go out

@@ -8,11 +8,13 @@ use crate::process::wait::Change;
 use clan_core::{Gpid, NamedMutex, NodeId, WaitStatus};
 use clan_proto::pb::{self, shepherd_in::Msg as In, shepherd_out::Msg as Out};
 use clan_proto::{read_frame, write_frame};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::Arc;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::net::unix::pipe;
 use tokio::net::UnixStream;
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, info, warn};
@@ -83,7 +85,7 @@ impl VProc {
 }
 
 /// A shepherd waiting for its spec: its stdin and its report pipe.
-pub type Waiting = (tokio::process::ChildStdin, tokio::process::ChildStdout);
+pub type Waiting = (pipe::Sender, pipe::Receiver);
 
 /// Shepherds kept waiting per node.
 const POOL: usize = 2;
@@ -295,26 +297,44 @@ impl Node {
         Ok(vp)
     }
 
-    /// Starts a shepherd that waits for its spec (`clan-shepherd run` forks at once, the
-    /// child born in the shepherds' cgroup; the parent is reaped here).
+    /// A new shepherd waiting for its spec: forked by the node's zygote, or, when no zygote
+    /// can be had, started on its own.
     async fn fresh_shepherd(&self) -> Result<Waiting> {
+        match self.zygote_shepherd() {
+            Ok(w) => Ok(w),
+            Err(e) => {
+                debug!("no shepherd from the zygote ({e}): starting one");
+                self.exec_shepherd().await
+            }
+        }
+    }
+
+    /// `clan-shepherd SUBCOMMAND` with this node's namespace and cgroup arguments.
+    fn shepherd_command(&self, sub: &str) -> Result<tokio::process::Command> {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(self.state_dir.join("shepherd.log"))
             .map_err(|e| Error::internal("open shepherd.log", e))?;
         let mut cmd = tokio::process::Command::new(&self.shepherd_bin);
-        cmd.arg("run");
+        cmd.arg(sub);
         if self.view.ns_init != 0 {
             cmd.arg("--ns-init").arg(self.view.ns_init.to_string());
         }
         if let Some(cg) = &self.cgroup {
             cmd.arg("--cgroup").arg(cg.sub("shepherds"));
         }
-        let mut child = cmd
+        cmd.stderr(Stdio::from(log));
+        Ok(cmd)
+    }
+
+    /// Starts a shepherd that waits for its spec (`clan-shepherd run` forks at once, the
+    /// child born in the shepherds' cgroup; the parent is reaped here).
+    async fn exec_shepherd(&self) -> Result<Waiting> {
+        let mut child = self
+            .shepherd_command("run")?
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::from(log))
             .spawn()
             .map_err(|e| {
                 Error::internal(
@@ -322,14 +342,81 @@ impl Node {
                     e,
                 )
             })?;
-        let waiting = (
-            child.stdin.take().expect("piped"),
-            child.stdout.take().expect("piped"),
-        );
+        let pipes = (|| {
+            let stdin = child.stdin.take().expect("piped").into_owned_fd()?;
+            let stdout = child.stdout.take().expect("piped").into_owned_fd()?;
+            Ok::<_, std::io::Error>((
+                pipe::Sender::from_owned_fd(stdin)?,
+                pipe::Receiver::from_owned_fd(stdout)?,
+            ))
+        })()
+        .map_err(|e| Error::internal("shepherd pipes", e));
         tokio::spawn(async move {
             let _ = child.wait().await;
         });
-        Ok(waiting)
+        pipes
+    }
+
+    /// A shepherd forked by the node's zygote (started here the first time, and again
+    /// after it died): two pipes made here, their shepherd ends sent to the zygote.
+    fn zygote_shepherd(&self) -> Result<Waiting> {
+        use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
+        let internal = |what: &str, e: std::io::Error| Error::internal(what, e);
+        let (spec_rd, spec_wr) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+            .map_err(|e| internal("pipe", e.into()))?;
+        let (report_rd, report_wr) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+            .map_err(|e| internal("pipe", e.into()))?;
+        let fds = [spec_rd.as_raw_fd(), report_wr.as_raw_fd()];
+        let mut zygote = self.zygote.lock();
+        for fresh in [false, true] {
+            if fresh || zygote.is_none() {
+                *zygote = Some(self.start_zygote()?);
+            }
+            let sock = zygote.as_ref().expect("just set");
+            let sent = sendmsg::<()>(
+                sock.as_raw_fd(),
+                &[std::io::IoSlice::new(b"s")],
+                &[ControlMessage::ScmRights(&fds)],
+                MsgFlags::MSG_NOSIGNAL | MsgFlags::MSG_DONTWAIT,
+                None,
+            );
+            match sent {
+                Ok(_) => {
+                    drop(zygote);
+                    drop((spec_rd, report_wr));
+                    let sender = pipe::Sender::from_owned_fd(spec_wr)
+                        .map_err(|e| internal("shepherd pipe", e))?;
+                    let receiver = pipe::Receiver::from_owned_fd(report_rd)
+                        .map_err(|e| internal("shepherd pipe", e))?;
+                    return Ok((sender, receiver));
+                }
+                // Dead (or stuck with a full socket): a new one, once.
+                Err(e) if !fresh => debug!("shepherd zygote: {e}; starting another"),
+                Err(e) => return Err(internal("send to the shepherd zygote", e.into())),
+            }
+        }
+        unreachable!("the loop returns on its second turn")
+    }
+
+    /// Starts `clan-shepherd zygote` on one end of a new socket pair; returns the other.
+    fn start_zygote(&self) -> Result<std::os::unix::net::UnixStream> {
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair()
+            .map_err(|e| Error::internal("zygote socket", e))?;
+        let mut child = self
+            .shepherd_command("zygote")?
+            .stdin(Stdio::from(OwnedFd::from(theirs)))
+            .stdout(Stdio::null())
+            .spawn()
+            .map_err(|e| {
+                Error::internal(
+                    &format!("start shepherd zygote {}", self.shepherd_bin.display()),
+                    e,
+                )
+            })?;
+        tokio::spawn(async move {
+            let _ = child.wait().await;
+        });
+        Ok(ours)
     }
 
     /// A waiting shepherd from the pool (refilled behind us), or a fresh one.
