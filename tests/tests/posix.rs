@@ -935,6 +935,62 @@ fn a_cland_restarted_after_its_node_was_declared_dead_fences_what_it_took_over()
     assert!(daemon.wait().unwrap().success());
 }
 
+/// A cland stopped cleanly (SIGTERM: it says goodbye) leaves its processes running under
+/// their shepherds: the other nodes show the node dead but do not take its processes for
+/// killed, and once a new cland has taken them over, they are signalled and waited for
+/// with their own statuses, from another node.
+#[test]
+fn a_clean_cland_restart_keeps_remote_statuses() {
+    root_or_skip!("a_clean_cland_restart_keeps_remote_statuses");
+    let c = Cluster::up(3);
+    let d = c.spawn(3, &["sleep", "2041"]);
+    let e = c.spawn(3, &["sleep", "2042"]);
+    eventually("the sleeps", Duration::from_secs(20), || {
+        (host_running("sleep 2041").len() == 1 && host_running("sleep 2042").len() == 1)
+            .then_some(())
+    });
+    let pid = nix::unistd::Pid::from_raw(c.cland_pid(3));
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    eventually("node 3 down everywhere", Duration::from_secs(20), || {
+        (1..=2)
+            .all(|from| {
+                node_states(&c, from)
+                    .iter()
+                    .any(|(n, s)| *n == 3 && s == "dead")
+            })
+            .then_some(())
+    });
+    // The process that exits while its node's cland is away keeps its status too.
+    let other = host_running("sleep 2042");
+    let other: i32 = other[0].split_once(':').unwrap().0.parse().unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(other),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    assert_eq!(host_running("sleep 2041").len(), 1, "still running");
+    eventually("node 3's cland gone", Duration::from_secs(20), || {
+        nix::sys::signal::kill(pid, None).is_err().then_some(())
+    });
+    let mut daemon = c.restart_cland(3);
+    eventually(
+        "node 3 up again everywhere",
+        Duration::from_secs(20),
+        || {
+            (1..=3)
+                .all(|from| node_states(&c, from).iter().all(|(_, s)| s == "up"))
+                .then_some(())
+        },
+    );
+    c.clan_ok(&["kill", "-s", "TERM", &d.to_string()]);
+    let o = c.clan(&["wait", &d.to_string()]);
+    assert_eq!(o.status.code(), Some(128 + 15), "{o:?}");
+    let o = c.clan(&["wait", &e.to_string()]);
+    assert_eq!(o.status.code(), Some(128 + 15), "{o:?}");
+    drop(c); // clan down stops the daemon we started
+    assert!(daemon.wait().unwrap().success());
+}
+
 /// `clan --from N stats tables`: the size of `table` on `node`, if it answered.
 fn table_at(c: &Cluster, from: u32, node: u32, table: &str) -> Option<u64> {
     let o = c.clan(&["--from", &from.to_string(), "stats", "tables"]);
@@ -1052,4 +1108,51 @@ fn terminal_stops_reach_remote_members_of_a_group() {
         state_of(&c, 2, "sleep 1061").filter(|s| s == "T")
     });
     assert_eq!(state_of(&c, 2, "sleep 1064").as_deref(), Some("S"));
+}
+
+/// A node that died numbers its processes afresh when it comes back, so a new process may
+/// get the gpid of one that died with it: the new one's status is its own, and collecting
+/// the old one's ("killed by SIGKILL") releases nothing on the node.
+#[test]
+fn a_gpid_reused_after_a_node_death_gets_its_own_status() {
+    root_or_skip!("a_gpid_reused_after_a_node_death_gets_its_own_status");
+    let c = Cluster::up(2);
+    let old = c.spawn(2, &["sleep", "1093"]);
+    c.power_cut(2);
+    eventually("node 2 dead", Duration::from_secs(20), || {
+        c.clan_ok(&["nodes"])
+            .lines()
+            .any(|l| l.starts_with("2 ") && l.contains("dead"))
+            .then_some(())
+    });
+    c.node_start(2);
+    // New processes on node 2, each waited for, until one has the old gpid: the node's
+    // new pid namespace is told to hand out the old number next (ns_last_pid, written from
+    // inside it); the shepherd pool's own forks can take it first, so a few tries.
+    let init = std::fs::read_to_string(c.node_dir(2).join("init.pid")).expect("init.pid");
+    let mut reused = false;
+    for _ in 0..20 {
+        let _ = std::process::Command::new("nsenter")
+            .args(["-t", init.trim(), "-p", "-m", "--", "sh", "-c"])
+            .arg(format!(
+                "echo {} > /proc/sys/kernel/ns_last_pid",
+                old.local() - 1
+            ))
+            .status();
+        let g = c.spawn(2, &["sh", "-c", "exit 3"]);
+        let o = c.clan(&["wait", &g.to_string()]);
+        assert_eq!(o.status.code(), Some(3), "{g} (old {old}): {o:?}");
+        if g == old {
+            reused = true;
+            break;
+        }
+    }
+    let o = c.clan(&["wait", &old.to_string()]);
+    if reused {
+        // Its record went to the new process, which was collected.
+        assert_eq!(o.status.code(), Some(127), "{o:?}");
+    } else {
+        assert_eq!(o.status.code(), Some(128 + 9), "{o:?}");
+    }
+    eprintln!("gpid {old} reused after the node's death: {reused}");
 }

@@ -108,14 +108,21 @@ impl Node {
         let quorum = self.in_quorum();
         let had = self.quorum.swap(quorum, Ordering::AcqRel);
         for p in &newly_dead {
-            let inc = {
+            let (inc, goodbye) = {
                 let mut st = p.state.lock();
                 // Authoritative only with quorum (and not for a goodbye: a clean stop).
                 if quorum && !st.goodbye {
                     st.fenced = st.info.as_ref().map(|i| i.incarnation);
                 }
-                st.fenced
+                st.lost |= !st.goodbye;
+                (st.fenced, st.goodbye)
             };
+            if goodbye {
+                // A clean stop of its cland: its processes live on under their shepherds.
+                info!(node = %p.id, "node is away (said goodbye)");
+                self.node_away(p, false);
+                continue;
+            }
             warn!(node = %p.id, fenced = inc.is_some(), "node declared dead");
             self.node_lost(p);
         }
@@ -138,14 +145,24 @@ impl Node {
 
     /// Everything a dead peer held is treated as killed.
     pub fn node_lost(self: &Arc<Self>, p: &Arc<Peer>) {
-        p.fail_pending(crate::error::Error::NodeDead(p.id));
-        p.spare_sessions.lock().clear();
-        p.deaths.send_modify(|n| *n += 1);
+        self.node_away(p, true);
         self.children_of_dead_node(p.id);
         self.parent_node_lost(p.id);
         let groups = self.members_of_dead_node(p.id);
         self.orphan_checks_after_death(groups);
         self.reregister_groups();
+    }
+
+    /// Node `p` can not be reached: what is asked of it fails (`NodeDead` if its processes
+    /// are `lost`, else `NodeDown`: they may live on), its sessions end.
+    pub fn node_away(&self, p: &Arc<Peer>, lost: bool) {
+        p.fail_pending(if lost {
+            crate::error::Error::NodeDead(p.id)
+        } else {
+            crate::error::Error::NodeDown(format!("node {} is down", p.id))
+        });
+        p.spare_sessions.lock().clear();
+        p.deaths.send_modify(|n| *n += 1);
     }
 
     /// The incarnations this node has fenced, for its heartbeats.
@@ -208,8 +225,9 @@ impl Node {
         for p in self.peers.values() {
             let newly = {
                 let mut st = p.state.lock();
-                let newly = !st.declared_dead;
+                let newly = !st.lost;
                 st.declared_dead = true;
+                st.lost = true;
                 st.last_heard = None;
                 newly
             };

@@ -32,6 +32,11 @@ pub struct PeerState {
     pub fenced: Option<u64>,
     /// Placements sent there since its last heartbeat (least-loaded counts them as load).
     pub placed_since: u32,
+    /// Its current incarnation's processes were given up as lost (`Node::node_lost`: it was
+    /// declared dead, which fences it). A node that said goodbye is only away: its
+    /// processes outlive its cland, and are lost only if it comes back as an incarnation
+    /// that did not take them over.
+    pub lost: bool,
 }
 
 type Pending = HashMap<u64, oneshot::Sender<Result<Reply>>>;
@@ -142,7 +147,12 @@ impl Node {
     pub async fn call(&self, to: NodeId, creds: pb::Creds, op: Op) -> Result<Reply> {
         let p = self.peer(to)?;
         if p.state_name(&self.cfg, self.started) == "dead" {
-            return Err(Error::NodeDead(to));
+            // Lost: its processes are gone. Away (it said goodbye, or is not yet declared
+            // dead): they may live on, and asking again later may work.
+            if p.state.lock().lost {
+                return Err(Error::NodeDead(to));
+            }
+            return Err(Error::NodeDown(format!("node {to} is down")));
         }
         let id = p.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
@@ -254,15 +264,26 @@ impl Node {
             {
                 return false;
             }
+            if st.goodbye
+                && st
+                    .info
+                    .as_ref()
+                    .is_some_and(|i| i.incarnation == incarnation)
+            {
+                // A late frame of the cland that said goodbye (it is stopping): not a sign
+                // of life.
+                return true;
+            }
             let was_dead = st.declared_dead || st.goodbye;
             if let Some(i) = info {
                 if let Some(old) = st.info.as_ref().filter(|o| o.incarnation != i.incarnation) {
                     info!(node = %from, "node restarted");
                     rejoined = true;
                     // Restarted without taking over the old incarnation's processes (a
-                    // crash, not a cland restart), before we declared it dead: what it
-                    // held is lost all the same.
-                    lost_old = !st.declared_dead && !st.goodbye && i.previous != old.incarnation;
+                    // crash, not a cland restart), before we declared it dead or after a
+                    // goodbye: what it held is lost all the same.
+                    lost_old = !st.lost && i.previous != old.incarnation;
+                    st.lost = false;
                 }
                 // A fenced incarnation stays listed (a restarted cland that took over
                 // its processes must learn of it); a new one is accepted.

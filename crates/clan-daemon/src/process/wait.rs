@@ -61,6 +61,12 @@ pub struct ChildRec {
     /// Which record this is: a gpid can name another process once its zombie is released,
     /// and a timer or a waiter must not act on a later record of the same gpid.
     pub gen: u64,
+    /// Its node lost its processes (declared dead, or back as an incarnation that did not
+    /// take them over): its zombie went with them, so collecting the record releases
+    /// nothing there (the node's next incarnation numbers its processes afresh, and a
+    /// release could reach a new process with the same gpid), and news of that gpid from
+    /// the node is about a new process.
+    pub gone_with_node: bool,
 }
 
 /// Generations of child records (`ChildRec::gen`), unique for the daemon's life.
@@ -74,6 +80,7 @@ impl ChildRec {
             orphan: false,
             parented: false,
             gen: NEXT_GEN.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            gone_with_node: false,
         }
     }
 }
@@ -118,10 +125,14 @@ fn may_wait(creds: &pb::Creds, uid: u32, gpid: Gpid) -> Result<()> {
 impl Node {
     /// Parent side: a child was started on our behalf; expect its status.
     pub fn expect_child(&self, gpid: Gpid, uid: u32) {
-        self.children
-            .lock()
-            .entry(gpid)
-            .or_insert_with(|| ChildRec::new(uid));
+        let mut ch = self.children.lock();
+        let rec = ch.entry(gpid).or_insert_with(|| ChildRec::new(uid));
+        if rec.gone_with_node {
+            // A process of the node's next incarnation that got the same gpid: the old
+            // one's uncollected status goes (it died with its node), not to this one.
+            warn!(%gpid, "a new process has the gpid of one that died with its node");
+            *rec = ChildRec::new(uid);
+        }
     }
 
     /// Parent side: childstatuschange arrived (an exit, a stop or a continue).
@@ -131,6 +142,11 @@ impl Node {
         };
         let mut ch = self.children.lock();
         let rec = ch.entry(gpid).or_insert_with(|| ChildRec::new(st.uid));
+        if rec.gone_with_node {
+            // News from the node's next incarnation about a process that got the gpid of
+            // one that died with the node (possibly before `expect_child` for it).
+            *rec = ChildRec::new(st.uid);
+        }
         if st.stopped != 0 {
             rec.state
                 .send_modify(|s| s.change = Some(Change::Stopped(st.stopped)));
@@ -162,7 +178,7 @@ impl Node {
     /// Parent side: a child with no parent in the cluster exited `exit_retention_ms` ago;
     /// if nobody collected its status (and no parent adopted it meanwhile), it is reaped.
     async fn reap_unwaited(self: &Arc<Self>, gpid: Gpid, gen: u64) {
-        {
+        let release = {
             let mut ch = self.children.lock();
             let unwaited = ch
                 .get(&gpid)
@@ -170,18 +186,22 @@ impl Node {
             if !unwaited {
                 return;
             }
-            ch.remove(&gpid);
-        }
+            ch.remove(&gpid).is_some_and(|r| !r.gone_with_node)
+        };
         info!(%gpid, "reaped: its exit status was not waited for");
-        self.release(gpid).await;
+        if release {
+            self.release(gpid).await;
+        }
     }
 
-    /// Parent side: a node died; its children are, to us, killed by SIGKILL (and the
-    /// records of orphans among them go).
-    pub fn children_of_dead_node(&self, dead: NodeId) {
+    /// Parent side: a node lost its processes; its children are, to us, killed by SIGKILL
+    /// and gone with it (the records of orphans among them go; those with no parent in the
+    /// cluster wait the retention for a `clan wait`, as any other exit).
+    pub fn children_of_dead_node(self: &Arc<Self>, dead: NodeId) {
+        let mut unparented = Vec::new();
         let mut ch = self.children.lock();
         ch.retain(|g, rec| {
-            if g.node() != dead {
+            if g.node() != dead || rec.gone_with_node {
                 return true;
             }
             if rec.state.borrow().exit.is_none() {
@@ -191,8 +211,24 @@ impl Node {
                         ..Default::default()
                     })
                 });
+                if !rec.orphan && !rec.parented {
+                    unparented.push((*g, rec.gen));
+                }
             }
+            rec.gone_with_node = true;
             !rec.orphan
+        });
+        drop(ch);
+        if unparented.is_empty() {
+            return;
+        }
+        let node = self.clone();
+        let after = Duration::from_millis(self.cfg.exit_retention_ms);
+        tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            for (g, gen) in unparented {
+                node.reap_unwaited(g, gen).await;
+            }
         });
     }
 
@@ -247,8 +283,10 @@ impl Node {
             for g in rec.kids.iter().map(|k| k.0) {
                 let Some(rec) = ch.get_mut(&g) else { continue };
                 if rec.state.borrow().exit.is_some() {
+                    if !rec.gone_with_node {
+                        release.push(g);
+                    }
                     ch.remove(&g);
-                    release.push(g);
                 } else {
                     rec.orphan = true;
                 }
@@ -431,6 +469,7 @@ impl Node {
             let ch = self.children.lock();
             ch.get(&gpid).map(|r| (r.uid, r.gen, r.state.subscribe()))
         };
+        let mut release = true;
         let ws = match rec {
             Some((uid, gen, mut rx)) => {
                 may_wait(creds, uid, gpid)?;
@@ -445,6 +484,7 @@ impl Node {
                     };
                     let state = *rec.state.borrow();
                     if let Some(ws) = state.exit {
+                        release = !rec.gone_with_node;
                         ch.remove(&gpid);
                         break ws;
                     }
@@ -483,7 +523,9 @@ impl Node {
                 }
             }
         };
-        self.release(gpid).await;
+        if release {
+            self.release(gpid).await;
+        }
         Ok(WaitEvent::Exited(ws))
     }
 }
