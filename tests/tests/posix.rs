@@ -752,6 +752,15 @@ fn host_running(prefix: &str) -> Vec<String> {
         .collect()
 }
 
+/// Waits until each of the `n` nodes sees every node up.
+fn all_up_everywhere(c: &Cluster, n: u32) {
+    eventually("every node up everywhere", Duration::from_secs(20), || {
+        (1..=n)
+            .all(|from| node_states(c, from).iter().all(|(_, s)| s == "up"))
+            .then_some(())
+    });
+}
+
 /// `clan nodes` from `from`: (node, state) pairs.
 fn node_states(c: &Cluster, from: u32) -> Vec<(u32, String)> {
     c.clan_ok(&["--from", &from.to_string(), "nodes"])
@@ -880,15 +889,7 @@ fn a_frozen_node_declared_dead_fences_itself_when_it_wakes() {
         Duration::from_secs(20),
         || host_running("sleep 201").is_empty().then_some(()),
     );
-    eventually(
-        "node 3 up again everywhere",
-        Duration::from_secs(20),
-        || {
-            (1..=3)
-                .all(|from| node_states(&c, from).iter().all(|(_, s)| s == "up"))
-                .then_some(())
-        },
-    );
+    all_up_everywhere(&c, 3);
     assert_ne!(inc(1), before, "node 3 rejoined as a new incarnation");
     let o = c.clan(&["wait", &d.to_string()]);
     assert_eq!(o.status.code(), Some(128 + 9), "{o:?}");
@@ -920,15 +921,7 @@ fn a_cland_restarted_after_its_node_was_declared_dead_fences_what_it_took_over()
     eventually("the stale sleep fenced", Duration::from_secs(20), || {
         host_running("sleep 2021").is_empty().then_some(())
     });
-    eventually(
-        "node 3 up again everywhere",
-        Duration::from_secs(20),
-        || {
-            (1..=3)
-                .all(|from| node_states(&c, from).iter().all(|(_, s)| s == "up"))
-                .then_some(())
-        },
-    );
+    all_up_everywhere(&c, 3);
     let o = c.clan(&["run", "--node", "3", "--", "sh", "-c", "exit 6"]);
     assert_eq!(o.status.code(), Some(6));
     drop(c); // clan down stops the daemon we started
@@ -973,15 +966,7 @@ fn a_clean_cland_restart_keeps_remote_statuses() {
         nix::sys::signal::kill(pid, None).is_err().then_some(())
     });
     let mut daemon = c.restart_cland(3);
-    eventually(
-        "node 3 up again everywhere",
-        Duration::from_secs(20),
-        || {
-            (1..=3)
-                .all(|from| node_states(&c, from).iter().all(|(_, s)| s == "up"))
-                .then_some(())
-        },
-    );
+    all_up_everywhere(&c, 3);
     c.clan_ok(&["kill", "-s", "TERM", &d.to_string()]);
     let o = c.clan(&["wait", &d.to_string()]);
     assert_eq!(o.status.code(), Some(128 + 15), "{o:?}");
