@@ -44,7 +44,9 @@ pid = os.fork()
 if pid == 0:
     os.execvp('sleep', ['sleep', '1041'])
 _, st = os.waitpid(pid, os.WUNTRACED)
-open(sys.argv[1], 'w').write('stopped' if os.WIFSTOPPED(st) else 'ended')
+with open(sys.argv[1] + '.tmp', 'w') as f:
+    f.write('stopped' if os.WIFSTOPPED(st) else 'ended')
+os.rename(sys.argv[1] + '.tmp', sys.argv[1])  # the test never reads a half-written report
 "#;
 
 #[test]
