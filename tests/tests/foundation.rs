@@ -840,3 +840,48 @@ fn a_killed_stub_hangs_up_its_process() {
         .then_some(())
     });
 }
+
+/// A node's shepherd zygote that stops (SIGSTOP) or hangs does not hang spawns: a waiting
+/// shepherd that does not say it is there in time is given up, with the zygote, and the
+/// spawn starts a shepherd of its own; nothing runs twice when the zygote wakes up.
+#[test]
+fn a_stopped_shepherd_zygote_does_not_hang_spawns() {
+    root_or_skip!("a_stopped_shepherd_zygote_does_not_hang_spawns");
+    let c = Cluster::up(2);
+    let o = c.clan(&["run", "--node", "2", "--", "true"]);
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
+    // The zygote: a clan-shepherd of node 2 (in the namespaces of its init) whose stdin is
+    // its socket to cland.
+    let init = std::fs::read_to_string(c.node_dir(2).join("init.pid")).unwrap();
+    let zygote: Vec<i32> = host_processes_mentioning(&format!("--ns-init {} ", init.trim()))
+        .iter()
+        .filter(|l| l.contains("clan-shepherd zygote"))
+        .filter_map(|l| l.split_once(':')?.0.parse().ok())
+        .filter(|pid: &i32| {
+            std::fs::read_link(format!("/proc/{pid}/fd/0"))
+                .is_ok_and(|t| t.to_string_lossy().starts_with("socket:"))
+        })
+        .collect();
+    assert_eq!(zygote.len(), 1, "{zygote:?}");
+    let z = nix::unistd::Pid::from_raw(zygote[0]);
+    nix::sys::signal::kill(z, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    // The pool's two shepherds were forked before the stop; the next ones never come.
+    let dir = std::env::temp_dir().join(format!("clan-zygote-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for i in 0..4 {
+        let mark = dir.join(format!("ran-{i}"));
+        let script = format!("echo x >> {}", mark.display());
+        let o = c.clan(&["run", "--node", "2", "--", "sh", "-c", &script]);
+        assert_eq!(o.status.code(), Some(0), "run {i}: {o:?}");
+    }
+    nix::sys::signal::kill(z, nix::sys::signal::Signal::SIGCONT).unwrap();
+    // What the stopped zygote still forks finds its pipes closed and exits: each command
+    // ran once.
+    let o = c.clan(&["run", "--node", "2", "--", "true"]);
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
+    for i in 0..4 {
+        let ran = std::fs::read_to_string(dir.join(format!("ran-{i}"))).unwrap();
+        assert_eq!(ran, "x\n", "run {i}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -121,6 +121,8 @@ impl Node {
                 // A clean stop of its cland: its processes live on under their shepherds.
                 info!(node = %p.id, "node is away (said goodbye)");
                 self.node_away(p, false);
+                // The member lists it kept move to the next live node, as for a death.
+                self.reregister_groups();
                 continue;
             }
             warn!(node = %p.id, fenced = inc.is_some(), "node declared dead");

@@ -26,6 +26,8 @@ pub struct PeerState {
     pub last_heard: Option<Instant>,
     pub info: Option<pb::NodeInfo>,
     pub goodbye: bool,
+    /// The incarnation that said goodbye: its late frames are no sign of life.
+    pub goodbye_from: Option<u64>,
     pub declared_dead: bool,
     /// The incarnation this node declared dead with quorum: refused until it fences
     /// itself and comes back as another (membership.rs).
@@ -264,14 +266,20 @@ impl Node {
             {
                 return false;
             }
-            if st.goodbye
+            if st.goodbye && st.goodbye_from == Some(incarnation) {
+                // A late frame of the cland that said goodbye (it is stopping): not a sign
+                // of life.
+                return true;
+            }
+            if info.is_none()
                 && st
                     .info
                     .as_ref()
-                    .is_some_and(|i| i.incarnation == incarnation)
+                    .is_some_and(|i| i.incarnation != incarnation)
             {
-                // A late frame of the cland that said goodbye (it is stopping): not a sign
-                // of life.
+                // A new incarnation counts as heard from its first heartbeat, which says
+                // whose processes it took over: what the old one held is settled (lost or
+                // kept) before anything is asked of the new one.
                 return true;
             }
             let was_dead = st.declared_dead || st.goodbye;
@@ -283,15 +291,18 @@ impl Node {
                     // crash, not a cland restart), before we declared it dead or after a
                     // goodbye: what it held is lost all the same.
                     lost_old = !st.lost && i.previous != old.incarnation;
-                    st.lost = false;
                 }
                 // A fenced incarnation stays listed (a restarted cland that took over
                 // its processes must learn of it); a new one is accepted.
                 st.info = Some(i);
+                // Heard and accepted (not fenced), with what it holds: whatever was given
+                // up belonged to what it was, and its next loss is news again.
+                st.lost = false;
                 st.placed_since = 0;
             }
             st.last_heard = Some(Instant::now());
             st.goodbye = false;
+            st.goodbye_from = None;
             st.declared_dead = false;
             if was_dead {
                 info!(node = %from, "node is up again");
@@ -432,7 +443,9 @@ impl Node {
                     Frame::Goodbye(_) => {
                         info!(node = %peer, "node said goodbye");
                         if let Some(p) = self.peers.get(&peer) {
-                            p.state.lock().goodbye = true;
+                            let mut st = p.state.lock();
+                            st.goodbye = true;
+                            st.goodbye_from = Some(hello.incarnation);
                         }
                         self.detect_failures();
                     }
@@ -551,7 +564,14 @@ impl Node {
                 }))
             }
             Op::Release(r) => {
-                self.release_local(gpid(r.gpid)?).await;
+                // Only the node that holds the parent's record may let the zombie go.
+                let g = gpid(r.gpid)?;
+                let parent = self.vprocs.read().get(&g).map(|v| v.parent_node);
+                if parent == Some(from) {
+                    self.release_local(g).await;
+                } else {
+                    debug!(gpid = %g, from = %from, "release from a node that is not its parent's: ignored");
+                }
                 Ok(Reply::Ok(pb::Ok {}))
             }
             Op::Status(st) => {

@@ -17,7 +17,7 @@ use prost::Message;
 use std::ffi::CString;
 use std::fs::File;
 use std::io::{Read, Write};
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
@@ -86,8 +86,15 @@ pub fn zygote(args: &[String]) -> ExitCode {
     let mut out = unsafe { File::from_raw_fd(1) };
     let at = match settle(args, &mut out) {
         Ok(at) => at,
-        Err(code) => return code,
+        Err(code) => {
+            if code != ExitCode::SUCCESS {
+                eprintln!("clan-shepherd zygote: could not settle in the node's namespaces");
+            }
+            return code;
+        }
     };
+    // fd 1 stays open (/dev/null) but is no longer ours: each shepherd takes its own.
+    let _ = out.into_raw_fd();
     loop {
         let fds = match receive_pipes() {
             Ok(Some(fds)) => fds,
@@ -264,8 +271,12 @@ fn settle(args: &[String], out: &mut File) -> Result<Settled, ExitCode> {
     })
 }
 
-/// A settled shepherd's life: reads its spec on stdin, starts the process, serves it.
+/// A settled shepherd's life: says it waits (one byte, `w`, on its report pipe: cland takes
+/// no shepherd that has not), reads its spec on stdin, starts the process, serves it.
 fn serve_spec(mut out: File, at: &Settled) -> ExitCode {
+    if out.write_all(b"w").is_err() {
+        return ExitCode::SUCCESS; // cland gave up on us (or went away) before we settled
+    }
     // Our stdin, read without a buffer: after the spec it carries cland's messages.
     let mut from_cland = match std::io::stdin().as_fd().try_clone_to_owned() {
         Ok(fd) => File::from(fd),

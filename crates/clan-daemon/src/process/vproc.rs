@@ -90,6 +90,26 @@ pub type Waiting = (pipe::Sender, pipe::Receiver);
 /// Shepherds kept waiting per node.
 const POOL: usize = 2;
 
+/// How long a waiting shepherd may take to say it is there (`answered`).
+const SHEPHERD_ANSWER: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The byte a settled shepherd writes on its report pipe before it reads its spec.
+const WAITING: u8 = b'w';
+
+/// `w` once its shepherd has said it waits (the byte `WAITING` on the report pipe, written
+/// as soon as it is settled: at once for a shepherd that waited in the pool), or why not.
+async fn answered(mut w: Waiting) -> std::result::Result<Waiting, String> {
+    use tokio::io::AsyncReadExt;
+    let mut b = [0u8; 1];
+    match tokio::time::timeout(SHEPHERD_ANSWER, w.1.read(&mut b)).await {
+        Ok(Ok(1)) if b[0] == WAITING => Ok(w),
+        Ok(Ok(1)) => Err("failed to settle".into()),
+        Ok(Ok(_)) => Err("exited".into()),
+        Ok(Err(e)) => Err(format!("could not be read: {e}")),
+        Err(_) => Err(format!("did not answer in {} s", SHEPHERD_ANSWER.as_secs())),
+    }
+}
+
 /// What to start: the request as the daemon sees it.
 pub struct SpawnLocal {
     pub spec: pb::ProcSpec,
@@ -243,7 +263,7 @@ impl Node {
         let (mut stdin, mut stdout) = self.take_shepherd().await?;
         if write_frame(&mut stdin, &spec).await.is_err() {
             // A waiting shepherd was killed from outside: start a fresh one.
-            (stdin, stdout) = self.fresh_shepherd().await?;
+            (stdin, stdout) = self.take_shepherd().await?;
             write_frame(&mut stdin, &spec)
                 .await
                 .map_err(|e| Error::internal("send spec to shepherd", e))?;
@@ -419,15 +439,34 @@ impl Node {
         Ok(ours)
     }
 
-    /// A waiting shepherd from the pool (refilled behind us), or a fresh one.
+    /// A waiting shepherd that has said it is there: from the pool (refilled behind us),
+    /// or a fresh one. One that does not answer within `SHEPHERD_ANSWER` (its zygote was
+    /// stopped or is stuck) is given up with the rest of the pool and the zygote, and a
+    /// shepherd is started on its own instead; nothing has been sent to it, so nothing can
+    /// start twice if it wakes up later.
     async fn take_shepherd(self: &Arc<Self>) -> Result<Waiting> {
         let pooled = self.pool.lock().pop();
         let node = self.clone();
         tokio::spawn(async move { node.refill_pool().await });
-        match pooled {
+        let first = match pooled {
             Some(w) => Ok(w),
             None => self.fresh_shepherd().await,
+        };
+        match first {
+            Ok(w) => match answered(w).await {
+                Ok(w) => return Ok(w),
+                Err(why) => {
+                    warn!("a waiting shepherd {why}: replacing the zygote and the pool");
+                    self.pool.lock().clear();
+                    *self.zygote.lock() = None;
+                }
+            },
+            Err(e) => warn!("no waiting shepherd: {e}"),
         }
+        let w = self.exec_shepherd().await?;
+        answered(w)
+            .await
+            .map_err(|why| Error::Internal(format!("a new shepherd {why}")))
     }
 
     /// Keeps `POOL` shepherds waiting, so that a spawn does not start one.

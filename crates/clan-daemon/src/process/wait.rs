@@ -370,11 +370,16 @@ impl Node {
             self.child_status(&st);
             return;
         }
-        let node = self.clone();
+        let (node, vp) = (self.clone(), vp.clone());
         let (gpid, parent) = (vp.gpid, vp.parent_node);
         let exit = st.stopped == 0 && !st.continued;
         tokio::spawn(async move {
             loop {
+                if vp.parent_gone.load(std::sync::atomic::Ordering::Acquire) {
+                    // Its parent's node lost its processes meanwhile (`parent_node_lost`
+                    // released the zombie): nobody is told any more.
+                    return;
+                }
                 let op = pb::peer_request::Op::Status(st);
                 match node.call(parent, node.own_creds(), op).await {
                     Ok(_) => return,
