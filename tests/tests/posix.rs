@@ -1047,6 +1047,63 @@ fn a_dead_homes_member_lists_move_to_the_next_node_and_back() {
     }
 }
 
+/// The same when the home only stops cleanly (its cland says goodbye, its processes live
+/// on): the lists move to the next node meanwhile, and return when a new cland has taken
+/// the node's processes over.
+#[test]
+fn a_home_that_said_goodbye_hands_its_member_lists_on() {
+    root_or_skip!("a_home_that_said_goodbye_hands_its_member_lists_on");
+    let c = Cluster::up(4);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let script = "clan run -d --node 3 -- sleep 2061 >/dev/null; \
+                  clan run -d --node 4 -- sleep 2062 >/dev/null; exec sleep 2063";
+    let g = c.spawn(1, &["sh", "-c", script]).raw();
+    one(&c, "sleep 2063");
+    let members: Vec<u64> = ["sleep 2061", "sleep 2062"]
+        .iter()
+        .map(|cmd| one(&c, cmd)["gpid"].as_u64().unwrap())
+        .collect();
+    let reach = |from: u32| -> Vec<u64> {
+        let r = rt
+            .block_on(c.client(from).sigsend(&format!("pgid={g}"), libc::SIGCONT))
+            .expect("sigsend");
+        let mut v: Vec<u64> = r
+            .into_iter()
+            .filter_map(|(g, res)| res.is_ok().then_some(g?.raw()))
+            .collect();
+        v.sort();
+        v
+    };
+    let pid = nix::unistd::Pid::from_raw(c.cland_pid(1));
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    eventually("node 2 keeps the lists", Duration::from_secs(20), || {
+        (table_at(&c, 2, 2, "group.members") == Some(2)).then_some(())
+    });
+    eventually(
+        "a group signal through node 2",
+        Duration::from_secs(20),
+        || (reach(4) == members).then_some(()),
+    );
+    eventually("node 1's cland gone", Duration::from_secs(20), || {
+        nix::sys::signal::kill(pid, None).is_err().then_some(())
+    });
+    let mut daemon = c.restart_cland(1);
+    eventually("the lists back at node 1", Duration::from_secs(20), || {
+        (table_at(&c, 1, 1, "group.members") == Some(2)
+            && table_at(&c, 2, 2, "group.members") == Some(0))
+        .then_some(())
+    });
+    // Nothing of node 1 was lost: its member, the group's leader, is signalled too.
+    c.clan_ok(&["--from", "3", "kill", "-g", &g.to_string()]);
+    for cmd in ["sleep 2061", "sleep 2062", "sleep 2063"] {
+        eventually(cmd, Duration::from_secs(20), || {
+            live(&c, cmd).is_empty().then_some(())
+        });
+    }
+    drop(c); // clan down stops the daemon we started
+    assert!(daemon.wait().unwrap().success());
+}
+
 #[test]
 fn terminal_stops_reach_remote_members_of_a_group() {
     root_or_skip!("terminal_stops_reach_remote_members_of_a_group");
