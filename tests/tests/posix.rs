@@ -921,6 +921,23 @@ fn a_cland_restarted_after_its_node_was_declared_dead_fences_what_it_took_over()
     eventually("the stale sleep fenced", Duration::from_secs(20), || {
         host_running("sleep 2021").is_empty().then_some(())
     });
+    // Up everywhere as the incarnation it took after fencing (the others may still show
+    // the one that took the process over, whose loss they settle when they hear the new
+    // one): only then is a session to it safe from that settling.
+    let seen = |from: u32| -> u64 {
+        let v: serde_json::Value =
+            serde_json::from_str(&c.clan_ok(&["--from", &from.to_string(), "nodes", "-o", "json"]))
+                .unwrap();
+        v.as_array().unwrap()[2]["incarnation"].as_u64().unwrap()
+    };
+    eventually(
+        "node 3's new incarnation known everywhere",
+        Duration::from_secs(20),
+        || {
+            let own = seen(3);
+            (seen(1) == own && seen(2) == own).then_some(())
+        },
+    );
     all_up_everywhere(&c, 3);
     let o = c.clan(&["run", "--node", "3", "--", "sh", "-c", "exit 6"]);
     assert_eq!(o.status.code(), Some(6));
