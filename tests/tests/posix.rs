@@ -752,6 +752,23 @@ fn host_running(prefix: &str) -> Vec<String> {
         .collect()
 }
 
+/// How `child` ended, within 30 s; one that has not is killed and the test fails (a hang
+/// here would otherwise hold the whole suite).
+fn ended_within(mut child: std::process::Child, what: &str) -> std::process::ExitStatus {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(st) = child.try_wait().expect("try_wait") {
+            return st;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what} did not end within 30 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Waits until each of the `n` nodes sees every node up.
 fn all_up_everywhere(c: &Cluster, n: u32) {
     eventually("every node up everywhere", Duration::from_secs(20), || {
@@ -817,14 +834,17 @@ fn a_cut_off_node_is_declared_dead_fences_itself_and_rejoins() {
     net.cut(3);
     // The majority (nodes 1 and 2) declares node 3 dead: the stub and the waiter hear
     // SIGKILL, node 2's process whose stub was on node 3 is hung up.
-    let st = across.wait_with_output().unwrap().status;
+    let st = ended_within(across, "the stub on node 1");
     assert_eq!(st.signal(), Some(libc::SIGKILL), "{st:?}");
-    let o = waiter.wait_with_output().unwrap();
-    assert_eq!(o.status.code(), Some(128 + 9), "{o:?}");
+    let st = ended_within(waiter, "the waiter on node 1");
+    assert_eq!(st.code(), Some(128 + 9), "{st:?}");
     // Node 3 loses quorum and fences itself: every process it ran is killed, its stubs
     // end as their processes were (killed), and it says it has no quorum.
-    for s in [at_home, outward] {
-        let st = s.wait_with_output().unwrap().status;
+    for (s, what) in [
+        (at_home, "the stub on node 3"),
+        (outward, "node 3's stub of node 2's process"),
+    ] {
+        let st = ended_within(s, what);
         assert_eq!(st.signal(), Some(libc::SIGKILL), "{st:?}");
     }
     eventually("no sleep left anywhere", Duration::from_secs(20), || {
