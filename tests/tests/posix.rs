@@ -889,12 +889,7 @@ fn a_frozen_node_declared_dead_fences_itself_when_it_wakes() {
         (host_running("sleep 201").len() == 2).then_some(())
     });
     let pid = nix::unistd::Pid::from_raw(c.cland_pid(3));
-    let inc = |from: u32| -> u64 {
-        let v: serde_json::Value =
-            serde_json::from_str(&c.clan_ok(&["--from", &from.to_string(), "nodes", "-o", "json"]))
-                .unwrap();
-        v.as_array().unwrap()[2]["incarnation"].as_u64().unwrap()
-    };
+    let inc = |from: u32| incarnation_seen(&c, from, 3);
     let before = inc(1);
     // Node 3's daemon stops (its processes keep running): the others declare it dead and
     // tell the stub and parent their processes were killed.
@@ -944,12 +939,7 @@ fn a_cland_restarted_after_its_node_was_declared_dead_fences_what_it_took_over()
     // Up everywhere as the incarnation it took after fencing (the others may still show
     // the one that took the process over, whose loss they settle when they hear the new
     // one): only then is a session to it safe from that settling.
-    let seen = |from: u32| -> u64 {
-        let v: serde_json::Value =
-            serde_json::from_str(&c.clan_ok(&["--from", &from.to_string(), "nodes", "-o", "json"]))
-                .unwrap();
-        v.as_array().unwrap()[2]["incarnation"].as_u64().unwrap()
-    };
+    let seen = |from: u32| incarnation_seen(&c, from, 3);
     eventually(
         "node 3's new incarnation known everywhere",
         Duration::from_secs(20),
@@ -999,9 +989,7 @@ fn a_clean_cland_restart_keeps_remote_statuses() {
     )
     .unwrap();
     assert_eq!(host_running("sleep 2041").len(), 1, "still running");
-    eventually("node 3's cland gone", Duration::from_secs(20), || {
-        nix::sys::signal::kill(pid, None).is_err().then_some(())
-    });
+    gone(pid, "node 3's cland");
     let mut daemon = c.restart_cland(3);
     all_up_everywhere(&c, 3);
     c.clan_ok(&["kill", "-s", "TERM", &d.to_string()]);
@@ -1011,6 +999,36 @@ fn a_clean_cland_restart_keeps_remote_statuses() {
     assert_eq!(o.status.code(), Some(128 + 15), "{o:?}");
     drop(c); // clan down stops the daemon we started
     assert!(daemon.wait().unwrap().success());
+}
+
+/// The members of group `g` that a SIGCONT to it from `from` reaches, sorted.
+fn group_reach(c: &Cluster, rt: &tokio::runtime::Runtime, from: u32, g: u64) -> Vec<u64> {
+    let r = rt
+        .block_on(c.client(from).sigsend(&format!("pgid={g}"), libc::SIGCONT))
+        .expect("sigsend");
+    let mut v: Vec<u64> = r
+        .into_iter()
+        .filter_map(|(g, res)| res.is_ok().then_some(g?.raw()))
+        .collect();
+    v.sort();
+    v
+}
+
+/// Node `node`'s incarnation as `clan --from FROM nodes` shows it.
+fn incarnation_seen(c: &Cluster, from: u32, node: usize) -> u64 {
+    let v: serde_json::Value =
+        serde_json::from_str(&c.clan_ok(&["--from", &from.to_string(), "nodes", "-o", "json"]))
+            .unwrap();
+    v.as_array().unwrap()[node - 1]["incarnation"]
+        .as_u64()
+        .unwrap()
+}
+
+/// Waits until process `pid` (not our child) is gone.
+fn gone(pid: nix::unistd::Pid, what: &str) {
+    eventually(&format!("{what} gone"), Duration::from_secs(20), || {
+        nix::sys::signal::kill(pid, None).is_err().then_some(())
+    });
 }
 
 /// `clan --from N stats tables`: the size of `table` on `node`, if it answered.
@@ -1035,17 +1053,7 @@ fn a_dead_homes_member_lists_move_to_the_next_node_and_back() {
     let g = c.spawn(1, &["sh", "-c", script]).raw();
     one(&c, "sleep 2033");
     assert_eq!(table_at(&c, 2, 2, "group.members"), Some(0));
-    let reach = |from: u32| -> Vec<u64> {
-        let r = rt
-            .block_on(c.client(from).sigsend(&format!("pgid={g}"), libc::SIGCONT))
-            .expect("sigsend");
-        let mut v: Vec<u64> = r
-            .into_iter()
-            .filter_map(|(g, res)| res.is_ok().then_some(g?.raw()))
-            .collect();
-        v.sort();
-        v
-    };
+    let reach = |from: u32| group_reach(&c, &rt, from, g);
 
     // The home dies: node 2, next in order, keeps the list (group and session), and a
     // group signal from node 4 still reaches both members through it.
@@ -1100,17 +1108,7 @@ fn a_home_that_said_goodbye_hands_its_member_lists_on() {
         .iter()
         .map(|cmd| one(&c, cmd)["gpid"].as_u64().unwrap())
         .collect();
-    let reach = |from: u32| -> Vec<u64> {
-        let r = rt
-            .block_on(c.client(from).sigsend(&format!("pgid={g}"), libc::SIGCONT))
-            .expect("sigsend");
-        let mut v: Vec<u64> = r
-            .into_iter()
-            .filter_map(|(g, res)| res.is_ok().then_some(g?.raw()))
-            .collect();
-        v.sort();
-        v
-    };
+    let reach = |from: u32| group_reach(&c, &rt, from, g);
     let pid = nix::unistd::Pid::from_raw(c.cland_pid(1));
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
     eventually("node 2 keeps the lists", Duration::from_secs(20), || {
@@ -1121,15 +1119,24 @@ fn a_home_that_said_goodbye_hands_its_member_lists_on() {
         Duration::from_secs(20),
         || (reach(4) == members).then_some(()),
     );
-    eventually("node 1's cland gone", Duration::from_secs(20), || {
-        nix::sys::signal::kill(pid, None).is_err().then_some(())
-    });
+    gone(pid, "node 1's cland");
     let mut daemon = c.restart_cland(1);
     eventually("the lists back at node 1", Duration::from_secs(20), || {
         (table_at(&c, 1, 1, "group.members") == Some(2)
             && table_at(&c, 2, 2, "group.members") == Some(0))
         .then_some(())
     });
+    // Every node routes the group to its home again before the kill (which also holds
+    // the leader, on node 1).
+    all_up_everywhere(&c, 4);
+    eventually(
+        "a group signal through node 1",
+        Duration::from_secs(20),
+        || {
+            let r = reach(3);
+            members.iter().all(|m| r.contains(m)).then_some(())
+        },
+    );
     // Nothing of node 1 was lost: its member, the group's leader, is signalled too.
     c.clan_ok(&["--from", "3", "kill", "-g", &g.to_string()]);
     for cmd in ["sleep 2061", "sleep 2062", "sleep 2063"] {

@@ -53,7 +53,11 @@ impl Node {
         let all: Vec<u32> = self
             .cfg
             .node_ids()
-            .filter(|n| self.peers.get(n).is_none_or(|p| !p.state.lock().goodbye))
+            .filter(|n| {
+                self.peers
+                    .get(n)
+                    .is_none_or(|p| p.state.lock().goodbye.is_none())
+            })
             .map(|n| n.get())
             .collect();
         let alive: Vec<u32> = self
@@ -100,7 +104,7 @@ impl Node {
         for p in self.peers.values() {
             let mut st = p.state.lock();
             let dead = p.state_of_locked(&st, &self.cfg, self.started) == "dead";
-            if dead && !st.declared_dead && (st.last_heard.is_some() || st.goodbye) {
+            if dead && !st.declared_dead && (st.last_heard.is_some() || st.goodbye.is_some()) {
                 st.declared_dead = true;
                 newly_dead.push(p.clone());
             }
@@ -111,11 +115,12 @@ impl Node {
             let (inc, goodbye) = {
                 let mut st = p.state.lock();
                 // Authoritative only with quorum (and not for a goodbye: a clean stop).
-                if quorum && !st.goodbye {
+                let goodbye = st.goodbye.is_some();
+                if quorum && !goodbye {
                     st.fenced = st.info.as_ref().map(|i| i.incarnation);
                 }
-                st.lost |= !st.goodbye;
-                (st.fenced, st.goodbye)
+                st.lost |= !goodbye;
+                (st.fenced, goodbye)
             };
             if goodbye {
                 // A clean stop of its cland: its processes live on under their shepherds.

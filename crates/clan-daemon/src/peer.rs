@@ -25,9 +25,9 @@ use tracing::{debug, info, warn};
 pub struct PeerState {
     pub last_heard: Option<Instant>,
     pub info: Option<pb::NodeInfo>,
-    pub goodbye: bool,
-    /// The incarnation that said goodbye: its late frames are no sign of life.
-    pub goodbye_from: Option<u64>,
+    /// The incarnation that said goodbye (a clean stop), until it or another is heard
+    /// again: its own late frames are no sign of life.
+    pub goodbye: Option<u64>,
     pub declared_dead: bool,
     /// The incarnation this node declared dead with quorum: refused until it fences
     /// itself and comes back as another (membership.rs).
@@ -122,7 +122,7 @@ impl Peer {
 }
 
 fn state_of(st: &PeerState, cfg: &ClusterConfig, started: Instant) -> &'static str {
-    if st.goodbye || st.declared_dead {
+    if st.goodbye.is_some() || st.declared_dead {
         return "dead";
     }
     let since = st.last_heard.unwrap_or(started).elapsed().as_millis() as u64;
@@ -266,7 +266,7 @@ impl Node {
             {
                 return false;
             }
-            if st.goodbye && st.goodbye_from == Some(incarnation) {
+            if st.goodbye == Some(incarnation) {
                 // A late frame of the cland that said goodbye (it is stopping): not a sign
                 // of life.
                 return true;
@@ -282,7 +282,7 @@ impl Node {
                 // kept) before anything is asked of the new one.
                 return true;
             }
-            let was_dead = st.declared_dead || st.goodbye;
+            let was_dead = st.declared_dead || st.goodbye.is_some();
             if let Some(i) = info {
                 if let Some(old) = st.info.as_ref().filter(|o| o.incarnation != i.incarnation) {
                     info!(node = %from, "node restarted");
@@ -301,8 +301,7 @@ impl Node {
                 st.placed_since = 0;
             }
             st.last_heard = Some(Instant::now());
-            st.goodbye = false;
-            st.goodbye_from = None;
+            st.goodbye = None;
             st.declared_dead = false;
             if was_dead {
                 info!(node = %from, "node is up again");
@@ -443,9 +442,7 @@ impl Node {
                     Frame::Goodbye(_) => {
                         info!(node = %peer, "node said goodbye");
                         if let Some(p) = self.peers.get(&peer) {
-                            let mut st = p.state.lock();
-                            st.goodbye = true;
-                            st.goodbye_from = Some(hello.incarnation);
+                            p.state.lock().goodbye = Some(hello.incarnation);
                         }
                         self.detect_failures();
                     }

@@ -329,8 +329,18 @@ impl Node {
         }
     }
 
-    /// `clan-shepherd SUBCOMMAND` with this node's namespace and cgroup arguments.
-    fn shepherd_command(&self, sub: &str) -> Result<tokio::process::Command> {
+    /// Starts `clan-shepherd SUBCOMMAND` with this node's namespace and cgroup arguments and
+    /// the given stdin and stdout; it forks and exits at once (reaped here in the
+    /// background). Returns its piped ends, if asked for.
+    fn start_shepherd_process(
+        &self,
+        sub: &str,
+        stdin: Stdio,
+        stdout: Stdio,
+    ) -> Result<(
+        Option<tokio::process::ChildStdin>,
+        Option<tokio::process::ChildStdout>,
+    )> {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -344,37 +354,40 @@ impl Node {
         if let Some(cg) = &self.cgroup {
             cmd.arg("--cgroup").arg(cg.sub("shepherds"));
         }
-        cmd.stderr(Stdio::from(log));
-        Ok(cmd)
+        let mut child = cmd
+            .stdin(stdin)
+            .stdout(stdout)
+            .stderr(Stdio::from(log))
+            .spawn()
+            .map_err(|e| {
+                Error::internal(
+                    &format!(
+                        "start clan-shepherd {sub} ({})",
+                        self.shepherd_bin.display()
+                    ),
+                    e,
+                )
+            })?;
+        let ends = (child.stdin.take(), child.stdout.take());
+        tokio::spawn(async move {
+            let _ = child.wait().await;
+        });
+        Ok(ends)
     }
 
     /// Starts a shepherd that waits for its spec (`clan-shepherd run` forks at once, the
     /// child born in the shepherds' cgroup; the parent is reaped here).
     async fn exec_shepherd(&self) -> Result<Waiting> {
-        let mut child = self
-            .shepherd_command("run")?
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .map_err(|e| {
-                Error::internal(
-                    &format!("start shepherd {}", self.shepherd_bin.display()),
-                    e,
-                )
-            })?;
-        let pipes = (|| {
-            let stdin = child.stdin.take().expect("piped").into_owned_fd()?;
-            let stdout = child.stdout.take().expect("piped").into_owned_fd()?;
+        let (stdin, stdout) = self.start_shepherd_process("run", Stdio::piped(), Stdio::piped())?;
+        (|| {
+            let stdin = stdin.expect("piped").into_owned_fd()?;
+            let stdout = stdout.expect("piped").into_owned_fd()?;
             Ok::<_, std::io::Error>((
                 pipe::Sender::from_owned_fd(stdin)?,
                 pipe::Receiver::from_owned_fd(stdout)?,
             ))
         })()
-        .map_err(|e| Error::internal("shepherd pipes", e));
-        tokio::spawn(async move {
-            let _ = child.wait().await;
-        });
-        pipes
+        .map_err(|e| Error::internal("shepherd pipes", e))
     }
 
     /// A shepherd forked by the node's zygote (started here the first time, and again
@@ -422,20 +435,7 @@ impl Node {
     fn start_zygote(&self) -> Result<std::os::unix::net::UnixStream> {
         let (ours, theirs) = std::os::unix::net::UnixStream::pair()
             .map_err(|e| Error::internal("zygote socket", e))?;
-        let mut child = self
-            .shepherd_command("zygote")?
-            .stdin(Stdio::from(OwnedFd::from(theirs)))
-            .stdout(Stdio::null())
-            .spawn()
-            .map_err(|e| {
-                Error::internal(
-                    &format!("start shepherd zygote {}", self.shepherd_bin.display()),
-                    e,
-                )
-            })?;
-        tokio::spawn(async move {
-            let _ = child.wait().await;
-        });
+        self.start_shepherd_process("zygote", Stdio::from(OwnedFd::from(theirs)), Stdio::null())?;
         Ok(ours)
     }
 

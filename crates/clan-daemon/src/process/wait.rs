@@ -122,17 +122,26 @@ fn may_wait(creds: &pb::Creds, uid: u32, gpid: Gpid) -> Result<()> {
     }
 }
 
+/// The record of the process that has `gpid` now: a record gone with its node belongs to
+/// a process of the node's previous incarnation (its uncollected status goes, not to this
+/// one, which got the same number: expected, or heard of first).
+fn current_record(
+    ch: &mut std::collections::HashMap<Gpid, ChildRec>,
+    gpid: Gpid,
+    uid: u32,
+) -> &mut ChildRec {
+    let rec = ch.entry(gpid).or_insert_with(|| ChildRec::new(uid));
+    if rec.gone_with_node {
+        warn!(%gpid, "a new process has the gpid of one that died with its node");
+        *rec = ChildRec::new(uid);
+    }
+    rec
+}
+
 impl Node {
     /// Parent side: a child was started on our behalf; expect its status.
     pub fn expect_child(&self, gpid: Gpid, uid: u32) {
-        let mut ch = self.children.lock();
-        let rec = ch.entry(gpid).or_insert_with(|| ChildRec::new(uid));
-        if rec.gone_with_node {
-            // A process of the node's next incarnation that got the same gpid: the old
-            // one's uncollected status goes (it died with its node), not to this one.
-            warn!(%gpid, "a new process has the gpid of one that died with its node");
-            *rec = ChildRec::new(uid);
-        }
+        current_record(&mut self.children.lock(), gpid, uid);
     }
 
     /// Parent side: childstatuschange arrived (an exit, a stop or a continue).
@@ -141,12 +150,7 @@ impl Node {
             return;
         };
         let mut ch = self.children.lock();
-        let rec = ch.entry(gpid).or_insert_with(|| ChildRec::new(st.uid));
-        if rec.gone_with_node {
-            // News from the node's next incarnation about a process that got the gpid of
-            // one that died with the node (possibly before `expect_child` for it).
-            *rec = ChildRec::new(st.uid);
-        }
+        let rec = current_record(&mut ch, gpid, st.uid);
         if st.stopped != 0 {
             rec.state
                 .send_modify(|s| s.change = Some(Change::Stopped(st.stopped)));
