@@ -615,12 +615,10 @@ fn ten_thousand_short_remote_processes_leave_the_tables_as_they_were() {
     assert!(zombies(&c).is_empty(), "{:?}", zombies(&c));
 }
 
-#[test]
-fn an_orphaned_group_with_a_stopped_remote_member_gets_hup_and_cont() {
-    root_or_skip!("an_orphaned_group_with_a_stopped_remote_member_gets_hup_and_cont");
-    let c = Cluster::up(2);
+/// Writes `member.sh` in the cluster's directory: a process that records each SIGHUP and
+/// SIGCONT it gets in `marks` there. Returns the directory.
+fn marking_member(c: &Cluster) -> String {
     let d = c.dir.display().to_string();
-    // The remote member: records SIGHUP and SIGCONT.
     std::fs::write(
         c.dir.join("member.sh"),
         format!(
@@ -629,6 +627,19 @@ fn an_orphaned_group_with_a_stopped_remote_member_gets_hup_and_cont() {
         ),
     )
     .unwrap();
+    d
+}
+
+/// The signals `member.sh` recorded.
+fn marks(c: &Cluster) -> String {
+    std::fs::read_to_string(c.dir.join("marks")).unwrap_or_default()
+}
+
+#[test]
+fn an_orphaned_group_with_a_stopped_remote_member_gets_hup_and_cont() {
+    root_or_skip!("an_orphaned_group_with_a_stopped_remote_member_gets_hup_and_cont");
+    let c = Cluster::up(2);
+    let d = marking_member(&c);
     // A session on node 1 (sh, group A) with a job group J: L1 (J's leader, child of sh)
     // starts the member on node 2; L2 joins J as a child of sh2 (a child of sh in group A).
     // sh and sh2 are J's controlling links.
@@ -684,8 +695,8 @@ fn an_orphaned_group_with_a_stopped_remote_member_gets_hup_and_cont() {
         "SIGHUP and SIGCONT at the member",
         Duration::from_secs(20),
         || {
-            let marks = std::fs::read_to_string(c.dir.join("marks")).unwrap_or_default();
-            (marks.contains("hup") && marks.contains("cont")).then_some(())
+            let m = marks(&c);
+            (m.contains("hup") && m.contains("cont")).then_some(())
         },
     );
     eventually("the member running again", Duration::from_secs(20), || {
@@ -699,19 +710,72 @@ fn an_orphaned_group_with_a_stopped_remote_member_gets_hup_and_cont() {
     }
 }
 
+/// A node that said goodbye may hold controlling links (its processes live on): a group
+/// whose other links are gone is not taken for orphaned while that node is away; once it
+/// answers again (and holds none), the group gets SIGHUP and SIGCONT.
+#[test]
+fn an_orphan_check_waits_for_a_node_that_is_away() {
+    root_or_skip!("an_orphan_check_waits_for_a_node_that_is_away");
+    let c = Cluster::up(3);
+    let d = marking_member(&c);
+    // sh (group A) on node 1 with a job group J: L1, its child, starts the member on node
+    // 2. sh is J's one controlling link.
+    let script = format!(
+        "python3 -c 'import os,sys; os.setpgid(0,0); os.execvp(\"sh\", [\"sh\",\"-c\",sys.argv[1]])' \
+           'clan run -d --node 2 -- sh {d}/member.sh >/dev/null; exec sleep 1043' &\n\
+         while [ ! -e {d}/go1 ]; do sleep 0.02; done\n"
+    );
+    c.spawn(1, &["sh", "-c", &script]);
+    let l1 = one(&c, "sleep 1043");
+    let m = one(&c, &format!("sh {d}/member.sh"));
+    assert_eq!(m["pgid"], l1["gpid"], "the remote member is in J");
+    let mg: Gpid = m["gpid"].as_u64().unwrap().to_string().parse().unwrap();
+    c.clan_ok(&["kill", "-s", "STOP", &mg.to_string()]);
+    eventually("member stopped", Duration::from_secs(20), || {
+        (c.ps_one(mg).unwrap()["state"] == "T").then_some(())
+    });
+    eventually("node 1 to see J's link", Duration::from_secs(20), || {
+        (tables(&c).get(&(1, "group.links".to_string())) == Some(&1)).then_some(())
+    });
+    // Node 3's cland stops cleanly: away, its processes (none here) might hold links.
+    let pid = nix::unistd::Pid::from_raw(c.cland_pid(3));
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    eventually("node 3 away for node 1", Duration::from_secs(20), || {
+        node_states(&c, 1)
+            .contains(&(3, "dead".into()))
+            .then_some(())
+    });
+    gone(pid, "node 3's cland");
+    // sh exits: no link left on the nodes that answer, but node 3 can not be counted.
+    std::fs::write(c.dir.join("go1"), "").unwrap();
+    eventually("the deferred check", Duration::from_secs(20), || {
+        let log = std::fs::read_to_string(c.node_dir(1).join("cland.log")).unwrap();
+        log.contains("can not be counted").then_some(())
+    });
+    assert!(marks(&c).is_empty(), "signals while a node is away");
+    assert_eq!(c.ps_one(mg).unwrap()["state"], "T");
+    // Node 3 is back with no link: J is orphaned with a stopped member.
+    let mut daemon = c.restart_cland(3);
+    eventually(
+        "SIGHUP and SIGCONT at the member",
+        Duration::from_secs(30),
+        || {
+            let m = marks(&c);
+            (m.contains("hup") && m.contains("cont")).then_some(())
+        },
+    );
+    eventually("the member running again", Duration::from_secs(20), || {
+        (c.ps_one(mg).unwrap()["state"] != "T").then_some(())
+    });
+    drop(c); // clan down stops the daemon we started
+    assert!(daemon.wait().unwrap().success());
+}
+
 #[test]
 fn a_stopped_remote_job_whose_shell_dies_gets_hup_and_cont() {
     root_or_skip!("a_stopped_remote_job_whose_shell_dies_gets_hup_and_cont");
     let c = Cluster::up(2);
-    let d = c.dir.display().to_string();
-    std::fs::write(
-        c.dir.join("member.sh"),
-        format!(
-            "trap 'echo hup >> {d}/marks' HUP; trap 'echo cont >> {d}/marks' CONT\n\
-             while :; do sleep 0.05; done\n"
-        ),
-    )
-    .unwrap();
+    let d = marking_member(&c);
     let path = path_with_bins();
     let t = Terminal::bash(&[("CLAN_DIR", &d), ("PATH", &path)]);
     t.line(&format!("clan run --node 2 -- sh {d}/member.sh"));
@@ -735,8 +799,8 @@ fn a_stopped_remote_job_whose_shell_dies_gets_hup_and_cont() {
         "SIGHUP and SIGCONT at the remote process",
         Duration::from_secs(20),
         || {
-            let marks = std::fs::read_to_string(c.dir.join("marks")).unwrap_or_default();
-            (marks.contains("hup") && marks.contains("cont")).then_some(())
+            let m = marks(&c);
+            (m.contains("hup") && m.contains("cont")).then_some(())
         },
     );
 }

@@ -269,6 +269,7 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
                     n.prune_jobs();
                     n.prune_group_aliases();
                     n.check_link_holders();
+                    n.recheck_deferred_orphans();
                     n.sample_task_peaks();
                 })
                 .await;

@@ -156,7 +156,7 @@ impl Node {
         self.children_of_dead_node(p.id);
         self.parent_node_lost(p.id);
         let groups = self.members_of_dead_node(p.id);
-        self.orphan_checks_after_death(groups);
+        self.spawn_orphan_checks(groups);
         self.reregister_groups();
     }
 

@@ -56,6 +56,9 @@ pub struct Node {
     /// At a group's home: its local controlling links (parents in the node's numbers and
     /// their start times), watched so that their exit triggers an orphan check.
     pub link_holders: NamedMutex<HashMap<Gpid, Vec<(u32, u64)>>>,
+    /// Groups whose orphan check could not count the links of a node that may hold some
+    /// (away or not answering): checked again once every node answers or is lost.
+    pub orphan_deferred: NamedMutex<std::collections::HashSet<Gpid>>,
     pub placement: NamedMutex<Placement>,
     pub load: NamedMutex<LocalLoad>,
     /// The last job number given out, and the end of the block reserved on disk.
@@ -131,6 +134,7 @@ impl Node {
             children: NamedMutex::new("children", HashMap::new()),
             parents: NamedMutex::new("parents", HashMap::new()),
             link_holders: NamedMutex::new("group.links", HashMap::new()),
+            orphan_deferred: NamedMutex::new("group.orphan_deferred", Default::default()),
             placement: NamedMutex::new("placement", placement),
             load: NamedMutex::new("load", LocalLoad::default()),
             // A restart continues after the whole block the last incarnation reserved.

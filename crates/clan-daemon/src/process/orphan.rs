@@ -16,13 +16,17 @@
 //!   namespace has no pidfd cland can open);
 //! - the death of a node (its members and links vanish).
 //!
+//! A node that does not answer but is not lost (away after a goodbye, or not yet declared
+//! dead) may hold links whose processes live on: the check is deferred until every node
+//! answers or is lost ([`Node::recheck_deferred_orphans`]).
+//!
 //! A process clan started for a requester counts as a link when the requester's parent (the
 //! shell that ran `clan run -d`) is in another group of the same session, for as long as that
 //! parent lives.
 
 use crate::node::Node;
 use crate::process::group::Kind;
-use clan_core::Gpid;
+use clan_core::{Gpid, NodeId};
 use clan_proto::pb;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -107,6 +111,10 @@ impl Node {
             }
         })
         .await;
+        let answered: HashSet<NodeId> = parts
+            .iter()
+            .filter_map(|(n, p)| p.as_ref().map(|_| *n))
+            .collect();
         let parts: Vec<pb::OrphanInfo> = parts.into_iter().filter_map(|(_, p)| p).collect();
         let members: u32 = parts.iter().map(|p| p.members).sum();
         let links: u32 = parts.iter().map(|p| p.links).sum();
@@ -119,6 +127,20 @@ impl Node {
             info!(%g, links, "process group with a stopped member still controlled");
             return false;
         }
+        // A node that did not answer but is not lost (it said goodbye, or is not yet
+        // declared dead) may hold links whose processes live on: not orphaned yet.
+        let unknown = self.uncounted_nodes(&answered);
+        if !unknown.is_empty() {
+            let list: Vec<String> = unknown.iter().map(|n| n.to_string()).collect();
+            info!(
+                %g,
+                nodes = list.join(","),
+                "process group with a stopped member: links on nodes that did not answer \
+                 can not be counted; checked again once they answer or are lost"
+            );
+            self.orphan_deferred.lock().insert(g);
+            return false;
+        }
         info!(%g, "process group orphaned with a stopped member: SIGHUP and SIGCONT to it");
         let expr = format!("pgid={}", g.raw());
         let creds = self.own_creds();
@@ -128,6 +150,34 @@ impl Node {
             }
         }
         true
+    }
+
+    /// Nodes other than this one that are not in `answered` and not lost: their processes
+    /// may live on (away after a goodbye, or not yet declared dead), links among them.
+    fn uncounted_nodes(&self, answered: &HashSet<NodeId>) -> Vec<NodeId> {
+        self.cfg
+            .node_ids()
+            .filter(|&n| n != self.id && !answered.contains(&n))
+            .filter(|n| self.peers.get(n).is_some_and(|p| !p.state.lock().lost))
+            .collect()
+    }
+
+    /// On each load sample: the deferred orphan checks run again once every other node
+    /// answers or is lost (a node away for good is declared dead in time).
+    pub fn recheck_deferred_orphans(self: &Arc<Self>) {
+        if self.orphan_deferred.lock().is_empty() {
+            return;
+        }
+        let settled = self.cfg.node_ids().all(|n| {
+            n == self.id
+                || self.node_alive(n).unwrap_or(false)
+                || self.peers.get(&n).is_some_and(|p| p.state.lock().lost)
+        });
+        if !settled {
+            return;
+        }
+        let groups: Vec<Gpid> = self.orphan_deferred.lock().drain().collect();
+        self.spawn_orphan_checks(groups);
     }
 
     /// The local controlling links of each of `groups`: (parent, its start time) pairs,
@@ -215,8 +265,9 @@ impl Node {
         }
     }
 
-    /// A node died: the groups this node is home of with members there are checked again.
-    pub fn orphan_checks_after_death(self: &Arc<Self>, groups: Vec<Gpid>) {
+    /// Checks each of `groups` on a task of its own (after a node died, the groups this
+    /// node is home of with members there; or the deferred checks).
+    pub fn spawn_orphan_checks(self: &Arc<Self>, groups: Vec<Gpid>) {
         for g in groups {
             let node = self.clone();
             tokio::spawn(async move {

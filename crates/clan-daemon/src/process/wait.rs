@@ -87,8 +87,7 @@ impl ChildRec {
 
 /// A parent process of this node that started processes elsewhere.
 pub struct ParentRec {
-    /// Its cluster group and session when it started the first one.
-    pub pgid: u64,
+    /// Its cluster session when it started the first one.
     pub sid: u64,
     /// The children: gpid, cluster group, cluster session.
     pub kids: Vec<(Gpid, u64, u64)>,
@@ -247,7 +246,6 @@ impl Node {
             let rec = p.entry(parent).or_insert_with(|| {
                 let ids = self.caller_ids(parent as i32);
                 ParentRec {
-                    pgid: self.cluster_id(Kind::Group, ids.pgid),
                     sid: self.cluster_id(Kind::Session, ids.sid),
                     kids: Vec::new(),
                 }
@@ -273,11 +271,13 @@ impl Node {
             return;
         };
         let mut release = Vec::new();
-        // Groups of its children it was a controlling link of may now be orphaned.
+        // Groups of its children it was a controlling link of may now be orphaned. Its group
+        // when it started them may not be its group now (a setpgid since): every group of
+        // its session is checked, from the kernel's truth.
         let mut groups: Vec<Gpid> = rec
             .kids
             .iter()
-            .filter(|(_, pg, sid)| *pg != rec.pgid && *sid == rec.sid)
+            .filter(|(_, _, sid)| *sid == rec.sid)
             .filter_map(|(_, pg, _)| Gpid::from_raw(*pg))
             .collect();
         groups.sort();
