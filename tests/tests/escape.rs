@@ -700,9 +700,28 @@ fn escapes(method: &str) {
         gpid_of.push(g[0]);
     }
 
+    // Every technique's process is up: it has exec'd its last command.
+    let found = within(LIMIT, || {
+        let all: Vec<HostProc> = techniques
+            .iter()
+            .map(|t| live_with_mark(t.mark).pop())
+            .collect::<Option<_>>()?;
+        live_with_mark("3105").pop()?;
+        Some(all)
+    });
+    let Some(procs) = found else {
+        let missing: Vec<_> = techniques
+            .iter()
+            .filter(|t| live_with_mark(t.mark).is_empty())
+            .map(|t| t.what)
+            .collect();
+        panic!("these techniques' processes never ran: {missing:?}");
+    };
+
     // The fork bomb, bounded by the pids limit `clan run --max-procs` sets on the task
-    // (cgroup v2's pids controller, or its v1 hierarchy where v2 lacks it), last: it fills
-    // the limit, so nothing can be started after it on its node.
+    // (cgroup v2's pids controller, or its v1 hierarchy where v2 lacks it), last, once
+    // every technique has made its processes: it fills the limit, so no process of the
+    // task can fork after it on its node.
     const BOMB_LIMIT: u32 = 40;
     let o = clan_as(
         &c,
@@ -789,24 +808,6 @@ fn escapes(method: &str) {
             describe(&o)
         ));
     }
-
-    // Every technique's process is up: it has exec'd its last command.
-    let found = within(LIMIT, || {
-        let all: Vec<HostProc> = techniques
-            .iter()
-            .map(|t| live_with_mark(t.mark).pop())
-            .collect::<Option<_>>()?;
-        live_with_mark("3105").pop()?;
-        Some(all)
-    });
-    let Some(procs) = found else {
-        let missing: Vec<_> = techniques
-            .iter()
-            .filter(|t| live_with_mark(t.mark).is_empty())
-            .map(|t| t.what)
-            .collect();
-        panic!("these techniques' processes never ran: {missing:?}");
-    };
 
     // In the task, by the kernel's account, with the technique applied; in `clan ps --job`
     // and in `clan job tree`.
