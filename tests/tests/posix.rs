@@ -871,6 +871,34 @@ fn stub(c: &Cluster, from: u32, node: u32, argv: &[&str]) -> std::process::Child
         .unwrap()
 }
 
+/// A stub from node `from` of `sleep N` on node `node`, returned once its session is up:
+/// the process has printed a line through it (a cut before the start's reply reached the
+/// stub's node would fail the start instead).
+fn ready_stub(c: &Cluster, from: u32, node: u32, n: u32) -> std::process::Child {
+    use std::io::BufRead;
+    let mut child = stub(
+        c,
+        from,
+        node,
+        &["sh", "-c", &format!("echo ready; exec sleep {n}")],
+    );
+    let out = child.stdout.take().expect("piped stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = std::io::BufReader::new(out).read_line(&mut line);
+        let _ = tx.send(line);
+    });
+    match rx.recv_timeout(Duration::from_secs(30)) {
+        Ok(l) if l.trim() == "ready" => child,
+        other => {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the stub of sleep {n} on node {node}: {other:?}");
+        }
+    }
+}
+
 #[test]
 fn a_cut_off_node_is_declared_dead_fences_itself_and_rejoins() {
     root_or_skip!("a_cut_off_node_is_declared_dead_fences_itself_and_rejoins");
@@ -881,7 +909,7 @@ fn a_cut_off_node_is_declared_dead_fences_itself_and_rejoins() {
     let c = Cluster::up_with(3, &args.iter().map(String::as_str).collect::<Vec<_>>());
     // Node 3 holds: a process with its stub on node 1, a detached one whose parent is on
     // node 1, one with its stub on node 3; and node 3 holds a stub of a process on node 2.
-    let across = stub(&c, 1, 3, &["sleep", "2001"]);
+    let across = ready_stub(&c, 1, 3, 2001);
     let d = c.spawn(3, &["sleep", "2002"]);
     let waiter = c
         .cmd()
@@ -889,8 +917,8 @@ fn a_cut_off_node_is_declared_dead_fences_itself_and_rejoins() {
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let at_home = stub(&c, 3, 3, &["sleep", "2003"]);
-    let outward = stub(&c, 3, 2, &["sleep", "2004"]);
+    let at_home = ready_stub(&c, 3, 3, 2003);
+    let outward = ready_stub(&c, 3, 2, 2004);
     eventually("the four sleeps", Duration::from_secs(20), || {
         (host_running("sleep 200").len() == 4).then_some(())
     });
@@ -940,6 +968,46 @@ fn a_cut_off_node_is_declared_dead_fences_itself_and_rejoins() {
     let o = c.clan(&["--from", "3", "run", "--node", "1", "--", "true"]);
     assert_eq!(o.status.code(), Some(0));
     assert!(!c.clan_ok(&["ps"]).contains("sleep 200"));
+}
+
+/// A start whose reply never comes (the target node stops answering right after the
+/// request left) ends when the target is declared dead: the stub fails, it does not wait
+/// for ever, and the process the target starts once it runs again does not stay.
+#[test]
+fn a_start_cut_short_by_the_target_node_death_fails_instead_of_hanging() {
+    root_or_skip!("a_start_cut_short_by_the_target_node_death_fails_instead_of_hanging");
+    let c = Cluster::up(3);
+    let pid = nix::unistd::Pid::from_raw(c.cland_pid(2));
+    /// Node 2's daemon runs again however the test ends.
+    struct Resume(nix::unistd::Pid);
+    impl Drop for Resume {
+        fn drop(&mut self) {
+            let _ = nix::sys::signal::kill(self.0, nix::sys::signal::Signal::SIGCONT);
+        }
+    }
+    let resume = Resume(pid);
+    // Node 3 sends the request (a spare session connection is open and authenticated),
+    // node 2 reads nothing: the reply will never come.
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let o = c
+        .cmd()
+        .args(["--from", "3", "run", "--node", "2", "--", "sleep", "2091"])
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let st = ended_within(o, "the stub of a start node 2 never answered");
+    assert_eq!(st.code(), Some(125), "{st:?}");
+    drop(resume);
+    // Node 2 learns it was declared dead and fences: whatever it started is killed.
+    eventually("node 2 back everywhere", Duration::from_secs(20), || {
+        (1..=3)
+            .all(|from| node_states(&c, from).iter().all(|(_, s)| s == "up"))
+            .then_some(())
+    });
+    eventually("no sleep 2091 left", Duration::from_secs(20), || {
+        host_running("sleep 2091").is_empty().then_some(())
+    });
 }
 
 #[test]

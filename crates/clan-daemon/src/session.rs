@@ -114,21 +114,28 @@ impl Node {
             })),
         };
         let lost = |e: &dyn std::fmt::Display| Error::NodeDown(format!("node {}: {e}", s.target));
-        // A spare connection saves the connect and handshake; one that went stale (the
-        // peer restarted) fails before any reply, and the request goes on a fresh one.
-        let (rd, wr, reply) = match self.take_session(&peer) {
-            Some((mut rd, mut wr)) => match ask(&mut rd, &mut wr, &req).await {
-                Ok(Some(r)) => (rd, wr, r),
-                _ => {
-                    let (mut rd, mut wr) = self.open_session(&peer).await?;
-                    let r = ask(&mut rd, &mut wr, &req).await.map_err(|e| lost(&e))?;
-                    (rd, wr, r.ok_or_else(|| lost(&"connection closed"))?)
+        // Watched from before the request: a reply lost in a cut link never comes, and the
+        // peer's death (or goodbye) is what ends the wait, here and in the relay after it.
+        let mut deaths = peer.deaths.subscribe();
+        let exchange = async {
+            // A spare connection saves the connect and handshake; one that went stale (the
+            // peer restarted) fails before any reply, and the request goes on a fresh one.
+            if let Some((mut rd, mut wr)) = self.take_session(&peer) {
+                if let Ok(Some(r)) = ask(&mut rd, &mut wr, &req).await {
+                    return Ok((rd, wr, r));
                 }
-            },
-            None => {
-                let (mut rd, mut wr) = self.open_session(&peer).await?;
-                let r = ask(&mut rd, &mut wr, &req).await.map_err(|e| lost(&e))?;
-                (rd, wr, r.ok_or_else(|| lost(&"connection closed"))?)
+            }
+            let (mut rd, mut wr) = self.open_session(&peer).await?;
+            let r = ask(&mut rd, &mut wr, &req).await.map_err(|e| lost(&e))?;
+            Ok::<_, Error>((rd, wr, r.ok_or_else(|| lost(&"connection closed"))?))
+        };
+        let (rd, wr, reply) = tokio::select! {
+            r = exchange => r?,
+            _ = deaths.changed() => {
+                return Err(Error::NodeDown(format!(
+                    "node {} went down before it answered the start",
+                    s.target
+                )))
             }
         };
         let (node, spare) = (self.clone(), peer.clone());
@@ -146,7 +153,6 @@ impl Node {
         self.note_member(s.target, &s.creds);
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(relay_to_remote(wr, rx));
-        let deaths = peer.deaths.subscribe();
         tokio::spawn(relay_from_remote(rd, out, gpid, s.target, deaths));
         Ok((gpid, Endpoint::Remote(tx)))
     }
