@@ -658,6 +658,16 @@ fn unauthenticated_peers_are_refused() {
             (log.contains("refused") && log.contains("failed authentication")).then_some(())
         },
     );
+    // A connection that says nothing is closed once the failure detector's time is up.
+    let mut silent = std::net::TcpStream::connect(&addr).unwrap();
+    silent
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let mut buf = [0u8; 64];
+    let n = std::io::Read::read(&mut silent, &mut buf).expect("closed, not timed out");
+    assert_eq!(n, 0, "cland sent something to a silent connection");
+    let log = std::fs::read_to_string(c.node_dir(1).join("cland.log")).unwrap();
+    assert!(log.contains("no hello within"), "{log}");
     c.clan_ok(&["nodes"]);
 }
 

@@ -342,8 +342,13 @@ impl Node {
         s.set_nodelay(true)?;
         let (r, w) = s.into_split();
         let r = tokio::io::BufReader::new(r);
-        let (hello, mut rd, wr) =
-            auth::connect(r, w, &self.cfg.key, &self.identity(pb::ConnKind::Control)).await?;
+        // Bounded like the connect: a peer cut off mid-handshake never answers, and the
+        // dialer must try again once the link is back.
+        let (hello, mut rd, wr) = tokio::time::timeout(
+            Duration::from_millis(self.cfg.dead_after_ms),
+            auth::connect(r, w, &self.cfg.key, &self.identity(pb::ConnKind::Control)),
+        )
+        .await??;
         if hello.node != p.id.get() {
             anyhow::bail!("{} answered as node {}", p.addr, hello.node);
         }
@@ -372,14 +377,23 @@ impl Node {
         let _ = s.set_nodelay(true);
         let (r, w) = s.into_split();
         let r = tokio::io::BufReader::new(r);
-        let (hello, mut rd, wr) =
-            match auth::accept(r, w, &self.cfg.key, &self.identity(pb::ConnKind::Control)).await {
-                Ok(x) => x,
-                Err(e) => {
-                    warn!(peer = %from, "refused: {e}");
-                    return;
-                }
-            };
+        // A connection that never says who it is does not hold a task for ever.
+        let hello = tokio::time::timeout(
+            Duration::from_millis(self.cfg.dead_after_ms),
+            auth::accept(r, w, &self.cfg.key, &self.identity(pb::ConnKind::Control)),
+        )
+        .await;
+        let (hello, mut rd, wr) = match hello {
+            Ok(Ok(x)) => x,
+            Ok(Err(e)) => {
+                warn!(peer = %from, "refused: {e}");
+                return;
+            }
+            Err(_) => {
+                warn!(peer = %from, "refused: no hello within {} ms", self.cfg.dead_after_ms);
+                return;
+            }
+        };
         let Some(peer) = NodeId::new(hello.node).filter(|n| self.peers.contains_key(n)) else {
             warn!(peer = %from, node = hello.node, "refused: not a node of this cluster");
             return;

@@ -195,13 +195,18 @@ impl Node {
         .map_err(|e| Error::NodeDown(format!("node {}: {e}", peer.id)))?;
         let _ = stream.set_nodelay(true);
         let (r, w) = stream.into_split();
-        let (_, rd, wr) = auth::connect(
-            BufReader::new(r),
-            w,
-            &self.cfg.key,
-            &self.identity(pb::ConnKind::Session),
+        // Bounded like the connect: a peer cut off mid-handshake never answers.
+        let (_, rd, wr) = tokio::time::timeout(
+            Duration::from_millis(self.cfg.dead_after_ms),
+            auth::connect(
+                BufReader::new(r),
+                w,
+                &self.cfg.key,
+                &self.identity(pb::ConnKind::Session),
+            ),
         )
         .await
+        .map_err(|_| Error::NodeDown(format!("node {} does not answer", peer.id)))?
         .map_err(|e| Error::NodeDown(format!("node {}: {e}", peer.id)))?;
         Ok((rd, wr))
     }
