@@ -1133,6 +1133,74 @@ fn a_clean_cland_restart_keeps_remote_statuses() {
     assert!(daemon.wait().unwrap().success());
 }
 
+/// A restarted cland knows again which of its node's processes started processes
+/// elsewhere (it kept that in memory): a parent that exits afterwards releases its remote
+/// child's zombie, as before the restart.
+#[test]
+fn a_restarted_cland_knows_its_parents_again() {
+    root_or_skip!("a_restarted_cland_knows_its_parents_again");
+    let c = Cluster::up(3);
+    let d = c.dir.display().to_string();
+    // Two parents on node 1, each with a child on node 2 that ends on `go{i}`; a parent
+    // ends on `done{i}` without waiting.
+    let mut kids = Vec::new();
+    for i in 1..=2 {
+        std::fs::write(
+            c.dir.join(format!("kid{i}.sh")),
+            format!("while [ ! -e {d}/go{i} ]; do sleep 0.05; done\n"),
+        )
+        .unwrap();
+        let script = format!(
+            "clan run -d --node 2 -- sh {d}/kid{i}.sh >/dev/null; \
+             while [ ! -e {d}/done{i} ]; do sleep 0.05; done"
+        );
+        c.spawn(1, &["sh", "-c", &script]);
+        let kid = one(&c, &format!("sh {d}/kid{i}.sh"));
+        kids.push(Gpid::from_raw(kid["gpid"].as_u64().unwrap()).unwrap());
+    }
+    eventually("node 1's parent records", Duration::from_secs(20), || {
+        (table_at(&c, 1, 1, "parents") == Some(2)).then_some(())
+    });
+    // Stopped cleanly (a crash that the others noticed in time would fence the node).
+    let pid = nix::unistd::Pid::from_raw(c.cland_pid(1));
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    gone(pid, "node 1's cland");
+    // Meanwhile the second child ends, then its parent.
+    std::fs::write(c.dir.join("go2"), "").unwrap();
+    eventually("the second child a zombie", Duration::from_secs(20), || {
+        (c.ps_one(kids[1])?["state"] == "Z").then_some(())
+    });
+    std::fs::write(c.dir.join("done2"), "").unwrap();
+    eventually("the second parent gone", Duration::from_secs(20), || {
+        host_running(&format!("sh -c clan run -d --node 2 -- sh {d}/kid2.sh"))
+            .is_empty()
+            .then_some(())
+    });
+    let mut daemon = c.restart_cland(1);
+    // The first parent is known again; the second one's zombie child is released.
+    eventually(
+        "the first parent record known again",
+        Duration::from_secs(20),
+        || (table_at(&c, 1, 1, "parents") == Some(1)).then_some(()),
+    );
+    eventually(
+        "the second zombie released",
+        Duration::from_secs(20),
+        || c.ps_one(kids[1]).is_none().then_some(()),
+    );
+    // The first child ends, then its parent without waiting: the zombie goes.
+    std::fs::write(c.dir.join("go1"), "").unwrap();
+    eventually("the first child a zombie", Duration::from_secs(20), || {
+        (c.ps_one(kids[0])?["state"] == "Z").then_some(())
+    });
+    std::fs::write(c.dir.join("done1"), "").unwrap();
+    eventually("the first zombie released", Duration::from_secs(20), || {
+        c.ps_one(kids[0]).is_none().then_some(())
+    });
+    drop(c); // clan down stops the daemon we started
+    assert!(daemon.wait().unwrap().success());
+}
+
 /// The members of group `g` that a SIGCONT to it from `from` reaches, sorted.
 fn group_reach(c: &Cluster, rt: &tokio::runtime::Runtime, from: u32, g: u64) -> Vec<u64> {
     let r = rt

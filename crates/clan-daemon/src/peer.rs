@@ -57,6 +57,9 @@ pub struct Peer {
     pub spare_sessions: NamedMutex<Vec<crate::session::SessionConn>>,
     /// Bumped each time the peer is declared dead; sessions watch it.
     pub deaths: watch::Sender<u64>,
+    /// A cland that took over its node's processes asked the peer which of its processes
+    /// have their parent here (`Node::relearn_children`), or is asking.
+    pub children_asked: std::sync::atomic::AtomicBool,
 }
 
 impl Peer {
@@ -70,6 +73,7 @@ impl Peer {
             write_timeout,
             next_id: AtomicU64::new(1),
             spare_sessions: NamedMutex::new("peer.sessions", Vec::new()),
+            children_asked: false.into(),
             deaths: watch::channel(0).0,
         }
     }
@@ -257,6 +261,7 @@ impl Node {
         };
         let mut rejoined = false;
         let mut lost_old = false;
+        let with_info = info.is_some();
         {
             let mut st = p.state.lock();
             if st.fenced == Some(incarnation)
@@ -315,6 +320,19 @@ impl Node {
         if rejoined {
             // Its member lists went with its old incarnation: tell it again.
             self.peer_rejoined(from);
+        }
+        if with_info
+            && self.prev_incarnation.load(Ordering::Acquire) != 0
+            && !p.children_asked.swap(true, Ordering::AcqRel)
+        {
+            // This cland took over its node's processes: the parents among them of
+            // processes on that peer are known again from the peer.
+            let (node, p) = (self.clone(), p.clone());
+            tokio::spawn(async move {
+                if !node.relearn_children(p.id).await {
+                    p.children_asked.store(false, Ordering::Release);
+                }
+            });
         }
         true
     }
@@ -595,6 +613,13 @@ impl Node {
                     .await?,
             )),
             Op::Stats(_) => Ok(Reply::Stats(self.lock_stats())),
+            Op::ChildrenOf(_) => {
+                let node = self.clone();
+                let children = tokio::task::spawn_blocking(move || node.children_of(from))
+                    .await
+                    .map_err(|e| Error::Internal(format!("children of node {from}: {e}")))?;
+                Ok(Reply::Children(children))
+            }
             Op::Reattach(_) => Err(Error::Invalid(
                 "reattach is not supported on a control connection".into(),
             )),

@@ -13,6 +13,7 @@ use crate::process::group::Kind;
 use crate::process::vproc::VProc;
 use clan_core::{Gpid, NodeId, WaitStatus};
 use clan_proto::pb::{self, shepherd_in::Msg as In};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -91,6 +92,28 @@ pub struct ParentRec {
     pub sid: u64,
     /// The children: gpid, cluster group, cluster session.
     pub kids: Vec<(Gpid, u64, u64)>,
+}
+
+/// Host pids of the processes of the pid namespace of host process `ns_init`, by their
+/// number in it (their own number when `ns_init` is 0: no namespace of its own).
+pub fn host_pids(ns_init: u32) -> HashMap<u32, u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return HashMap::new();
+    };
+    let ns = |p: u32| std::fs::read_link(format!("/proc/{p}/ns/pid")).ok();
+    let want = (ns_init != 0).then(|| ns(ns_init)).flatten();
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|h| {
+            if ns_init == 0 {
+                return Some((h, h));
+            }
+            if ns(h) != want || want.is_none() {
+                return None;
+            }
+            Some((clan_core::sys::ns_pid_of_host(h)?, h))
+        })
+        .collect()
 }
 
 /// Returns once the process with host pid `pid` has exited (at once if it has already).
@@ -264,6 +287,129 @@ impl Node {
             until_exit(parent).await;
             node.parent_exited(parent).await;
         });
+    }
+
+    /// Home side: this node's processes whose parent is on node `of`, for a cland restarted
+    /// there, which knew them only in memory (runs on a blocking thread).
+    pub fn children_of(&self, of: NodeId) -> pb::ChildrenOf {
+        let kids: Vec<(Gpid, u64, u32)> = self
+            .vprocs
+            .read()
+            .values()
+            .filter(|vp| vp.parent_node == of && vp.parent != 0)
+            .map(|vp| (vp.gpid, vp.parent, vp.uid))
+            .collect();
+        let children = kids
+            .into_iter()
+            .filter_map(|(gpid, parent, uid)| {
+                let a = self.view.attrs_raw(gpid.local(), false)?;
+                Some(pb::ChildOf {
+                    gpid: gpid.raw(),
+                    parent,
+                    pgid: self.cluster_id(Kind::Group, a.pgrp),
+                    sid: self.cluster_id(Kind::Session, a.session),
+                    uid,
+                })
+            })
+            .collect();
+        pb::ChildrenOf { children }
+    }
+
+    /// Parent side, in a cland that took over its node's processes: asks `peer` which of
+    /// its processes have their parent here, and knows them again as `clan run -d` made
+    /// them known (`expect_child`, `adopt`); the children of a parent that exited while no
+    /// cland ran are released as its exit would have released them. Returns false when the
+    /// peer did not answer (asked again at its next heartbeat).
+    pub async fn relearn_children(self: &Arc<Self>, peer: NodeId) -> bool {
+        let limit = Duration::from_millis(self.cfg.dead_after_ms);
+        let op = pb::peer_request::Op::ChildrenOf(pb::ChildrenOfRequest {});
+        let list = match self.call_within(peer, self.own_creds(), op, limit).await {
+            Ok(pb::peer_reply::Reply::Children(c)) => c.children,
+            Ok(other) => {
+                warn!(node = %peer, "children of this node: unexpected reply {other:?}");
+                return true;
+            }
+            Err(e) => {
+                debug!(node = %peer, "children of this node: {e}");
+                return false;
+            }
+        };
+        if list.is_empty() {
+            return true;
+        }
+        let hosts = host_pids(self.view.ns_init);
+        let mut gone_parents: std::collections::HashSet<u32> = Default::default();
+        let mut relearned = 0;
+        for c in &list {
+            let (Some(gpid), Some(parent)) = (Gpid::from_raw(c.gpid), Gpid::from_raw(c.parent))
+            else {
+                continue;
+            };
+            if parent.node() != self.id {
+                continue;
+            }
+            self.expect_child(gpid, c.uid);
+            let creds = pb::Creds {
+                uid: c.uid,
+                pgid: c.pgid,
+                sid: c.sid,
+                ..Default::default()
+            };
+            // Alive (not a zombie) in the node's numbers, and its host pid.
+            let host = self
+                .view
+                .attrs(parent.local(), false)
+                .filter(|a| a.state != 'Z')
+                .and_then(|_| hosts.get(&parent.local()).copied());
+            match host {
+                Some(h) => {
+                    if !self
+                        .parents
+                        .lock()
+                        .get(&h)
+                        .is_some_and(|r| r.kids.iter().any(|k| k.0 == gpid))
+                    {
+                        self.adopt(h, gpid, &creds);
+                        relearned += 1;
+                    }
+                }
+                None => {
+                    // Exited while no cland ran here: as `parent_exited` for this child.
+                    let exited = {
+                        let mut ch = self.children.lock();
+                        match ch.get_mut(&gpid) {
+                            Some(r) if r.state.borrow().exit.is_some() => {
+                                ch.remove(&gpid);
+                                true
+                            }
+                            Some(r) => {
+                                r.orphan = true;
+                                false
+                            }
+                            None => false,
+                        }
+                    };
+                    if exited {
+                        self.release(gpid).await;
+                    }
+                    gone_parents.insert(parent.local());
+                }
+            }
+        }
+        info!(
+            node = %peer,
+            children = list.len(),
+            relearned,
+            parents_gone = gone_parents.len(),
+            "knew again the children of this node's processes"
+        );
+        let groups: Vec<Gpid> = list
+            .iter()
+            .filter(|c| Gpid::from_raw(c.parent).is_some_and(|p| gone_parents.contains(&p.local())))
+            .filter_map(|c| Gpid::from_raw(c.pgid))
+            .collect();
+        self.spawn_orphan_checks(groups);
+        true
     }
 
     async fn parent_exited(self: &Arc<Self>, parent: u32) {
