@@ -1141,10 +1141,10 @@ fn a_restarted_cland_knows_its_parents_again() {
     root_or_skip!("a_restarted_cland_knows_its_parents_again");
     let c = Cluster::up(3);
     let d = c.dir.display().to_string();
-    // Two parents on node 1, each with a child on node 2 that ends on `go{i}`; a parent
+    // Three parents on node 1, each with a child on node 2 that ends on `go{i}`; a parent
     // ends on `done{i}` without waiting.
     let mut kids = Vec::new();
-    for i in 1..=2 {
+    for i in 1..=3 {
         std::fs::write(
             c.dir.join(format!("kid{i}.sh")),
             format!("while [ ! -e {d}/go{i} ]; do sleep 0.05; done\n"),
@@ -1159,7 +1159,12 @@ fn a_restarted_cland_knows_its_parents_again() {
         kids.push(Gpid::from_raw(kid["gpid"].as_u64().unwrap()).unwrap());
     }
     eventually("node 1's parent records", Duration::from_secs(20), || {
-        (table_at(&c, 1, 1, "parents") == Some(2)).then_some(())
+        (table_at(&c, 1, 1, "parents") == Some(3)).then_some(())
+    });
+    // The third child ends before the restart: its status is the old cland's news.
+    std::fs::write(c.dir.join("go3"), "").unwrap();
+    eventually("the third child a zombie", Duration::from_secs(20), || {
+        (c.ps_one(kids[2])?["state"] == "Z").then_some(())
     });
     // Stopped cleanly (a crash that the others noticed in time would fence the node).
     let pid = nix::unistd::Pid::from_raw(c.cland_pid(1));
@@ -1179,10 +1184,13 @@ fn a_restarted_cland_knows_its_parents_again() {
     let mut daemon = c.restart_cland(1);
     // The first parent is known again; the second one's zombie child is released.
     eventually(
-        "the first parent record known again",
+        "the first and third parent records known again",
         Duration::from_secs(20),
-        || (table_at(&c, 1, 1, "parents") == Some(1)).then_some(()),
+        || (table_at(&c, 1, 1, "parents") == Some(2)).then_some(()),
     );
+    // The third child's status, which the new cland was not told, is waited for.
+    let o = c.clan(&["wait", &kids[2].to_string()]);
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
     eventually(
         "the second zombie released",
         Duration::from_secs(20),

@@ -59,6 +59,8 @@ pub struct Node {
     /// Groups whose orphan check could not count the links of a node that may hold some
     /// (away or not answering): checked again once every node answers or is lost.
     pub orphan_deferred: NamedMutex<std::collections::HashSet<Gpid>>,
+    /// When the deferred checks last ran again.
+    pub orphan_rechecked: NamedMutex<Option<Instant>>,
     pub placement: NamedMutex<Placement>,
     pub load: NamedMutex<LocalLoad>,
     /// The last job number given out, and the end of the block reserved on disk.
@@ -135,6 +137,7 @@ impl Node {
             parents: NamedMutex::new("parents", HashMap::new()),
             link_holders: NamedMutex::new("group.links", HashMap::new()),
             orphan_deferred: NamedMutex::new("group.orphan_deferred", Default::default()),
+            orphan_rechecked: NamedMutex::new("group.orphan_rechecked", None),
             placement: NamedMutex::new("placement", placement),
             load: NamedMutex::new("load", LocalLoad::default()),
             // A restart continues after the whole block the last incarnation reserved.

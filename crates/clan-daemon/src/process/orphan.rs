@@ -152,18 +152,27 @@ impl Node {
         true
     }
 
-    /// Nodes other than this one that are not in `answered` and not lost: their processes
-    /// may live on (away after a goodbye, or not yet declared dead), links among them.
+    /// Nodes other than this one that are not in `answered` and may hold links: their
+    /// processes may live on (away after a goodbye, or not yet declared dead). A lost node
+    /// holds none, nor one never heard from since this cland started (nothing of it can
+    /// be in a group of ours that we do not know of).
     fn uncounted_nodes(&self, answered: &HashSet<NodeId>) -> Vec<NodeId> {
         self.cfg
             .node_ids()
             .filter(|&n| n != self.id && !answered.contains(&n))
-            .filter(|n| self.peers.get(n).is_some_and(|p| !p.state.lock().lost))
+            .filter(|n| {
+                self.peers
+                    .get(n)
+                    .is_some_and(|p| may_hold_links(&p.state.lock()))
+            })
             .collect()
     }
 
     /// On each load sample: the deferred orphan checks run again once every other node
-    /// answers or is lost (a node away for good is declared dead in time).
+    /// is up or holds no links (lost, or never heard from), at most every `dead_after_ms`
+    /// (a node heard but not reached would otherwise have them run on every sample). A
+    /// node away for good (it said goodbye and never comes back) keeps them deferred: its
+    /// processes may hold links to the end.
     pub fn recheck_deferred_orphans(self: &Arc<Self>) {
         if self.orphan_deferred.lock().is_empty() {
             return;
@@ -171,10 +180,20 @@ impl Node {
         let settled = self.cfg.node_ids().all(|n| {
             n == self.id
                 || self.node_alive(n).unwrap_or(false)
-                || self.peers.get(&n).is_some_and(|p| p.state.lock().lost)
+                || self
+                    .peers
+                    .get(&n)
+                    .is_some_and(|p| !may_hold_links(&p.state.lock()))
         });
         if !settled {
             return;
+        }
+        {
+            let mut last = self.orphan_rechecked.lock();
+            if last.is_some_and(|t| t.elapsed().as_millis() < u128::from(self.cfg.dead_after_ms)) {
+                return;
+            }
+            *last = Some(std::time::Instant::now());
         }
         let groups: Vec<Gpid> = self.orphan_deferred.lock().drain().collect();
         self.spawn_orphan_checks(groups);
@@ -275,4 +294,10 @@ impl Node {
             });
         }
     }
+}
+
+/// Whether a peer that does not answer may hold controlling links: not lost, and heard from
+/// (or said goodbye) since this cland started.
+fn may_hold_links(st: &crate::peer::PeerState) -> bool {
+    !st.lost && (st.last_heard.is_some() || st.goodbye.is_some())
 }

@@ -292,16 +292,23 @@ impl Node {
     /// Home side: this node's processes whose parent is on node `of`, for a cland restarted
     /// there, which knew them only in memory (runs on a blocking thread).
     pub fn children_of(&self, of: NodeId) -> pb::ChildrenOf {
-        let kids: Vec<(Gpid, u64, u32)> = self
+        // Detached ones only (an attached one reports to its stub, not to a parent), and
+        // not those this node already treats as parentless (released without a status).
+        let kids: Vec<(Gpid, u64, u32, Option<WaitStatus>)> = self
             .vprocs
             .read()
             .values()
-            .filter(|vp| vp.parent_node == of && vp.parent != 0)
-            .map(|vp| (vp.gpid, vp.parent, vp.uid))
+            .filter(|vp| {
+                vp.detached
+                    && vp.parent_node == of
+                    && vp.parent != 0
+                    && !vp.parent_gone.load(std::sync::atomic::Ordering::Acquire)
+            })
+            .map(|vp| (vp.gpid, vp.parent, vp.uid, vp.exited()))
             .collect();
         let children = kids
             .into_iter()
-            .filter_map(|(gpid, parent, uid)| {
+            .filter_map(|(gpid, parent, uid, exit)| {
                 let a = self.view.attrs_raw(gpid.local(), false)?;
                 Some(pb::ChildOf {
                     gpid: gpid.raw(),
@@ -309,6 +316,7 @@ impl Node {
                     pgid: self.cluster_id(Kind::Group, a.pgrp),
                     sid: self.cluster_id(Kind::Session, a.session),
                     uid,
+                    status: exit.map(Into::into),
                 })
             })
             .collect();
@@ -329,85 +337,90 @@ impl Node {
                 warn!(node = %peer, "children of this node: unexpected reply {other:?}");
                 return true;
             }
+            // A peer that does not know the request (an older cland): nothing to ask again.
+            Err(Error::Invalid(e)) => {
+                warn!(node = %peer, "children of this node: {e}");
+                return true;
+            }
             Err(e) => {
                 debug!(node = %peer, "children of this node: {e}");
                 return false;
             }
         };
+        // Its own processes, with parents on this node.
+        let list: Vec<(Gpid, Gpid, pb::ChildOf)> = list
+            .into_iter()
+            .filter_map(|c| {
+                let gpid = Gpid::from_raw(c.gpid).filter(|g| g.node() == peer)?;
+                let parent = Gpid::from_raw(c.parent).filter(|p| p.node() == self.id)?;
+                Some((gpid, parent, c))
+            })
+            .collect();
         if list.is_empty() {
             return true;
         }
-        let hosts = host_pids(self.view.ns_init);
-        let mut gone_parents: std::collections::HashSet<u32> = Default::default();
+        // Which parents live (not zombies), with their host pids: from /proc, off the workers.
+        let node = self.clone();
+        let parents: Vec<u32> = list.iter().map(|(_, p, _)| p.local()).collect();
+        let hosts = tokio::task::spawn_blocking(move || {
+            let hosts = host_pids(node.view.ns_init);
+            parents
+                .into_iter()
+                .filter(|&p| node.view.attrs(p, false).is_some_and(|a| a.state != 'Z'))
+                .filter_map(|p| Some((p, *hosts.get(&p)?)))
+                .collect::<HashMap<u32, u32>>()
+        })
+        .await
+        .unwrap_or_default();
+        let mut groups = Vec::new();
         let mut relearned = 0;
-        for c in &list {
-            let (Some(gpid), Some(parent)) = (Gpid::from_raw(c.gpid), Gpid::from_raw(c.parent))
-            else {
-                continue;
-            };
-            if parent.node() != self.id {
-                continue;
-            }
-            self.expect_child(gpid, c.uid);
-            let creds = pb::Creds {
-                uid: c.uid,
-                pgid: c.pgid,
-                sid: c.sid,
-                ..Default::default()
-            };
-            // Alive (not a zombie) in the node's numbers, and its host pid.
-            let host = self
-                .view
-                .attrs(parent.local(), false)
-                .filter(|a| a.state != 'Z')
-                .and_then(|_| hosts.get(&parent.local()).copied());
-            match host {
-                Some(h) => {
-                    if !self
+        for (gpid, parent, c) in &list {
+            self.expect_child(*gpid, c.uid);
+            match hosts.get(&parent.local()) {
+                Some(&h) => {
+                    let known = self
                         .parents
                         .lock()
                         .get(&h)
-                        .is_some_and(|r| r.kids.iter().any(|k| k.0 == gpid))
-                    {
-                        self.adopt(h, gpid, &creds);
+                        .is_some_and(|r| r.kids.iter().any(|k| k.0 == *gpid));
+                    if !known {
+                        let creds = pb::Creds {
+                            uid: c.uid,
+                            pgid: c.pgid,
+                            sid: c.sid,
+                            ..Default::default()
+                        };
+                        self.adopt(h, *gpid, &creds);
                         relearned += 1;
                     }
                 }
                 None => {
-                    // Exited while no cland ran here: as `parent_exited` for this child.
-                    let exited = {
-                        let mut ch = self.children.lock();
-                        match ch.get_mut(&gpid) {
-                            Some(r) if r.state.borrow().exit.is_some() => {
-                                ch.remove(&gpid);
-                                true
-                            }
-                            Some(r) => {
-                                r.orphan = true;
-                                false
-                            }
-                            None => false,
-                        }
-                    };
-                    if exited {
-                        self.release(gpid).await;
+                    // Exited while no cland ran here: as `parent_exited` for this child,
+                    // whose exit (now or when it comes) releases it.
+                    if let Some(r) = self.children.lock().get_mut(gpid) {
+                        r.orphan = true;
                     }
-                    gone_parents.insert(parent.local());
+                    groups.extend(Gpid::from_raw(c.pgid));
                 }
+            }
+            // Its end, if it came while no cland ran here (it is not sent again).
+            if let Some(status) = c.status {
+                self.child_status(&pb::ChildStatus {
+                    gpid: gpid.raw(),
+                    status: Some(status),
+                    uid: c.uid,
+                    ..Default::default()
+                });
             }
         }
         info!(
             node = %peer,
             children = list.len(),
             relearned,
-            parents_gone = gone_parents.len(),
             "knew again the children of this node's processes"
         );
-        let groups: Vec<Gpid> = list
-            .iter()
-            .filter(|c| Gpid::from_raw(c.parent).is_some_and(|p| gone_parents.contains(&p.local())))
-            .filter_map(|c| Gpid::from_raw(c.pgid))
-            .collect();
+        groups.sort();
+        groups.dedup();
         self.spawn_orphan_checks(groups);
         true
     }
