@@ -211,6 +211,32 @@ pub struct TcpPair {
 }
 
 impl TcpPair {
+    /// The echo in a process of its own (`clan-bench tcp-echo`), as clan's daemons and
+    /// processes are: each round trip switches address spaces, as clan's hops do.
+    /// Connected and warmed up (100 round trips).
+    pub fn with_process() -> TcpPair {
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = l.local_addr().expect("addr").port();
+        let exe = std::env::current_exe().expect("self");
+        let mut child = std::process::Command::new(exe)
+            .args(["tcp-echo", "--port", &port.to_string()])
+            .stdin(std::process::Stdio::null())
+            .spawn()
+            .expect("tcp-echo");
+        let (c, _) = l.accept().expect("accept");
+        c.set_nodelay(true).expect("nodelay");
+        // The child ends when the connection closes (dropped with the pair).
+        let server = std::thread::spawn(move || {
+            let _ = child.wait();
+        });
+        let mut p = TcpPair {
+            conn: Some(c),
+            server: Some(server),
+        };
+        p.sample(100, &mut Samples::default());
+        p
+    }
+
     /// Connected and warmed up (100 round trips).
     pub fn new() -> TcpPair {
         let l = TcpListener::bind("127.0.0.1:0").expect("bind");
@@ -253,6 +279,21 @@ impl Drop for TcpPair {
         drop(self.conn.take());
         if let Some(s) = self.server.take() {
             let _ = s.join();
+        }
+    }
+}
+
+/// The `tcp-echo` role: connects to 127.0.0.1:`port` and sends back every 64 bytes it
+/// reads, until the connection closes.
+pub fn tcp_echo(port: u16) {
+    let Ok(mut c) = TcpStream::connect(("127.0.0.1", port)) else {
+        return;
+    };
+    let _ = c.set_nodelay(true);
+    let mut buf = [0u8; 64];
+    while c.read_exact(&mut buf).is_ok() {
+        if c.write_all(&buf).is_err() {
+            break;
         }
     }
 }

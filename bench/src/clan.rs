@@ -193,8 +193,14 @@ pub fn signal_latency(c: &Cluster, r: &mut Report, n: usize) {
                 .collect(),
         )
     };
-    let (s, tcp) = (series("s "), series("t "));
+    let (s, tcp, tcp_procs) = (series("s "), series("t "), series("p "));
     r.latency(g, "TCP loopback round trip (64 B)", &tcp, None);
+    r.latency(
+        g,
+        TCP_PROCS,
+        &tcp_procs,
+        Some("TCP loopback round trip (64 B)"),
+    );
     r.latency(
         g,
         "local kill(2) ping-pong, one way",
@@ -207,7 +213,17 @@ pub fn signal_latency(c: &Cluster, r: &mut Report, n: usize) {
         &s,
         Some("TCP loopback round trip (64 B)"),
     );
+    r.latency(
+        g,
+        "  the same against the round trip between two processes",
+        &s,
+        Some(TCP_PROCS),
+    );
 }
+
+/// A TCP loopback round trip whose echo is another process (the signal and /proc figures
+/// show it next to the thread-to-thread one: clan's hops go from process to process).
+pub const TCP_PROCS: &str = "TCP loopback round trip, echo in another process (64 B)";
 
 /// The `sigping` role: times `iters` round trips of SIGUSR1 with its peer through clan
 /// (lines `s NANOS`, half a round trip each) and as many TCP loopback round trips (`t
@@ -224,14 +240,17 @@ pub fn sigping(peer_file: &Path, out: &Path, iters: usize) -> anyhow::Result<()>
     let client = Client::locate(None, None)?;
     let mut lines = String::new();
     let mut tcp = baselines::TcpPair::new();
+    let mut tcp_procs = baselines::TcpPair::with_process();
     let per = iters.div_ceil(SIGNAL_TURNS);
     rt1().block_on(async {
         for i in 0..iters + 20 {
             if i >= 20 && (i - 20) % per == 0 {
-                let mut s = Samples::default();
-                tcp.sample(per, &mut s);
-                for d in s.0 {
-                    lines.push_str(&format!("t {}\n", d.as_nanos()));
+                for (kind, pair) in [("t", &mut tcp), ("p", &mut tcp_procs)] {
+                    let mut s = Samples::default();
+                    pair.sample(per, &mut s);
+                    for d in s.0 {
+                        lines.push_str(&format!("{kind} {}\n", d.as_nanos()));
+                    }
                 }
             }
             let t = Instant::now();

@@ -78,6 +78,11 @@ enum Cmd {
     #[command(hide = true)]
     NativePong,
     #[command(hide = true)]
+    TcpEcho {
+        #[arg(long)]
+        port: u16,
+    },
+    #[command(hide = true)]
     Sigping {
         #[arg(long)]
         peer_file: PathBuf,
@@ -126,6 +131,10 @@ fn main() -> anyhow::Result<()> {
     match cmd {
         Cmd::NativePong => {
             baselines::native_pong();
+            return Ok(());
+        }
+        Cmd::TcpEcho { port } => {
+            baselines::tcp_echo(port);
             return Ok(());
         }
         Cmd::Sigping {

@@ -72,11 +72,18 @@ pub fn status_read(c: &Cluster, r: &mut Report, n: usize) {
     };
     rt.block_on(client.proc(req.clone())).expect("proc read"); // one to connect
     let mut tcp = baselines::TcpPair::new();
-    let (mut rtt, mut nat, mut api, mut through): (Samples, Samples, Samples, Samples) =
-        Default::default();
+    let mut tcp_procs = baselines::TcpPair::with_process();
+    let (mut rtt, mut rtt_procs, mut nat, mut api, mut through): (
+        Samples,
+        Samples,
+        Samples,
+        Samples,
+        Samples,
+    ) = Default::default();
     let per = n.div_ceil(TURNS);
     for _ in 0..TURNS {
         tcp.sample(per, &mut rtt);
+        tcp_procs.sample(per, &mut rtt_procs);
         nat_block(per, &native, &mut nat);
         rt.block_on(async {
             for _ in 0..per {
@@ -89,15 +96,23 @@ pub fn status_read(c: &Cluster, r: &mut Report, n: usize) {
         nat_block(per, &file, &mut through);
     }
     drop(tcp);
+    drop(tcp_procs);
     let tcp_name = "TCP loopback round trip (64 B)";
     let native_name = "native read of /proc/PID/status";
     r.latency(g, tcp_name, &rtt, None);
+    r.latency(g, crate::clan::TCP_PROCS, &rtt_procs, Some(tcp_name));
     r.latency(g, native_name, &nat, None);
     r.latency(
         g,
         "through the API (client library, node 1)",
         &api,
         Some(tcp_name),
+    );
+    r.latency(
+        g,
+        "  the same against the round trip between two processes",
+        &api,
+        Some(crate::clan::TCP_PROCS),
     );
     r.latency(
         g,
