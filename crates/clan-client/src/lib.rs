@@ -14,16 +14,15 @@
 //! sent one at a time. Operations that block (wait, attached runs) use connections of their
 //! own, so a client can be shared by tasks.
 
+use clan_core::unixconn::{ReadHalf as OwnedReadHalf, UnixConn, WriteHalf as OwnedWriteHalf};
 use clan_core::{Gpid, NodeId, WaitStatus};
 use clan_proto::pb::{local_reply::Reply, local_request::Op};
 use clan_proto::{read_frame, write_frame};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::io::BufReader;
-use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 
 type Reader = BufReader<OwnedReadHalf>;
-use tokio::net::UnixStream;
 use tokio::sync::Mutex;
 
 pub use clan_proto::pb;
@@ -281,7 +280,7 @@ impl Client {
     }
 
     async fn open(&self) -> Result<(Reader, OwnedWriteHalf)> {
-        match UnixStream::connect(&self.path).await {
+        match UnixConn::connect(&self.path).await {
             Ok(s) => {
                 let (r, w) = s.into_split();
                 Ok((BufReader::new(r), w))

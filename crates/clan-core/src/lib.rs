@@ -8,6 +8,7 @@ pub mod lock;
 pub mod signal;
 pub mod sigset;
 pub mod sys;
+pub mod unixconn;
 
 pub use config::{ClusterConfig, ConfigError, NodeEntry};
 pub use exit::{ExitCode, WaitStatus};

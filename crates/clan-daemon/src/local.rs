@@ -8,6 +8,7 @@ use crate::placement::LoadManager;
 use crate::process::group::Kind;
 use crate::process::wait::{WaitEvent, WaitFlags};
 use crate::session::{relay_stub, Start};
+use clan_core::unixconn::{ReadHalf as OwnedReadHalf, UnixConn, WriteHalf as OwnedWriteHalf};
 use clan_core::{Gpid, NodeId};
 use clan_proto::pb::{self, local_reply::Reply, local_request::Op};
 use clan_proto::{read_frame, write_frame};
@@ -17,7 +18,6 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::BufReader;
-use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
@@ -69,6 +69,10 @@ impl Node {
             node: self.id.get(),
             pgid: self.cluster_id(Kind::Group, ids.pgid),
             sid: self.cluster_id(Kind::Session, ids.sid),
+        };
+        // Watched for reading only (see clan_core::unixconn).
+        let Ok(s) = s.into_std().and_then(UnixConn::from_std) else {
+            return;
         };
         let (rd, mut wr) = s.into_split();
         let mut rd = BufReader::new(rd);

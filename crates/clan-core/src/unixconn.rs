@@ -1,0 +1,217 @@
+//! A Unix stream connection watched by the reactor for reading only.
+//!
+//! A Unix stream socket wakes everyone polling its peer for writing each time it reads
+//! (the kernel's `unix_write_space`, unlike TCP, which does so only after a full buffer).
+//! tokio registers its sockets for reading and writing, so each request a client sends
+//! wakes the client's reactor once for nothing when the daemon reads it, and each reply
+//! the daemon's once when the client reads it: a context switch (and on a VM, often an
+//! inter-processor interrupt) per message, on the critical path of every local request.
+//! [`UnixConn`] registers the socket for reading only; a write that finds the buffer full
+//! waits on a duplicate descriptor registered for writing, only as long as it must.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+use tokio::io::unix::AsyncFd;
+use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
+
+/// A connected Unix stream socket, registered for reading only.
+pub struct UnixConn {
+    fd: Arc<AsyncFd<OwnedFd>>,
+}
+
+/// The reading half of a [`UnixConn`].
+pub struct ReadHalf {
+    fd: Arc<AsyncFd<OwnedFd>>,
+}
+
+/// The writing half of a [`UnixConn`]; dropping it shuts the connection down for writing.
+pub struct WriteHalf {
+    fd: Arc<AsyncFd<OwnedFd>>,
+    /// A duplicate registered for writing while a write waits for room.
+    waiting: Option<AsyncFd<OwnedFd>>,
+}
+
+impl UnixConn {
+    /// Takes over a connected socket (made non-blocking here). Must be called within a
+    /// tokio runtime.
+    pub fn from_std(s: std::os::unix::net::UnixStream) -> io::Result<UnixConn> {
+        s.set_nonblocking(true)?;
+        // SAFETY: the AsyncFd owns the OwnedFd, which stays open and the same descriptor
+        // until the AsyncFd is dropped.
+        let fd = unsafe { AsyncFd::register_with_interest(OwnedFd::from(s), Interest::READABLE) }?;
+        Ok(UnixConn { fd: Arc::new(fd) })
+    }
+
+    /// Connects to the socket at `path`.
+    pub async fn connect(path: impl AsRef<std::path::Path>) -> io::Result<UnixConn> {
+        let s = tokio::net::UnixStream::connect(path).await?;
+        UnixConn::from_std(s.into_std()?)
+    }
+
+    /// The halves, usable from different tasks.
+    pub fn into_split(self) -> (ReadHalf, WriteHalf) {
+        (
+            ReadHalf {
+                fd: self.fd.clone(),
+            },
+            WriteHalf {
+                fd: self.fd,
+                waiting: None,
+            },
+        )
+    }
+}
+
+fn last_error() -> io::Error {
+    io::Error::last_os_error()
+}
+
+impl AsyncRead for ReadHalf {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        loop {
+            let mut guard = ready!(self.fd.poll_read_ready(cx))?;
+            let unfilled = buf.initialize_unfilled();
+            let res = guard.try_io(|fd| {
+                // SAFETY: reads into the initialized, unfilled part of `buf`, whose length
+                // we pass.
+                let n = unsafe {
+                    libc::read(fd.as_raw_fd(), unfilled.as_mut_ptr().cast(), unfilled.len())
+                };
+                if n < 0 {
+                    Err(last_error())
+                } else {
+                    Ok(n as usize)
+                }
+            });
+            match res {
+                Ok(Ok(n)) => {
+                    buf.advance(n);
+                    return Poll::Ready(Ok(()));
+                }
+                Ok(Err(e)) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Ok(Err(e)) => return Poll::Ready(Err(e)),
+                Err(_would_block) => continue,
+            }
+        }
+    }
+}
+
+impl AsyncWrite for WriteHalf {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        loop {
+            // SAFETY: sends from `data`, whose length we pass; MSG_NOSIGNAL: a closed peer is
+            // an EPIPE error, not a SIGPIPE.
+            let n = unsafe {
+                libc::send(
+                    self.fd.get_ref().as_raw_fd(),
+                    data.as_ptr().cast(),
+                    data.len(),
+                    libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT,
+                )
+            };
+            if n >= 0 {
+                // Room again: stop watching for it (its wake-ups are the ones avoided).
+                self.waiting = None;
+                return Poll::Ready(Ok(n as usize));
+            }
+            let e = last_error();
+            match e.kind() {
+                io::ErrorKind::Interrupted => continue,
+                io::ErrorKind::WouldBlock => {}
+                _ => return Poll::Ready(Err(e)),
+            }
+            if self.waiting.is_none() {
+                // SAFETY: dup of a descriptor we own; the duplicate is owned by the OwnedFd.
+                let dup =
+                    unsafe { libc::fcntl(self.fd.get_ref().as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) };
+                if dup < 0 {
+                    return Poll::Ready(Err(last_error()));
+                }
+                // SAFETY: `dup` is a new descriptor, ours alone.
+                let owned = unsafe { OwnedFd::from_raw_fd(dup) };
+                // Registered now: if room came since the send above, the event is reported.
+                // SAFETY: as in `from_std`: the AsyncFd owns the duplicate.
+                let fd = unsafe { AsyncFd::register_with_interest(owned, Interest::WRITABLE) }?;
+                self.waiting = Some(fd);
+            }
+            let waiting = self.waiting.as_ref().expect("just set");
+            let mut guard = ready!(waiting.poll_write_ready(cx))?;
+            guard.clear_ready();
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        // SAFETY: shutdown(2) on a descriptor we own.
+        if unsafe { libc::shutdown(self.fd.get_ref().as_raw_fd(), libc::SHUT_WR) } < 0 {
+            let e = last_error();
+            if e.raw_os_error() != Some(libc::ENOTCONN) {
+                return Poll::Ready(Err(e));
+            }
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl Drop for WriteHalf {
+    fn drop(&mut self) {
+        // As tokio's halves: the peer reads the end of the stream once we stop writing.
+        // SAFETY: shutdown(2) on a descriptor we own; errors (not connected) do not matter.
+        unsafe { libc::shutdown(self.fd.get_ref().as_raw_fd(), libc::SHUT_WR) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    #[tokio::test]
+    async fn bytes_cross_both_ways_and_a_full_buffer_waits_for_room() {
+        let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let (mut ar, mut aw) = UnixConn::from_std(a).unwrap().into_split();
+        let (mut br, mut bw) = UnixConn::from_std(b).unwrap().into_split();
+        aw.write_all(b"ping").await.unwrap();
+        let mut buf = [0u8; 4];
+        br.read_exact(&mut buf).await.unwrap();
+        assert_eq!(&buf, b"ping");
+        bw.write_all(b"pong").await.unwrap();
+        ar.read_exact(&mut buf).await.unwrap();
+        assert_eq!(&buf, b"pong");
+        // Far more than a socket buffer holds: the writer must wait for the reader.
+        let big: Vec<u8> = (0..8 << 20).map(|i| (i % 251) as u8).collect();
+        let sent = big.clone();
+        let writer = tokio::spawn(async move {
+            aw.write_all(&sent).await.unwrap();
+            drop(aw); // the reader sees the end
+        });
+        let mut got = Vec::new();
+        br.read_to_end(&mut got).await.unwrap();
+        writer.await.unwrap();
+        assert_eq!(got.len(), big.len());
+        assert!(got == big, "the bytes arrived changed");
+    }
+
+    #[tokio::test]
+    async fn a_write_to_a_closed_peer_fails_without_a_signal() {
+        let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let (_ar, mut aw) = UnixConn::from_std(a).unwrap().into_split();
+        drop(b);
+        let e = aw.write_all(b"x").await.unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::BrokenPipe);
+    }
+}
