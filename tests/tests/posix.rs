@@ -885,9 +885,12 @@ fn ready_stub(c: &Cluster, from: u32, node: u32, n: u32) -> std::process::Child 
     let out = child.stdout.take().expect("piped stdout");
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
+        let mut out = std::io::BufReader::new(out);
         let mut line = String::new();
-        let _ = std::io::BufReader::new(out).read_line(&mut line);
+        let _ = out.read_line(&mut line);
         let _ = tx.send(line);
+        // Read on to the end: a stub whose stdout closed would pass SIGPIPE on.
+        let _ = std::io::copy(&mut out, &mut std::io::sink());
     });
     match rx.recv_timeout(Duration::from_secs(30)) {
         Ok(l) if l.trim() == "ready" => child,
@@ -919,9 +922,21 @@ fn a_cut_off_node_is_declared_dead_fences_itself_and_rejoins() {
         .unwrap();
     let at_home = ready_stub(&c, 3, 3, 2003);
     let outward = ready_stub(&c, 3, 2, 2004);
-    eventually("the four sleeps", Duration::from_secs(20), || {
-        (host_running("sleep 200").len() == 4).then_some(())
+    let mut missing = Vec::new();
+    let all_four = (0..1000).any(|_| {
+        missing = (2001..=2004)
+            .filter(|n| host_running(&format!("sleep {n}")).is_empty())
+            .collect::<Vec<_>>();
+        missing.is_empty() || {
+            std::thread::sleep(Duration::from_millis(20));
+            false
+        }
     });
+    assert!(
+        all_four,
+        "sleeps {missing:?} never ran; host: {:?}",
+        host_processes_mentioning("sleep 200")
+    );
 
     net.cut(3);
     // The majority (nodes 1 and 2) declares node 3 dead: the stub and the waiter hear
