@@ -910,6 +910,15 @@ fn a_cut_off_node_is_declared_dead_fences_itself_and_rejoins() {
     let mut args: Vec<String> = net.up_args();
     args.extend(["--heartbeat-ms", "200", "--dead-after-ms", "1500"].map(String::from));
     let c = Cluster::up_with(3, &args.iter().map(String::as_str).collect::<Vec<_>>());
+    // Each node follows process events though it lives in a network namespace of its own
+    // (the proc connector answers in the initial one only).
+    for n in 1..=3 {
+        let log = std::fs::read_to_string(c.node_dir(n).join("cland.log")).unwrap();
+        assert!(
+            log.contains("following process events"),
+            "node {n} has no job genealogy: {log}"
+        );
+    }
     // Node 3 holds: a process with its stub on node 1, a detached one whose parent is on
     // node 1, one with its stub on node 3; and node 3 holds a stub of a process on node 2.
     let across = ready_stub(&c, 1, 3, 2001);

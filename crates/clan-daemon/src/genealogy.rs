@@ -334,6 +334,25 @@ fn connect() -> std::io::Result<OwnedFd> {
     Ok(fd)
 }
 
+/// [`connect`] from the initial network namespace, the only one the proc connector
+/// answers in (a cland in another, a node of a cluster made with `clan up --netns`, is
+/// refused): on a thread of its own that enters it (a thread's network namespace is its
+/// own; the socket stays in the namespace it was made in). The namespace is init's, or
+/// kthreadd's (pid 2, the kernel's own, always there) where init's can not be opened.
+fn connect_from_initial_netns() -> std::io::Result<OwnedFd> {
+    std::thread::Builder::new()
+        .name("proc-events-ns".into())
+        .spawn(|| {
+            let ns = std::fs::File::open("/proc/1/ns/net")
+                .or_else(|_| std::fs::File::open("/proc/2/ns/net"))?;
+            nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET)
+                .map_err(std::io::Error::from)?;
+            connect()
+        })?
+        .join()
+        .map_err(|_| std::io::Error::other("the proc connector's thread panicked"))?
+}
+
 /// One line of `clan job tree`: a process, its tracked parent, its command.
 pub struct TreeLine {
     pub pid: u32,
@@ -419,7 +438,10 @@ impl Node {
         if self.cgroup.is_none() {
             return;
         }
-        let fd = match connect() {
+        let fd = match connect().or_else(|e| match e.raw_os_error() {
+            Some(libc::ECONNREFUSED) => connect_from_initial_netns(),
+            _ => Err(e),
+        }) {
             Ok(fd) => fd,
             Err(e) => {
                 warn!("proc connector unavailable ({e}): no job genealogy");
