@@ -742,7 +742,7 @@ fn an_orphan_check_waits_for_a_node_that_is_away() {
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
     eventually("node 3 away for node 1", Duration::from_secs(20), || {
         node_states(&c, 1)
-            .contains(&(3, "dead".into()))
+            .contains(&(3, "away".into()))
             .then_some(())
     });
     gone(pid, "node 3's cland");
@@ -1132,7 +1132,7 @@ fn a_clean_cland_restart_keeps_remote_statuses() {
             .all(|from| {
                 node_states(&c, from)
                     .iter()
-                    .any(|(n, s)| *n == 3 && s == "dead")
+                    .any(|(n, s)| *n == 3 && s == "away")
             })
             .then_some(())
     });

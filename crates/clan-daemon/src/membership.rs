@@ -103,7 +103,7 @@ impl Node {
         let mut newly_dead = Vec::new();
         for p in self.peers.values() {
             let mut st = p.state.lock();
-            let dead = p.state_of_locked(&st, &self.cfg, self.started) == "dead";
+            let dead = crate::peer::is_down(p.state_of_locked(&st, &self.cfg, self.started));
             if dead && !st.declared_dead && (st.last_heard.is_some() || st.goodbye.is_some()) {
                 st.declared_dead = true;
                 newly_dead.push(p.clone());

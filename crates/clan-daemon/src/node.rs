@@ -232,7 +232,9 @@ impl Node {
         if id == self.id {
             return Ok(true);
         }
-        Ok(self.peer(id)?.state_name(&self.cfg, self.started) != "dead")
+        Ok(!crate::peer::is_down(
+            self.peer(id)?.state_name(&self.cfg, self.started),
+        ))
     }
 
     /// This node's entry for `clan nodes` and heartbeats.

@@ -125,7 +125,16 @@ impl Peer {
     }
 }
 
+/// Whether a node in `state` (as `clan nodes` shows it) is down: dead, or away (its
+/// cland stopped cleanly, its processes live on).
+pub fn is_down(state: &str) -> bool {
+    matches!(state, "dead" | "away")
+}
+
 fn state_of(st: &PeerState, cfg: &ClusterConfig, started: Instant) -> &'static str {
+    if st.goodbye.is_some() && !st.lost {
+        return "away";
+    }
     if st.goodbye.is_some() || st.declared_dead {
         return "dead";
     }
@@ -152,7 +161,7 @@ impl Node {
     /// Sends a request to a peer and waits for its reply.
     pub async fn call(&self, to: NodeId, creds: pb::Creds, op: Op) -> Result<Reply> {
         let p = self.peer(to)?;
-        if p.state_name(&self.cfg, self.started) == "dead" {
+        if is_down(p.state_name(&self.cfg, self.started)) {
             // Lost: its processes are gone. Away (it said goodbye, or is not yet declared
             // dead): they may live on, and asking again later may work.
             if p.state.lock().lost {

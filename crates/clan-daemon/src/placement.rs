@@ -108,7 +108,7 @@ impl Node {
         let infos: Vec<pb::NodeInfo> = self
             .nodes()
             .into_iter()
-            .filter(|n| n.state != "dead")
+            .filter(|n| !crate::peer::is_down(&n.state))
             .collect();
         if count > infos.len() {
             return Err(Error::Invalid(format!(

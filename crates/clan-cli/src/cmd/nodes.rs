@@ -30,7 +30,7 @@ pub async fn run(c: Client, a: Args) -> ExitCode {
                 "NODE", "STATE", "ADDR", "LOAD", "PROCS"
             );
             for n in nodes {
-                let mem = if n.state == "dead" {
+                let mem = if n.state == "dead" || n.state == "away" {
                     "-".to_string()
                 } else {
                     format!(
