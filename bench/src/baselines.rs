@@ -210,6 +210,24 @@ pub struct TcpPair {
     server: Option<std::thread::JoinHandle<()>>,
 }
 
+/// The name of the thread-to-thread round trip in reports.
+pub const TCP_RTT: &str = "TCP loopback round trip (64 B)";
+
+/// The name of the round trip whose echo is another process (the signal and /proc figures
+/// show it next to [`TCP_RTT`]: clan's hops go from process to process).
+pub const TCP_PROCS: &str = "TCP loopback round trip, echo in another process (64 B)";
+
+/// Sends back every 64 bytes read on `c` until it closes.
+fn echo(mut c: TcpStream) {
+    c.set_nodelay(true).expect("nodelay");
+    let mut buf = [0u8; 64];
+    while c.read_exact(&mut buf).is_ok() {
+        if c.write_all(&buf).is_err() {
+            break;
+        }
+    }
+}
+
 impl TcpPair {
     /// The echo in a process of its own (`clan-bench tcp-echo`), as clan's daemons and
     /// processes are: each round trip switches address spaces, as clan's hops do.
@@ -224,34 +242,25 @@ impl TcpPair {
             .spawn()
             .expect("tcp-echo");
         let (c, _) = l.accept().expect("accept");
-        c.set_nodelay(true).expect("nodelay");
         // The child ends when the connection closes (dropped with the pair).
-        let server = std::thread::spawn(move || {
-            let _ = child.wait();
-        });
-        let mut p = TcpPair {
-            conn: Some(c),
-            server: Some(server),
-        };
-        p.sample(100, &mut Samples::default());
-        p
+        TcpPair::warmed(
+            c,
+            std::thread::spawn(move || {
+                let _ = child.wait();
+            }),
+        )
     }
 
     /// Connected and warmed up (100 round trips).
     pub fn new() -> TcpPair {
         let l = TcpListener::bind("127.0.0.1:0").expect("bind");
         let addr = l.local_addr().expect("addr");
-        let server = std::thread::spawn(move || {
-            let (mut c, _) = l.accept().expect("accept");
-            c.set_nodelay(true).expect("nodelay");
-            let mut buf = [0u8; 64];
-            while c.read_exact(&mut buf).is_ok() {
-                if c.write_all(&buf).is_err() {
-                    break;
-                }
-            }
-        });
-        let c = TcpStream::connect(addr).expect("connect");
+        let server = std::thread::spawn(move || echo(l.accept().expect("accept").0));
+        TcpPair::warmed(TcpStream::connect(addr).expect("connect"), server)
+    }
+
+    /// `c`, its echo served until it closes by `server`, after 100 round trips.
+    fn warmed(c: TcpStream, server: std::thread::JoinHandle<()>) -> TcpPair {
         c.set_nodelay(true).expect("nodelay");
         let mut p = TcpPair {
             conn: Some(c),
@@ -286,15 +295,8 @@ impl Drop for TcpPair {
 /// The `tcp-echo` role: connects to 127.0.0.1:`port` and sends back every 64 bytes it
 /// reads, until the connection closes.
 pub fn tcp_echo(port: u16) {
-    let Ok(mut c) = TcpStream::connect(("127.0.0.1", port)) else {
-        return;
-    };
-    let _ = c.set_nodelay(true);
-    let mut buf = [0u8; 64];
-    while c.read_exact(&mut buf).is_ok() {
-        if c.write_all(&buf).is_err() {
-            break;
-        }
+    if let Ok(c) = TcpStream::connect(("127.0.0.1", port)) {
+        echo(c);
     }
 }
 

@@ -194,36 +194,32 @@ pub fn signal_latency(c: &Cluster, r: &mut Report, n: usize) {
         )
     };
     let (s, tcp, tcp_procs) = (series("s "), series("t "), series("p "));
-    r.latency(g, "TCP loopback round trip (64 B)", &tcp, None);
+    r.latency(g, baselines::TCP_RTT, &tcp, None);
     r.latency(
         g,
-        TCP_PROCS,
+        baselines::TCP_PROCS,
         &tcp_procs,
-        Some("TCP loopback round trip (64 B)"),
+        Some(baselines::TCP_RTT),
     );
     r.latency(
         g,
         "local kill(2) ping-pong, one way",
         &baselines::kill_pingpong(n * 10),
-        Some("TCP loopback round trip (64 B)"),
+        Some(baselines::TCP_RTT),
     );
     r.latency(
         g,
         "clan kill ping-pong node 1 <-> node 2, one way",
         &s,
-        Some("TCP loopback round trip (64 B)"),
+        Some(baselines::TCP_RTT),
     );
     r.latency(
         g,
         "  the same against the round trip between two processes",
         &s,
-        Some(TCP_PROCS),
+        Some(baselines::TCP_PROCS),
     );
 }
-
-/// A TCP loopback round trip whose echo is another process (the signal and /proc figures
-/// show it next to the thread-to-thread one: clan's hops go from process to process).
-pub const TCP_PROCS: &str = "TCP loopback round trip, echo in another process (64 B)";
 
 /// The `sigping` role: times `iters` round trips of SIGUSR1 with its peer through clan
 /// (lines `s NANOS`, half a round trip each) and as many TCP loopback round trips (`t

@@ -173,7 +173,7 @@ fn main() -> anyhow::Result<()> {
         );
         r.latency(
             "baselines",
-            "TCP loopback round trip (64 B)",
+            baselines::TCP_RTT,
             &baselines::tcp_rtt(n * 10),
             None,
         );

@@ -97,10 +97,10 @@ pub fn status_read(c: &Cluster, r: &mut Report, n: usize) {
     }
     drop(tcp);
     drop(tcp_procs);
-    let tcp_name = "TCP loopback round trip (64 B)";
+    let tcp_name = baselines::TCP_RTT;
     let native_name = "native read of /proc/PID/status";
     r.latency(g, tcp_name, &rtt, None);
-    r.latency(g, crate::clan::TCP_PROCS, &rtt_procs, Some(tcp_name));
+    r.latency(g, baselines::TCP_PROCS, &rtt_procs, Some(tcp_name));
     r.latency(g, native_name, &nat, None);
     r.latency(
         g,
@@ -112,7 +112,7 @@ pub fn status_read(c: &Cluster, r: &mut Report, n: usize) {
         g,
         "  the same against the round trip between two processes",
         &api,
-        Some(crate::clan::TCP_PROCS),
+        Some(baselines::TCP_PROCS),
     );
     r.latency(
         g,

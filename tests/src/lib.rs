@@ -195,6 +195,11 @@ impl Cluster {
         self.dir.join(format!("node{node}"))
     }
 
+    /// What node `node`'s cland has logged so far.
+    pub fn log(&self, node: u32) -> String {
+        std::fs::read_to_string(self.node_dir(node).join("cland.log")).unwrap_or_default()
+    }
+
     pub fn cland_pid(&self, node: u32) -> i32 {
         std::fs::read_to_string(self.node_dir(node).join("cland.pid"))
             .expect("pid file")
@@ -265,8 +270,7 @@ impl Drop for Cluster {
         if std::thread::panicking() {
             // What the daemons said last, for whoever reads the failure.
             for n in 1..=self.nodes {
-                let log =
-                    std::fs::read_to_string(self.node_dir(n).join("cland.log")).unwrap_or_default();
+                let log = self.log(n);
                 let tail: Vec<&str> = log.lines().rev().take(12).collect();
                 eprintln!("--- node {n} cland.log (last lines)");
                 for l in tail.into_iter().rev() {

@@ -654,7 +654,7 @@ fn unauthenticated_peers_are_refused() {
         "the refusal in node 1's log",
         Duration::from_secs(5),
         || {
-            let log = std::fs::read_to_string(c.node_dir(1).join("cland.log")).unwrap();
+            let log = c.log(1);
             (log.contains("refused") && log.contains("failed authentication")).then_some(())
         },
     );
@@ -671,7 +671,7 @@ fn unauthenticated_peers_are_refused() {
         "the refusal of the silent one",
         Duration::from_secs(5),
         || {
-            let log = std::fs::read_to_string(c.node_dir(1).join("cland.log")).unwrap();
+            let log = c.log(1);
             log.contains("no hello within").then_some(())
         },
     );

@@ -679,7 +679,7 @@ fn an_orphaned_group_with_a_stopped_remote_member_gets_hup_and_cont() {
         "the check after sh2's exit",
         Duration::from_secs(20),
         || {
-            let log = std::fs::read_to_string(c.node_dir(1).join("cland.log")).unwrap();
+            let log = c.log(1);
             log.contains("still controlled").then_some(())
         },
     );
@@ -749,7 +749,7 @@ fn an_orphan_check_waits_for_a_node_that_is_away() {
     // sh exits: no link left on the nodes that answer, but node 3 can not be counted.
     std::fs::write(c.dir.join("go1"), "").unwrap();
     eventually("the deferred check", Duration::from_secs(20), || {
-        let log = std::fs::read_to_string(c.node_dir(1).join("cland.log")).unwrap();
+        let log = c.log(1);
         log.contains("can not be counted").then_some(())
     });
     assert!(marks(&c).is_empty(), "signals while a node is away");
@@ -913,7 +913,7 @@ fn a_cut_off_node_is_declared_dead_fences_itself_and_rejoins() {
     // Each node follows process events though it lives in a network namespace of its own
     // (the proc connector answers in the initial one only).
     for n in 1..=3 {
-        let log = std::fs::read_to_string(c.node_dir(n).join("cland.log")).unwrap();
+        let log = c.log(n);
         assert!(
             log.contains("following process events"),
             "node {n} has no job genealogy: {log}"

@@ -108,6 +108,12 @@ pub struct ClusterConfig {
 }
 
 impl ClusterConfig {
+    /// `dead_after_ms`: how long a silent node takes to be dead, and so the bound of any
+    /// wait for another node.
+    pub fn dead_after(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.dead_after_ms)
+    }
+
     /// Reads and checks a cluster file and the key it names.
     pub fn load(path: &Path) -> Result<ClusterConfig, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|err| ConfigError::Read {

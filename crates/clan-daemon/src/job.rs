@@ -835,7 +835,7 @@ impl Node {
                     } else {
                         SETTLE
                     };
-                    let limit = Duration::from_millis(node.cfg.dead_after_ms) + settle;
+                    let limit = node.cfg.dead_after() + settle;
                     let op = pb::peer_request::Op::Job(req);
                     match node.call_within(n, creds, op, limit).await {
                         Ok(pb::peer_reply::Reply::Job(j)) => match j.error {

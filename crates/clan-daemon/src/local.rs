@@ -230,7 +230,7 @@ impl Node {
             job: job.raw(),
             ..Default::default()
         });
-        let limit = std::time::Duration::from_millis(self.cfg.dead_after_ms);
+        let limit = self.cfg.dead_after();
         match tokio::time::timeout(limit, self.call(origin, self.own_creds(), op)).await {
             Ok(Ok(pb::peer_reply::Reply::Job(j))) => match (j.error, j.tasks.first()) {
                 (Some(e), _) => Err(e.into()),
@@ -608,7 +608,7 @@ impl Node {
                 if n == node.id {
                     return Ok(local(node).await);
                 }
-                let limit = Duration::from_millis(node.cfg.dead_after_ms);
+                let limit = node.cfg.dead_after();
                 match node.call_within(n, node.own_creds(), op, limit).await {
                     Ok(r) => pick(r).ok_or_else(|| "unexpected reply".to_string()),
                     Err(e) => Err(e.to_string()),

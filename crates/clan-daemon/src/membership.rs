@@ -81,7 +81,7 @@ impl Node {
             tick.tick().await;
             let gap = last.elapsed();
             last = Instant::now();
-            let allowance = (period * 4).max(Duration::from_millis(self.cfg.dead_after_ms / 4));
+            let allowance = (period * 4).max(self.cfg.dead_after() / 4);
             if gap > allowance {
                 let lost = gap - period;
                 warn!(

@@ -98,7 +98,7 @@ impl Node {
         shepherd_bin: PathBuf,
         placement: Placement,
     ) -> Node {
-        let write_timeout = std::time::Duration::from_millis(cfg.dead_after_ms);
+        let write_timeout = cfg.dead_after();
         let peers = cfg
             .nodes
             .iter()

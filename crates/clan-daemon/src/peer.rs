@@ -361,18 +361,14 @@ impl Node {
     }
 
     async fn dial(&self, p: &Arc<Peer>) -> anyhow::Result<()> {
-        let s = tokio::time::timeout(
-            Duration::from_millis(self.cfg.dead_after_ms),
-            TcpStream::connect(p.addr),
-        )
-        .await??;
+        let s = tokio::time::timeout(self.cfg.dead_after(), TcpStream::connect(p.addr)).await??;
         s.set_nodelay(true)?;
         let (r, w) = s.into_split();
         let r = tokio::io::BufReader::new(r);
         // Bounded like the connect: a peer cut off mid-handshake never answers, and the
         // dialer must try again once the link is back.
         let (hello, mut rd, wr) = tokio::time::timeout(
-            Duration::from_millis(self.cfg.dead_after_ms),
+            self.cfg.dead_after(),
             auth::connect(r, w, &self.cfg.key, &self.identity(pb::ConnKind::Control)),
         )
         .await??;
@@ -406,7 +402,7 @@ impl Node {
         let r = tokio::io::BufReader::new(r);
         // A connection that never says who it is does not hold a task for ever.
         let hello = tokio::time::timeout(
-            Duration::from_millis(self.cfg.dead_after_ms),
+            self.cfg.dead_after(),
             auth::accept(r, w, &self.cfg.key, &self.identity(pb::ConnKind::Control)),
         )
         .await;

@@ -817,7 +817,7 @@ impl Node {
     ) -> Vec<(NodeId, Result<pb::ProcReply>)> {
         crate::fanout::on_each(nodes, |n| {
             let (node, req) = (self.clone(), req.clone());
-            let limit = limit.unwrap_or(Duration::from_millis(node.cfg.dead_after_ms));
+            let limit = limit.unwrap_or(node.cfg.dead_after());
             async move {
                 if n == node.id {
                     node.proc_here(req).await

@@ -16,7 +16,6 @@ use clan_proto::auth::{self, PeerReader, PeerWriter};
 use clan_proto::pb::{self, peer_frame::Frame, session_input::Input, shepherd_in::Msg as In};
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
 use tokio::io::BufReader;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
@@ -186,18 +185,15 @@ async fn ask(
 impl Node {
     /// Opens and authenticates a new session connection to `peer`.
     async fn open_session(&self, peer: &Peer) -> Result<SessionConn> {
-        let stream = tokio::time::timeout(
-            Duration::from_millis(self.cfg.dead_after_ms),
-            TcpStream::connect(peer.addr),
-        )
-        .await
-        .map_err(|_| Error::NodeDown(format!("node {} does not answer", peer.id)))?
-        .map_err(|e| Error::NodeDown(format!("node {}: {e}", peer.id)))?;
+        let stream = tokio::time::timeout(self.cfg.dead_after(), TcpStream::connect(peer.addr))
+            .await
+            .map_err(|_| Error::NodeDown(format!("node {} does not answer", peer.id)))?
+            .map_err(|e| Error::NodeDown(format!("node {}: {e}", peer.id)))?;
         let _ = stream.set_nodelay(true);
         let (r, w) = stream.into_split();
         // Bounded like the connect: a peer cut off mid-handshake never answers.
         let (_, rd, wr) = tokio::time::timeout(
-            Duration::from_millis(self.cfg.dead_after_ms),
+            self.cfg.dead_after(),
             auth::connect(
                 BufReader::new(r),
                 w,

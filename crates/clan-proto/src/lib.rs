@@ -15,6 +15,10 @@ pub mod pb {
     include!(concat!(env!("OUT_DIR"), "/clan.v1.rs"));
 }
 
+/// The byte a settled shepherd writes on its report pipe before it reads its spec: it
+/// waits (cland takes no shepherd that has not said so).
+pub const SHEPHERD_WAITING: u8 = b'w';
+
 /// Protocol version carried in every Hello.
 pub const VERSION: u32 = 1;
 

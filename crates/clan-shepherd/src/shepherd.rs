@@ -274,7 +274,7 @@ fn settle(args: &[String], out: &mut File) -> Result<Settled, ExitCode> {
 /// A settled shepherd's life: says it waits (one byte, `w`, on its report pipe: cland takes
 /// no shepherd that has not), reads its spec on stdin, starts the process, serves it.
 fn serve_spec(mut out: File, at: &Settled) -> ExitCode {
-    if out.write_all(b"w").is_err() {
+    if out.write_all(&[clan_proto::SHEPHERD_WAITING]).is_err() {
         return ExitCode::SUCCESS; // cland gave up on us (or went away) before we settled
     }
     // Our stdin, read without a buffer: after the spec it carries cland's messages.

@@ -475,7 +475,7 @@ impl Node {
             signal: sig,
             fan_out,
         });
-        let limit = std::time::Duration::from_millis(self.cfg.dead_after_ms);
+        let limit = self.cfg.dead_after();
         let err = match tokio::time::timeout(limit, self.call(n, creds.clone(), op)).await {
             Ok(Ok(pb::peer_reply::Reply::Kill(k))) => return k.results,
             Ok(Ok(other)) => Error::Internal(format!("unexpected reply {other:?}")),

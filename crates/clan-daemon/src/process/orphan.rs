@@ -103,7 +103,7 @@ impl Node {
                         .ok();
                 }
                 let op = pb::peer_request::Op::Orphan(pb::OrphanProbe { pgid: g.raw() });
-                let limit = std::time::Duration::from_millis(node.cfg.dead_after_ms);
+                let limit = node.cfg.dead_after();
                 match node.call_within(n, node.own_creds(), op, limit).await {
                     Ok(pb::peer_reply::Reply::Orphan(o)) => Some(o),
                     _ => None, // a node that does not answer holds no links we can count
@@ -129,7 +129,7 @@ impl Node {
         }
         // A node that did not answer but is not lost (it said goodbye, or is not yet
         // declared dead) may hold links whose processes live on: not orphaned yet.
-        let unknown = self.uncounted_nodes(&answered);
+        let unknown = self.uncounted_nodes(|n| answered.contains(&n));
         if !unknown.is_empty() {
             let list: Vec<String> = unknown.iter().map(|n| n.to_string()).collect();
             info!(
@@ -152,18 +152,19 @@ impl Node {
         true
     }
 
-    /// Nodes other than this one that are not in `answered` and may hold links: their
-    /// processes may live on (away after a goodbye, or not yet declared dead). A lost node
-    /// holds none, nor one never heard from since this cland started (nothing of it can
-    /// be in a group of ours that we do not know of).
-    fn uncounted_nodes(&self, answered: &HashSet<NodeId>) -> Vec<NodeId> {
+    /// Nodes other than this one for which `counted` is false and that may hold links:
+    /// their processes may live on (away after a goodbye, or not yet declared dead). A lost
+    /// node holds none, nor one never heard from since this cland started (nothing of it
+    /// can be in a group of ours that we do not know of).
+    fn uncounted_nodes(&self, counted: impl Fn(NodeId) -> bool) -> Vec<NodeId> {
         self.cfg
             .node_ids()
-            .filter(|&n| n != self.id && !answered.contains(&n))
+            .filter(|&n| n != self.id && !counted(n))
             .filter(|n| {
-                self.peers
-                    .get(n)
-                    .is_some_and(|p| may_hold_links(&p.state.lock()))
+                self.peers.get(n).is_some_and(|p| {
+                    let st = p.state.lock();
+                    !st.lost && (st.last_heard.is_some() || st.goodbye.is_some())
+                })
             })
             .collect()
     }
@@ -177,20 +178,15 @@ impl Node {
         if self.orphan_deferred.lock().is_empty() {
             return;
         }
-        let settled = self.cfg.node_ids().all(|n| {
-            n == self.id
-                || self.node_alive(n).unwrap_or(false)
-                || self
-                    .peers
-                    .get(&n)
-                    .is_some_and(|p| !may_hold_links(&p.state.lock()))
-        });
-        if !settled {
+        if !self
+            .uncounted_nodes(|n| self.node_alive(n).unwrap_or(false))
+            .is_empty()
+        {
             return;
         }
         {
             let mut last = self.orphan_rechecked.lock();
-            if last.is_some_and(|t| t.elapsed().as_millis() < u128::from(self.cfg.dead_after_ms)) {
+            if last.is_some_and(|t| t.elapsed() < self.cfg.dead_after()) {
                 return;
             }
             *last = Some(std::time::Instant::now());
@@ -294,10 +290,4 @@ impl Node {
             });
         }
     }
-}
-
-/// Whether a peer that does not answer may hold controlling links: not lost, and heard from
-/// (or said goodbye) since this cland started.
-fn may_hold_links(st: &crate::peer::PeerState) -> bool {
-    !st.lost && (st.last_heard.is_some() || st.goodbye.is_some())
 }

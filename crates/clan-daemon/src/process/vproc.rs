@@ -93,16 +93,13 @@ const POOL: usize = 2;
 /// How long a waiting shepherd may take to say it is there (`answered`).
 const SHEPHERD_ANSWER: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// The byte a settled shepherd writes on its report pipe before it reads its spec.
-const WAITING: u8 = b'w';
-
-/// `w` once its shepherd has said it waits (the byte `WAITING` on the report pipe, written
+/// `w` once its shepherd has said it waits (`SHEPHERD_WAITING` on the report pipe, written
 /// as soon as it is settled: at once for a shepherd that waited in the pool), or why not.
 async fn answered(mut w: Waiting) -> std::result::Result<Waiting, String> {
     use tokio::io::AsyncReadExt;
     let mut b = [0u8; 1];
     match tokio::time::timeout(SHEPHERD_ANSWER, w.1.read(&mut b)).await {
-        Ok(Ok(1)) if b[0] == WAITING => Ok(w),
+        Ok(Ok(1)) if b[0] == clan_proto::SHEPHERD_WAITING => Ok(w),
         Ok(Ok(1)) => Err("failed to settle".into()),
         Ok(Ok(_)) => Err("exited".into()),
         Ok(Err(e)) => Err(format!("could not be read: {e}")),

@@ -94,28 +94,6 @@ pub struct ParentRec {
     pub kids: Vec<(Gpid, u64, u64)>,
 }
 
-/// Host pids of the processes of the pid namespace of host process `ns_init`, by their
-/// number in it (their own number when `ns_init` is 0: no namespace of its own).
-pub fn host_pids(ns_init: u32) -> HashMap<u32, u32> {
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return HashMap::new();
-    };
-    let ns = |p: u32| std::fs::read_link(format!("/proc/{p}/ns/pid")).ok();
-    let want = (ns_init != 0).then(|| ns(ns_init)).flatten();
-    dir.flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter_map(|h| {
-            if ns_init == 0 {
-                return Some((h, h));
-            }
-            if ns(h) != want || want.is_none() {
-                return None;
-            }
-            Some((clan_core::sys::ns_pid_of_host(h)?, h))
-        })
-        .collect()
-}
-
 /// Returns once the process with host pid `pid` has exited (at once if it has already).
 pub async fn until_exit(pid: u32) {
     match clan_core::sys::pidfd_open(pid as i32) {
@@ -147,11 +125,7 @@ fn may_wait(creds: &pb::Creds, uid: u32, gpid: Gpid) -> Result<()> {
 /// The record of the process that has `gpid` now: a record gone with its node belongs to
 /// a process of the node's previous incarnation (its uncollected status goes, not to this
 /// one, which got the same number: expected, or heard of first).
-fn current_record(
-    ch: &mut std::collections::HashMap<Gpid, ChildRec>,
-    gpid: Gpid,
-    uid: u32,
-) -> &mut ChildRec {
+fn current_record(ch: &mut HashMap<Gpid, ChildRec>, gpid: Gpid, uid: u32) -> &mut ChildRec {
     let rec = ch.entry(gpid).or_insert_with(|| ChildRec::new(uid));
     if rec.gone_with_node {
         warn!(%gpid, "a new process has the gpid of one that died with its node");
@@ -329,7 +303,7 @@ impl Node {
     /// cland ran are released as its exit would have released them. Returns false when the
     /// peer did not answer (asked again at its next heartbeat).
     pub async fn relearn_children(self: &Arc<Self>, peer: NodeId) -> bool {
-        let limit = Duration::from_millis(self.cfg.dead_after_ms);
+        let limit = self.cfg.dead_after();
         let op = pb::peer_request::Op::ChildrenOf(pb::ChildrenOfRequest {});
         let list = match self.call_within(peer, self.own_creds(), op, limit).await {
             Ok(pb::peer_reply::Reply::Children(c)) => c.children,
@@ -363,7 +337,14 @@ impl Node {
         let node = self.clone();
         let parents: Vec<u32> = list.iter().map(|(_, p, _)| p.local()).collect();
         let hosts = tokio::task::spawn_blocking(move || {
-            let hosts = host_pids(node.view.ns_init);
+            // The node's processes by their number in it (one scan of the host's /proc).
+            let hosts: HashMap<u32, u32> = std::fs::read_dir("/proc")
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+                .filter_map(|h| Some((node.gpid_of_host(h)?.local(), h)))
+                .collect();
             parents
                 .into_iter()
                 .filter(|&p| node.view.attrs(p, false).is_some_and(|a| a.state != 'Z'))
@@ -372,7 +353,7 @@ impl Node {
         })
         .await
         .unwrap_or_default();
-        let mut groups = Vec::new();
+        let mut gone: HashMap<u32, ParentRec> = HashMap::new();
         let mut relearned = 0;
         for (gpid, parent, c) in &list {
             self.expect_child(*gpid, c.uid);
@@ -395,12 +376,15 @@ impl Node {
                     }
                 }
                 None => {
-                    // Exited while no cland ran here: as `parent_exited` for this child,
-                    // whose exit (now or when it comes) releases it.
-                    if let Some(r) = self.children.lock().get_mut(gpid) {
-                        r.orphan = true;
-                    }
-                    groups.extend(Gpid::from_raw(c.pgid));
+                    // Exited while no cland ran here: its children are handled below as
+                    // its exit would have handled them.
+                    gone.entry(parent.local())
+                        .or_insert_with(|| ParentRec {
+                            sid: c.sid,
+                            kids: Vec::new(),
+                        })
+                        .kids
+                        .push((*gpid, c.pgid, c.sid));
                 }
             }
             // Its end, if it came while no cland ran here (it is not sent again).
@@ -419,9 +403,9 @@ impl Node {
             relearned,
             "knew again the children of this node's processes"
         );
-        groups.sort();
-        groups.dedup();
-        self.spawn_orphan_checks(groups);
+        for rec in gone.into_values() {
+            self.parent_gone(rec).await;
+        }
         true
     }
 
@@ -429,6 +413,12 @@ impl Node {
         let Some(rec) = self.parents.lock().remove(&parent) else {
             return;
         };
+        self.parent_gone(rec).await;
+    }
+
+    /// The children of a parent that exited: those that ended are released, the others
+    /// will be when they end, and their groups are checked for being orphaned.
+    async fn parent_gone(self: &Arc<Self>, rec: ParentRec) {
         let mut release = Vec::new();
         // Groups of its children it was a controlling link of may now be orphaned. Its group
         // when it started them may not be its group now (a setpgid since): every group of
@@ -455,7 +445,10 @@ impl Node {
                 }
             }
         }
-        debug!(parent, released = release.len(), "parent exited");
+        debug!(
+            released = release.len(),
+            "a parent with remote children exited"
+        );
         for g in release {
             self.release(g).await;
         }
