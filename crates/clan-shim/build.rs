@@ -3,7 +3,10 @@
 fn main() {
     let out = std::path::PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR"));
     let so = out.join("libclanshim.so");
-    let compiler = cc::Build::new().get_compiler();
+    // The shim is preloaded into the system's programs, which link glibc: it is built for the
+    // host even when clan itself is built for another libc (a musl `clan` CLI, for instance).
+    let host = std::env::var("HOST").expect("HOST");
+    let compiler = cc::Build::new().target(&host).get_compiler();
     let status = compiler
         .to_command()
         .args([

@@ -504,18 +504,25 @@ fn a_killed_cland_loses_no_process_and_no_status() {
     .stdout(log.try_clone().unwrap())
     .stderr(log);
     let mut daemon = d.spawn().unwrap();
-    // The stub lost its session and ended as killed; after the restart that is true.
+    eventually("node 2 back", Duration::from_secs(10), || {
+        c.ps_one(long).filter(|p| p["managed"] == true).map(|_| ())
+    });
+    // The stub took up its session again: the process still runs, and the stub ends as it
+    // does.
+    eventually(
+        "attached process back in its stub",
+        Duration::from_secs(10),
+        || c.log(2).contains("stub reattached").then_some(()),
+    );
+    c.clan_ok(&["kill", &attached.to_string()]);
     let o = stub.wait_with_output().unwrap();
     use std::os::unix::process::ExitStatusExt;
     assert_eq!(
         o.status.signal(),
-        Some(libc::SIGKILL),
+        Some(libc::SIGTERM),
         "{}",
         String::from_utf8_lossy(&o.stderr)
     );
-    eventually("node 2 back", Duration::from_secs(10), || {
-        c.ps_one(long).filter(|p| p["managed"] == true).map(|_| ())
-    });
     // Node 1's spare session connections to node 2 died with the old cland: an attached
     // run from node 1 must notice and use a fresh one.
     assert_eq!(
@@ -530,6 +537,137 @@ fn a_killed_cland_loses_no_process_and_no_status() {
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(out.contains(&format!("{short}: exited 5")), "{out}");
     assert!(out.contains(&format!("{long}: killed by SIGTERM")), "{out}");
+    drop(c);
+    let _ = daemon.wait();
+}
+
+/// An attached `clan run` whose cland (on the process's node, on its own node, or both)
+/// is killed and restarted takes up its session again: nothing of stdin or stdout is lost
+/// or repeated, and it ends as the process does.
+#[test]
+fn an_attached_run_survives_a_restart_of_either_cland() {
+    root_or_skip!("an_attached_run_survives_a_restart_of_either_cland");
+    let c = Cluster::up(3);
+    let mut daemons = vec![];
+    let reattached = |n: u32| c.log(n).matches("stub reattached").count();
+    // (node of the process, node whose cland restarts); the stub is on node 1.
+    for (target, restart) in [(2, 2), (2, 1), (1, 1)] {
+        let before = reattached(target);
+        let case = format!("process on node {target}, cland {restart} restarted");
+        let mut stub = c
+            .cmd()
+            .args([
+                "--from",
+                "1",
+                "run",
+                "--node",
+                &target.to_string(),
+                "--",
+                "sh",
+                "-c",
+                "while read l; do echo \"got $l\"; done; exit 7",
+            ])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut input = stub.stdin.take().unwrap();
+        let mut out = BufReader::new(stub.stdout.take().unwrap());
+        let mut echo = |line: &str| {
+            let mut l = String::new();
+            out.read_line(&mut l).unwrap();
+            assert_eq!(l, format!("got {line}\n"), "{case}");
+        };
+        writeln!(input, "one").unwrap();
+        echo("one");
+        let pid = c.cland_pid(restart);
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
+        eventually("cland gone", Duration::from_secs(5), || {
+            std::fs::read_to_string(format!("/proc/{pid}/status"))
+                .map_or(true, |s| s.contains("zombie"))
+                .then_some(())
+        });
+        // Input while no cland relays it: the stub keeps it and sends it again.
+        writeln!(input, "two").unwrap();
+        daemons.push(c.restart_cland(restart));
+        echo("two");
+        writeln!(input, "three").unwrap();
+        echo("three");
+        drop(input);
+        let o = stub.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(7), "{case}: {err}");
+        assert!(o.stdout.is_empty() && err.is_empty(), "{case}: {err}");
+        assert_eq!(reattached(target), before + 1, "{case}: {}", c.log(target));
+    }
+    drop(c);
+    for mut d in daemons {
+        let _ = d.wait();
+    }
+}
+
+/// A stub on node 1 of a process on node 2 that writes "hup" to the returned file when it
+/// gets SIGHUP, once the process runs.
+fn hup_marking_stub(c: &Cluster) -> (std::process::Child, std::path::PathBuf) {
+    let mark = c.dir.join("hup");
+    let script = format!(
+        "trap 'echo hup > {}; exit 0' HUP; echo ready; while :; do sleep 0.05; done",
+        mark.display()
+    );
+    let mut stub = c
+        .cmd()
+        .args([
+            "--from", "1", "run", "--node", "2", "--", "sh", "-c", &script,
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut l = String::new();
+    BufReader::new(stub.stdout.take().unwrap())
+        .read_line(&mut l)
+        .unwrap();
+    assert_eq!(l, "ready\n");
+    (stub, mark)
+}
+
+/// A parked process (its session broke with a cland) whose stub does not come back within
+/// `reattach_ms` is hung up, as if its terminal had gone.
+#[test]
+fn a_stub_that_does_not_come_back_hangs_up_its_process() {
+    root_or_skip!("a_stub_that_does_not_come_back_hangs_up_its_process");
+    let c = Cluster::up_with(2, &["--reattach-ms", "1500"]);
+    let (mut stub, mark) = hup_marking_stub(&c);
+    // The stub's cland and then the stub vanish: node 2 parks the process, nobody comes.
+    let pid = c.cland_pid(1);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    stub.kill().unwrap();
+    stub.wait().unwrap();
+    eventually("parked", Duration::from_secs(10), || {
+        c.log(2).contains("parked").then_some(())
+    });
+    assert!(!mark.exists(), "hung up before the window ended");
+    eventually("SIGHUP delivered", Duration::from_secs(10), || {
+        std::fs::read_to_string(&mark).ok().filter(|s| s == "hup\n")
+    });
+    assert!(c.log(2).contains("no stub reattached within 1500 ms"));
+    eventually("process gone", Duration::from_secs(10), || {
+        let o = c.clan(&["--from", "2", "ps", "--node", "2"]);
+        (o.status.success() && !String::from_utf8_lossy(&o.stdout).contains("trap")).then_some(())
+    });
+    let mut daemon = c.restart_cland(1);
+    eventually("node 1 back", Duration::from_secs(10), || {
+        c.clan(&["nodes"]).status.success().then_some(())
+    });
     drop(c);
     let _ = daemon.wait();
 }
@@ -825,25 +963,7 @@ fn run_t_gives_the_process_a_terminal_of_the_callers_size() {
 fn a_killed_stub_hangs_up_its_process() {
     root_or_skip!("a_killed_stub_hangs_up_its_process");
     let c = Cluster::up(2);
-    let mark = c.dir.join("hup");
-    let script = format!(
-        "trap 'echo hup > {}; exit 0' HUP; echo ready; while :; do sleep 0.05; done",
-        mark.display()
-    );
-    let mut stub = c
-        .cmd()
-        .args([
-            "--from", "1", "run", "--node", "2", "--", "sh", "-c", &script,
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut l = String::new();
-    BufReader::new(stub.stdout.take().unwrap())
-        .read_line(&mut l)
-        .unwrap();
-    assert_eq!(l, "ready\n");
+    let (mut stub, mark) = hup_marking_stub(&c);
     // SIGKILL can not be forwarded: the stub just vanishes, like an ssh client killed.
     stub.kill().unwrap();
     stub.wait().unwrap();

@@ -23,6 +23,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::io::BufReader;
 
 type Reader = BufReader<OwnedReadHalf>;
+
+mod session;
+pub use session::{Session, SessionReader, SessionWriter, STDIN_KEPT};
 use tokio::sync::Mutex;
 
 pub use clan_proto::pb;
@@ -359,11 +362,17 @@ impl Client {
         spec.detached = false;
         let (mut rd, mut wr) = self.open().await?;
         match Self::request_on(&mut rd, &mut wr, 1, Op::Run(spec.to_request())).await? {
-            Reply::Started(s) => Ok(Session {
-                started: Started::from_pb(s)?,
-                rd,
-                wr,
-            }),
+            Reply::Started(s) => {
+                let reattach_ms = s.reattach_ms;
+                let started = Started::from_pb(s)?;
+                Ok(Session::new(
+                    started,
+                    rd,
+                    wr,
+                    self.path.clone(),
+                    reattach_ms,
+                ))
+            }
             other => Err(unexpected(other)),
         }
     }
@@ -689,72 +698,4 @@ impl Client {
 
 fn unexpected(r: Reply) -> ClientError {
     ClientError::Protocol(format!("unexpected reply {r:?}"))
-}
-
-/// Attached processes: send them input and signals, receive their output and exit.
-pub struct Session {
-    pub started: Started,
-    rd: Reader,
-    wr: OwnedWriteHalf,
-}
-
-/// The sending half of a session.
-pub struct SessionWriter {
-    wr: OwnedWriteHalf,
-}
-
-/// The receiving half of a session.
-pub struct SessionReader {
-    rd: Reader,
-}
-
-impl Session {
-    pub fn split(self) -> (Started, SessionReader, SessionWriter) {
-        (
-            self.started,
-            SessionReader { rd: self.rd },
-            SessionWriter { wr: self.wr },
-        )
-    }
-}
-
-impl SessionWriter {
-    pub async fn send(&mut self, gpid: Gpid, input: pb::session_input::Input) -> Result<()> {
-        let op = Op::Input(pb::SessionInput {
-            gpid: gpid.raw(),
-            input: Some(input),
-        });
-        write_frame(
-            &mut self.wr,
-            &pb::LocalRequest {
-                id: 0,
-                op: Some(op),
-            },
-        )
-        .await?;
-        Ok(())
-    }
-}
-
-impl SessionReader {
-    /// The next output, exit or loss of a process; `None` when cland closed the session.
-    pub async fn next(&mut self) -> Result<Option<pb::SessionOutput>> {
-        loop {
-            match read_frame::<pb::LocalReply, _>(&mut self.rd)
-                .await
-                .map_err(|e| ClientError::Protocol(e.to_string()))?
-            {
-                None => return Ok(None),
-                Some(pb::LocalReply {
-                    reply: Some(Reply::Output(o)),
-                    ..
-                }) => return Ok(Some(o)),
-                Some(pb::LocalReply {
-                    reply: Some(Reply::Error(e)),
-                    ..
-                }) => return Err(ClientError::Remote(e)),
-                Some(_) => continue,
-            }
-        }
-    }
 }

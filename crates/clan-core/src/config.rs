@@ -6,6 +6,7 @@
 //! heartbeat_ms = 500
 //! suspect_after_ms = 1500
 //! dead_after_ms = 3000
+//! reattach_ms = 10000                  # how long an attached process waits for its stub
 //!
 //! [[node]]
 //! id = 1
@@ -58,6 +59,8 @@ struct RawConfig {
     dead_after_ms: Option<u64>,
     #[serde(default = "default_exit_retention")]
     exit_retention_ms: u64,
+    #[serde(default = "default_reattach")]
+    reattach_ms: u64,
     /// Local clusters: every node gets its own pid namespace and cgroup subtree.
     #[serde(default)]
     local: bool,
@@ -87,6 +90,13 @@ fn default_exit_retention() -> u64 {
     DEFAULT_EXIT_RETENTION_MS
 }
 
+/// Ten seconds: a cland restarted by systemd (`RestartSec=1`) is back well within it.
+pub const DEFAULT_REATTACH_MS: u64 = 10_000;
+
+fn default_reattach() -> u64 {
+    DEFAULT_REATTACH_MS
+}
+
 /// A parsed cluster file with its key.
 #[derive(Debug, Clone)]
 pub struct ClusterConfig {
@@ -99,6 +109,10 @@ pub struct ClusterConfig {
     /// (started from outside it) waits for a `clan wait` before the process is reaped,
     /// as init would (Slurm's `MinJobAge`).
     pub exit_retention_ms: u64,
+    /// How long an attached process whose session broke while its stub's node lives (a
+    /// cland restarted on either end) waits for the stub to reattach before it is hung up,
+    /// and how long the stub keeps trying.
+    pub reattach_ms: u64,
     pub local: bool,
     pub dir: PathBuf,
     state_dir: String,
@@ -112,6 +126,11 @@ impl ClusterConfig {
     /// wait for another node.
     pub fn dead_after(&self) -> std::time::Duration {
         std::time::Duration::from_millis(self.dead_after_ms)
+    }
+
+    /// `reattach_ms` as a duration.
+    pub fn reattach(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.reattach_ms)
     }
 
     /// Reads and checks a cluster file and the key it names.
@@ -169,6 +188,7 @@ impl ClusterConfig {
             suspect_after_ms: raw.suspect_after_ms.unwrap_or(raw.heartbeat_ms * 3),
             dead_after_ms: raw.dead_after_ms.unwrap_or(raw.heartbeat_ms * 6),
             exit_retention_ms: raw.exit_retention_ms,
+            reattach_ms: raw.reattach_ms,
             local: raw.local,
             state_dir: raw
                 .state_dir

@@ -7,7 +7,7 @@ use crate::node::Node;
 use crate::placement::LoadManager;
 use crate::process::group::Kind;
 use crate::process::wait::{WaitEvent, WaitFlags};
-use crate::session::{relay_stub, Start};
+use crate::session::{Endpoint, Start, StubRelay};
 use clan_core::unixconn::{ReadHalf as OwnedReadHalf, UnixConn, WriteHalf as OwnedWriteHalf};
 use clan_core::{Gpid, NodeId};
 use clan_proto::pb::{self, local_reply::Reply, local_request::Op};
@@ -97,6 +97,10 @@ impl Node {
             match req.op {
                 Some(Op::Run(r)) if !r.spec.as_ref().is_some_and(|s| s.detached) => {
                     self.run_attached(id, r, creds, rd, wr).await;
+                    return;
+                }
+                Some(Op::Reattach(r)) => {
+                    self.run_reattached(id, r, creds, rd, wr).await;
                     return;
                 }
                 Some(op) => {
@@ -261,6 +265,7 @@ impl Node {
             gpids: vec![],
             job,
             nodes: vec![],
+            reattach_ms: 0,
         };
         let parent = self.parent_of_caller(creds);
         let parent_gpid = parent
@@ -330,7 +335,7 @@ impl Node {
         id: u64,
         r: pb::RunRequest,
         creds: pb::Creds,
-        mut rd: BufReader<OwnedReadHalf>,
+        rd: BufReader<OwnedReadHalf>,
         mut wr: OwnedWriteHalf,
     ) {
         let fail = |e: Error| pb::LocalReply {
@@ -362,6 +367,7 @@ impl Node {
             gpids: vec![],
             job,
             nodes: vec![],
+            reattach_ms: 0,
         };
         for (rank, &t) in targets.iter().enumerate() {
             let s = Start {
@@ -382,14 +388,105 @@ impl Node {
                 Err(e) => {
                     for (g, ep) in endpoints.drain() {
                         ep.input(g, pb::session_input::Input::Signal(libc::SIGKILL));
-                        ep.orphan();
+                        ep.orphan(g);
                     }
                     let _ = write_frame(&mut wr, &fail(e)).await;
                     return;
                 }
             }
         }
-        drop(out_tx);
+        started.reattach_ms = self.cfg.reattach_ms;
+        self.serve_stub(
+            id,
+            started,
+            vec![],
+            endpoints,
+            (out_tx, out_rx),
+            creds,
+            rd,
+            wr,
+        )
+        .await;
+    }
+
+    /// A stub whose session broke (this node's cland restarted) takes up its processes
+    /// again: a new session to each, the shepherds resending from the stub's offsets.
+    async fn run_reattached(
+        self: Arc<Self>,
+        id: u64,
+        r: pb::ReattachRequest,
+        creds: pb::Creds,
+        rd: BufReader<OwnedReadHalf>,
+        wr: OwnedWriteHalf,
+    ) {
+        let (out_tx, out_rx) = mpsc::channel(64);
+        let mut started = pb::Started {
+            gpids: vec![],
+            job: 0,
+            nodes: vec![],
+            reattach_ms: self.cfg.reattach_ms,
+        };
+        // Each on its own: a node that is restarting takes a while to answer.
+        let mut tries = tokio::task::JoinSet::new();
+        for from in r.items {
+            let (node, creds, out) = (self.clone(), creds.clone(), out_tx.clone());
+            tries.spawn(async move {
+                let gpid = from.gpid;
+                (gpid, node.reattach_endpoint(from, &creds, out).await)
+            });
+        }
+        let (mut endpoints, mut lost) = (HashMap::new(), vec![]);
+        while let Some(Ok((raw, res))) = tries.join_next().await {
+            started.gpids.push(raw);
+            match (Gpid::from_raw(raw), res) {
+                (Some(g), Ok(ep)) => {
+                    started.nodes.push(g.node().get());
+                    endpoints.insert(g, ep);
+                }
+                (g, res) => {
+                    let e = res
+                        .err()
+                        .unwrap_or_else(|| Error::NotFound(format!("no such process {raw}")));
+                    started.nodes.push(g.map_or(0, |g| g.node().get()));
+                    lost.push(pb::SessionOutput {
+                        gpid: raw,
+                        output: Some(pb::session_output::Output::Lost(e.into())),
+                    });
+                }
+            }
+        }
+        debug!(count = endpoints.len(), "reattach served");
+        self.serve_stub(
+            id,
+            started,
+            lost,
+            endpoints,
+            (out_tx, out_rx),
+            creds,
+            rd,
+            wr,
+        )
+        .await;
+    }
+
+    /// Replies `started` to the stub, sends it `first`, then relays between it and the
+    /// processes' `endpoints` until every one is released, lost or hung up.
+    #[allow(clippy::too_many_arguments)]
+    async fn serve_stub(
+        self: Arc<Self>,
+        id: u64,
+        started: pb::Started,
+        first: Vec<pb::SessionOutput>,
+        mut endpoints: HashMap<Gpid, Endpoint>,
+        (out_tx, out_rx): (
+            mpsc::Sender<pb::SessionOutput>,
+            mpsc::Receiver<pb::SessionOutput>,
+        ),
+        creds: pb::Creds,
+        mut rd: BufReader<OwnedReadHalf>,
+        mut wr: OwnedWriteHalf,
+    ) {
+        let job = started.job;
         if write_frame(
             &mut wr,
             &pb::LocalReply {
@@ -400,8 +497,8 @@ impl Node {
         .await
         .is_err()
         {
-            for (_, ep) in endpoints.drain() {
-                ep.orphan();
+            for (g, ep) in endpoints.drain() {
+                ep.orphan(g);
             }
             return;
         }
@@ -432,10 +529,26 @@ impl Node {
                 }
             }
         });
+        for o in first {
+            let _ = to_stub.send(o).await;
+        }
         // The stub, to wake it when its process is continued by someone else (a stopped
         // stub can not read that news); a pidfd, so a reused pid is never signalled.
         let stub = clan_core::sys::pidfd_open(creds.pid as i32).ok();
-        relay_stub(endpoints, out_rx, in_rx, to_stub, stub, creds.pid).await;
+        let stub_pid = creds.pid;
+        StubRelay {
+            node: self,
+            creds,
+            endpoints,
+            out_tx,
+            out_rx,
+            from_stub: in_rx,
+            to_stub,
+            stub,
+            stub_pid,
+        }
+        .run()
+        .await;
         let _ = writer.await;
         reader.abort();
         debug!(job, "session over");

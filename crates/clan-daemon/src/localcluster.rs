@@ -30,6 +30,7 @@ pub struct UpOptions {
     pub heartbeat_ms: u64,
     pub dead_after_ms: u64,
     pub exit_retention_ms: u64,
+    pub reattach_ms: u64,
     /// Directory holding `cland` and `clan-shepherd`.
     pub bin_dir: PathBuf,
     /// Run node N in the network namespace `PREFIX<N>`, listening on `ip_base` + N.
@@ -124,12 +125,13 @@ pub fn up(o: &UpOptions) -> anyhow::Result<ClusterConfig> {
     std::fs::write(&key_path, hex + "\n")?;
     std::fs::set_permissions(&key_path, std::fs::Permissions::from_mode(0o600))?;
     let mut toml = format!(
-        "# A local clan cluster written by `clan up`.\nname = \"{}\"\nkey_file = \"cluster.key\"\nlocal = true\nheartbeat_ms = {}\nsuspect_after_ms = {}\ndead_after_ms = {}\nexit_retention_ms = {}\n",
+        "# A local clan cluster written by `clan up`.\nname = \"{}\"\nkey_file = \"cluster.key\"\nlocal = true\nheartbeat_ms = {}\nsuspect_after_ms = {}\ndead_after_ms = {}\nexit_retention_ms = {}\nreattach_ms = {}\n",
         cluster_name(&o.dir),
         o.heartbeat_ms,
         (o.dead_after_ms / 2).max(o.heartbeat_ms * 2),
         o.dead_after_ms,
-        o.exit_retention_ms
+        o.exit_retention_ms,
+        o.reattach_ms
     );
     for i in 1..=o.nodes {
         toml.push_str(&format!("\n[[node]]\nid = {i}\naddr = \"{}\"\n", addr(i)?));

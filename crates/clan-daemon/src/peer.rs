@@ -537,6 +537,7 @@ impl Node {
                     gpids: vec![vp.gpid.raw()],
                     job: s.job,
                     nodes: vec![self.id.get()],
+                    ..Default::default()
                 }))
             }
             Op::Signal(s) => {

@@ -4,8 +4,14 @@
 //! the run, that node either attaches to the local vproc or opens a *session* connection to
 //! the process's node, which starts the process and relays between the session and the
 //! shepherd. Output flows back with backpressure all the way to the process's pipes. When
-//! the stub goes away without releasing, the process is orphaned: its pipes break and its
-//! shepherd reaps it when it exits, as with a local process whose parent died.
+//! the stub goes away without releasing, the process is hung up and orphaned: its pipes
+//! break and its shepherd reaps it when it exits, as with a local process whose parent died.
+//!
+//! A session that breaks while the stub lives (a cland restarted on either end) is taken up
+//! again: the process is *parked* (its output held in its pipes) for `reattach_ms`, the stub
+//! reattaches with the byte counts of what it has, and the shepherd resends from there
+//! (`Resumed`, then the output it kept, then on). Parked processes no stub comes back for
+//! are hung up.
 
 use crate::error::{Error, Result};
 use crate::node::Node;
@@ -20,7 +26,7 @@ use tokio::io::BufReader;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
-use tracing::debug;
+use tracing::{debug, info, warn};
 
 /// One process of a run, seen from the stub's node.
 pub enum Endpoint {
@@ -31,7 +37,11 @@ pub enum Endpoint {
 impl Endpoint {
     pub fn input(&self, gpid: Gpid, input: Input) {
         match self {
-            Endpoint::Local(vp) => vp.send(to_shepherd(input)),
+            Endpoint::Local(vp) => {
+                if let Some(m) = to_shepherd(input) {
+                    vp.send(m);
+                }
+            }
             Endpoint::Remote(tx) => {
                 let _ = tx.send(pb::SessionInput {
                     gpid: gpid.raw(),
@@ -41,23 +51,32 @@ impl Endpoint {
         }
     }
 
-    /// The stub is gone without collecting the status.
-    pub fn orphan(self) {
-        if let Endpoint::Local(vp) = self {
-            vp.hang_up();
-        } // a remote endpoint is hung up by closing its session connection (drop)
+    /// The stub is gone without collecting the status: hang the process up.
+    pub fn orphan(self, gpid: Gpid) {
+        match self {
+            Endpoint::Local(vp) => vp.hang_up(),
+            // Said before the connection closes, which alone would park the process.
+            Endpoint::Remote(tx) => {
+                let _ = tx.send(pb::SessionInput {
+                    gpid: gpid.raw(),
+                    input: Some(Input::HangUp(true)),
+                });
+            }
+        }
     }
 }
 
-fn to_shepherd(input: Input) -> In {
-    match input {
+/// What an input from the stub tells the shepherd (`None`: nothing, it is for cland).
+fn to_shepherd(input: Input) -> Option<In> {
+    Some(match input {
         Input::Stdin(d) => In::Stdin(d),
         Input::StdinEof(_) => In::StdinEof(true),
         Input::Signal(s) => In::Signal(s),
         Input::Resize(w) => In::Resize(w),
         Input::Release(_) => In::Release(true),
         Input::Background(b) => In::Background(b),
-    }
+        Input::Reattach(_) | Input::HangUp(_) => return None,
+    })
 }
 
 /// What one process of a run needs to start.
@@ -96,7 +115,6 @@ impl Node {
                 .await?;
             return Ok((vp.gpid, Endpoint::Local(vp)));
         }
-        let peer = self.peer(s.target)?.clone();
         let req = pb::PeerFrame {
             frame: Some(Frame::Request(pb::PeerRequest {
                 id: 1,
@@ -112,7 +130,81 @@ impl Node {
                 })),
             })),
         };
-        let lost = |e: &dyn std::fmt::Display| Error::NodeDown(format!("node {}: {e}", s.target));
+        let started = self.remote_session(s.target, &req, out, "start").await?;
+        self.note_member(s.target, &s.creds);
+        Ok(started)
+    }
+
+    /// A new session to attached process `from.gpid`, whose stub's session broke: on this
+    /// node the vproc itself, elsewhere a session connection opened with a reattach (tried
+    /// again while its node is away or restarting, for `reattach_ms`).
+    pub async fn reattach_endpoint(
+        self: &Arc<Self>,
+        from: pb::ResumeFrom,
+        creds: &pb::Creds,
+        out: mpsc::Sender<pb::SessionOutput>,
+    ) -> Result<Endpoint> {
+        let gpid = Gpid::from_raw(from.gpid)
+            .ok_or_else(|| Error::NotFound(format!("no such process {}", from.gpid)))?;
+        if gpid.node() == self.id {
+            let (vp, _) = self.reattach_local(&from, creds, out)?;
+            return Ok(Endpoint::Local(vp));
+        }
+        let req = pb::PeerFrame {
+            frame: Some(Frame::Request(pb::PeerRequest {
+                id: 1,
+                creds: Some(creds.clone()),
+                op: Some(pb::peer_request::Op::Reattach(pb::ReattachRequest {
+                    items: vec![from],
+                })),
+            })),
+        };
+        let (node, window) = (gpid.node(), self.cfg.reattach());
+        let until = tokio::time::Instant::now() + window;
+        loop {
+            match self
+                .remote_session(node, &req, out.clone(), "reattach")
+                .await
+            {
+                Ok((_, ep)) => return Ok(ep),
+                // Not answering yet (its cland restarts): again, unless it is lost for good.
+                Err(Error::NodeDown(m)) => {
+                    if self.peer_lost(node) {
+                        return Err(Error::NodeDown(format!(
+                            "node {node} died; process {gpid} is lost"
+                        )));
+                    }
+                    if tokio::time::Instant::now() >= until {
+                        return Err(Error::NodeDown(format!(
+                            "node {node} did not come back within {} ms ({m}); process {gpid} is lost",
+                            window.as_millis()
+                        )));
+                    }
+                    debug!(%gpid, "reattach: {m}; trying again");
+                    tokio::time::sleep(REATTACH_RETRY).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Whether node `id` is dead (its processes lost), not only away or restarting.
+    pub fn peer_lost(&self, id: NodeId) -> bool {
+        self.peer(id)
+            .is_ok_and(|p| p.state_name(&self.cfg, self.started) == "dead")
+    }
+
+    /// Sends `req` (a spawn or a reattach) on a session connection to `target` and, once it
+    /// answers with the process's gpid, relays between that connection and `out`.
+    async fn remote_session(
+        self: &Arc<Self>,
+        target: NodeId,
+        req: &pb::PeerFrame,
+        out: mpsc::Sender<pb::SessionOutput>,
+        what: &str,
+    ) -> Result<(Gpid, Endpoint)> {
+        let peer = self.peer(target)?.clone();
+        let lost = |e: &dyn std::fmt::Display| Error::NodeDown(format!("node {target}: {e}"));
         // Watched from before the request: a reply lost in a cut link never comes, and the
         // peer's death (or goodbye) is what ends the wait, here and in the relay after it.
         let mut deaths = peer.deaths.subscribe();
@@ -120,20 +212,19 @@ impl Node {
             // A spare connection saves the connect and handshake; one that went stale (the
             // peer restarted) fails before any reply, and the request goes on a fresh one.
             if let Some((mut rd, mut wr)) = self.take_session(&peer) {
-                if let Ok(Some(r)) = ask(&mut rd, &mut wr, &req).await {
+                if let Ok(Some(r)) = ask(&mut rd, &mut wr, req).await {
                     return Ok((rd, wr, r));
                 }
             }
             let (mut rd, mut wr) = self.open_session(&peer).await?;
-            let r = ask(&mut rd, &mut wr, &req).await.map_err(|e| lost(&e))?;
+            let r = ask(&mut rd, &mut wr, req).await.map_err(|e| lost(&e))?;
             Ok::<_, Error>((rd, wr, r.ok_or_else(|| lost(&"connection closed"))?))
         };
         let (rd, wr, reply) = tokio::select! {
             r = exchange => r?,
             _ = deaths.changed() => {
                 return Err(Error::NodeDown(format!(
-                    "node {} went down before it answered the start",
-                    s.target
+                    "node {target} went down before it answered the {what}"
                 )))
             }
         };
@@ -149,13 +240,73 @@ impl Node {
             pb::peer_reply::Reply::Error(e) => return Err(e.into()),
             other => return Err(Error::Internal(format!("unexpected reply {other:?}"))),
         };
-        self.note_member(s.target, &s.creds);
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(relay_to_remote(wr, rx));
-        tokio::spawn(relay_from_remote(rd, out, gpid, s.target, deaths));
+        tokio::spawn(relay_from_remote(
+            self.clone(),
+            rd,
+            out,
+            gpid,
+            target,
+            deaths,
+        ));
         Ok((gpid, Endpoint::Remote(tx)))
     }
+
+    /// Subscribes `out` to the local attached process `from.gpid` for a stub that
+    /// reattaches, and has its shepherd resend from the stub's offsets; returns the vproc
+    /// and the session's number.
+    pub fn reattach_local(
+        &self,
+        from: &pb::ResumeFrom,
+        creds: &pb::Creds,
+        out: mpsc::Sender<pb::SessionOutput>,
+    ) -> Result<(Arc<VProc>, u64)> {
+        let gpid = Gpid::from_raw(from.gpid)
+            .ok_or_else(|| Error::NotFound(format!("no such process {}", from.gpid)))?;
+        let vp = self.vproc(gpid)?;
+        if vp.detached {
+            return Err(Error::Invalid(format!(
+                "process {gpid} is detached: there is no session to reattach (see `clan logs`)"
+            )));
+        }
+        if creds.uid != 0 && creds.uid != vp.uid {
+            return Err(Error::Permission(format!(
+                "process {gpid} belongs to another user"
+            )));
+        }
+        let session = vp.reattach(out).ok_or_else(|| {
+            Error::NotFound(format!(
+                "process {gpid} was hung up: its stub came too late"
+            ))
+        })?;
+        vp.send(In::Resume(*from));
+        info!(%gpid, session, "stub reattached");
+        Ok((vp, session))
+    }
+
+    /// A session of attached process `vp` broke but its stub may come back: hold its
+    /// output and wait `reattach_ms` for a reattach, then hang it up. Nothing if a newer
+    /// session than `session` has it already.
+    pub fn park(self: &Arc<Self>, vp: &Arc<VProc>, session: u64) {
+        if !vp.unsubscribe(session) {
+            return;
+        }
+        vp.send(In::Hold(true));
+        let (vp, window) = (vp.clone(), self.cfg.reattach());
+        info!(gpid = %vp.gpid, "session broke: parked for {} ms, until its stub reattaches", window.as_millis());
+        tokio::spawn(async move {
+            let mut gone = vp.gone.subscribe();
+            let _ = tokio::time::timeout(window, gone.wait_for(|g| *g)).await;
+            if vp.hang_up_if(session) {
+                warn!(gpid = %vp.gpid, "no stub reattached within {} ms: hung up", window.as_millis());
+            }
+        });
+    }
 }
+
+/// How often a reattach tries a node that does not answer yet.
+const REATTACH_RETRY: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// A session connection: authenticated, its first request not yet sent.
 pub type SessionConn = (
@@ -248,6 +399,7 @@ async fn relay_to_remote(
 }
 
 async fn relay_from_remote(
+    this: Arc<Node>,
     mut rd: PeerReader<BufReader<OwnedReadHalf>>,
     out: mpsc::Sender<pb::SessionOutput>,
     gpid: Gpid,
@@ -272,21 +424,30 @@ async fn relay_from_remote(
             _ = deaths.changed() => break,
         }
     }
-    if !done {
-        let e = pb::Error::new(
+    if done {
+        return;
+    }
+    // Lost with its node; otherwise (its cland restarts, or said goodbye) the process lives
+    // on and the stub may reattach.
+    let output = if this.peer_lost(node) {
+        pb::session_output::Output::Lost(pb::Error::new(
             pb::ErrorCode::NodeDown,
             format!("lost the session with node {node}; process {gpid} is lost"),
-        );
-        let _ = out
-            .send(pb::SessionOutput {
-                gpid: gpid.raw(),
-                output: Some(pb::session_output::Output::Lost(e)),
-            })
-            .await;
-    }
+        ))
+    } else {
+        debug!(%gpid, %node, "session interrupted");
+        pb::session_output::Output::Interrupted(true)
+    };
+    let _ = out
+        .send(pb::SessionOutput {
+            gpid: gpid.raw(),
+            output: Some(output),
+        })
+        .await;
 }
 
-/// The process's side of a session connection: start it and relay until released.
+/// The process's side of a session connection: start the process (or take a running one
+/// over for a stub that reattaches) and relay until it is released.
 pub async fn serve_remote(
     node: Arc<Node>,
     from: NodeId,
@@ -303,33 +464,35 @@ pub async fn serve_remote(
     let reply = |r: pb::peer_reply::Reply| pb::PeerFrame {
         frame: Some(Frame::Reply(pb::PeerReply { id, reply: Some(r) })),
     };
-    let Some(pb::peer_request::Op::Spawn(s)) = req.op else {
-        let _ = wr
-            .write(&reply(pb::peer_reply::Reply::Error(
-                Error::Invalid("a session starts with a spawn".into()).into(),
-            )))
-            .await;
-        return;
-    };
-    // Output and the exit status queue here from the process's start; they go out after
-    // the reply.
+    // Output and the exit status queue here from the process's start (or the reattach);
+    // they go out after the reply.
     let (tx, mut rx) = mpsc::channel(64);
-    let spawned = node
-        .spawn_local_to(
-            SpawnLocal {
-                spec: s.spec.unwrap_or_default(),
-                creds: s.creds.or(req.creds).unwrap_or_default(),
-                job: s.job,
-                rank: s.rank,
-                size: s.size,
-                parent_node: from,
-                parent: s.parent,
-            },
-            Some(tx),
-        )
-        .await;
-    let vp = match spawned {
-        Ok(vp) => vp,
+    let taken = match req.op {
+        Some(pb::peer_request::Op::Spawn(s)) => node
+            .spawn_local_to(
+                SpawnLocal {
+                    spec: s.spec.unwrap_or_default(),
+                    creds: s.creds.or(req.creds).unwrap_or_default(),
+                    job: s.job,
+                    rank: s.rank,
+                    size: s.size,
+                    parent_node: from,
+                    parent: s.parent,
+                },
+                Some(tx),
+            )
+            .await
+            .map(|vp| (vp, 0)),
+        Some(pb::peer_request::Op::Reattach(r)) => match r.items.first() {
+            Some(item) => node.reattach_local(item, &req.creds.unwrap_or_default(), tx),
+            None => Err(Error::Invalid("a reattach names no process".into())),
+        },
+        _ => Err(Error::Invalid(
+            "a session starts with a spawn or a reattach".into(),
+        )),
+    };
+    let (vp, session) = match taken {
+        Ok(x) => x,
         Err(e) => {
             let _ = wr
                 .write(&reply(pb::peer_reply::Reply::Error(e.into())))
@@ -339,67 +502,100 @@ pub async fn serve_remote(
     };
     let started = pb::Started {
         gpids: vec![vp.gpid.raw()],
-        job: s.job,
+        job: vp.job,
         nodes: vec![node.id.get()],
+        reattach_ms: node.cfg.reattach_ms,
     };
     if wr
         .write(&reply(pb::peer_reply::Reply::Started(started)))
         .await
         .is_err()
     {
-        vp.hang_up();
+        // The stub's node went away before it knew: it may reattach.
+        node.park(&vp, session);
         return;
     }
     // Input has a task of its own: PeerReader::read is not cancel safe, so it must never be
     // a branch of a select! that another branch can win halfway through a frame.
-    let released = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let (input_vp, input_released) = (vp.clone(), released.clone());
+    // It returns how the stub's side ended the session.
+    let input_vp = vp.clone();
     let mut input = tokio::spawn(async move {
         while let Ok(Some(f)) = rd.read().await {
             if let Some(Frame::Input(pb::SessionInput { input: Some(i), .. })) = f.frame {
-                if matches!(i, Input::Release(_)) {
-                    input_released.store(true, std::sync::atomic::Ordering::SeqCst);
+                match i {
+                    Input::Release(_) => {
+                        input_vp.send(In::Release(true));
+                        return Ended::Released;
+                    }
+                    Input::HangUp(_) => return Ended::HungUp,
+                    i => {
+                        if let Some(m) = to_shepherd(i) {
+                            input_vp.send(m);
+                        }
+                    }
                 }
-                input_vp.send(to_shepherd(i));
             }
         }
+        Ended::Broken
     });
     // The stub's node declared dead (a partition leaves the connection open but silent).
     let mut deaths = match node.peer(from) {
         Ok(p) => p.deaths.subscribe(),
         Err(_) => return,
     };
-    let mut dead = !node.node_alive(from).unwrap_or(false);
-    while !dead {
+    if node.peer_lost(from) {
+        input.abort();
+        vp.hang_up_if(session);
+        return;
+    }
+    let ended = loop {
         tokio::select! {
             // All branches are cancel safe: a JoinHandle, mpsc::Receiver::recv and
             // watch::Receiver::changed.
-            _ = &mut input => break,
-            _ = deaths.changed() => dead = true,
+            e = &mut input => break e.unwrap_or(Ended::Broken),
+            _ = deaths.changed() => {
+                input.abort();
+                break Ended::Broken;
+            }
             o = rx.recv() => match o {
                 Some(o) => {
                     if wr.write(&pb::PeerFrame { frame: Some(Frame::Output(o)) }).await.is_err() {
                         input.abort();
-                        break;
+                        break Ended::Broken;
                     }
                 }
                 None => {
-                    // The process's link is gone; wait for the stub's side to finish.
-                    let _ = (&mut input).await;
-                    break;
+                    // The process's link is gone (or a newer session took it over); wait
+                    // for the stub's side to finish.
+                    break (&mut input).await.unwrap_or(Ended::Broken);
                 }
             },
         }
+    };
+    match ended {
+        Ended::Released => {
+            vp.unsubscribe(session);
+        }
+        Ended::HungUp => {
+            vp.hang_up_if(session);
+        }
+        // The stub's node is lost: nobody will come back for the process.
+        Ended::Broken if node.peer_lost(from) => {
+            debug!(gpid = %vp.gpid, "the stub's node is lost: hanging up");
+            vp.hang_up_if(session);
+        }
+        Ended::Broken => node.park(&vp, session),
     }
-    if dead {
-        input.abort();
-    }
-    if released.load(std::sync::atomic::Ordering::SeqCst) {
-        vp.detach_subscriber();
-    } else {
-        debug!(gpid = %vp.gpid, "session ended without release: hanging up");
-        vp.hang_up();
-    }
+}
+
+/// How the stub's side ended a session, as the process's node saw it.
+enum Ended {
+    /// The stub has the exit status: the process is reaped.
+    Released,
+    /// The stub is gone for good.
+    HungUp,
+    /// The connection broke (a cland on the stub's side restarted, or its node died).
+    Broken,
 }
 
 /// Whether a local process is stopped (state T in /proc/PID/stat).
@@ -414,60 +610,119 @@ fn stub_stopped(pid: u32) -> bool {
 }
 
 /// The stub's side of a run with every process attached: relay until all are released.
-pub async fn relay_stub(
-    endpoints: HashMap<Gpid, Endpoint>,
-    mut out_rx: mpsc::Receiver<pb::SessionOutput>,
-    mut from_stub: mpsc::Receiver<pb::SessionInput>,
-    to_stub: mpsc::Sender<pb::SessionOutput>,
-    stub: Option<std::os::fd::OwnedFd>,
-    stub_pid: u32,
-) {
-    let mut endpoints = endpoints;
-    let mut stub_gone = false;
-    while !endpoints.is_empty() {
-        tokio::select! {
-            i = from_stub.recv(), if !stub_gone => match i {
-                Some(i) => {
-                    let Some(g) = Gpid::from_raw(i.gpid) else { continue };
-                    let Some(input) = i.input else { continue };
-                    let release = matches!(input, Input::Release(_));
-                    if let Some(ep) = endpoints.get(&g) {
-                        ep.input(g, input);
-                    }
-                    if release {
-                        endpoints.remove(&g);
-                    }
-                }
-                None => stub_gone = true,
-            },
-            o = out_rx.recv() => match o {
-                Some(o) => {
-                    let g = Gpid::from_raw(o.gpid);
-                    let lost = matches!(o.output, Some(pb::session_output::Output::Lost(_)));
-                    if matches!(o.output, Some(pb::session_output::Output::Continued(_))) {
-                        // Continued from elsewhere (`clan kill -s CONT`): a stub stopped by
-                        // its shell must run again, and the shell sees the job continue.
-                        if let Some(fd) = &stub {
-                            if stub_stopped(stub_pid) {
-                                let _ = clan_core::sys::pidfd_send_signal(fd, libc::SIGCONT);
+/// A process whose session to its node broke (`Interrupted`) gets a new one when the stub
+/// asks with a reattach; one that is lost is dropped.
+pub struct StubRelay {
+    pub node: Arc<Node>,
+    pub creds: pb::Creds,
+    pub endpoints: HashMap<Gpid, Endpoint>,
+    /// Where the endpoints' output goes (kept for the endpoints of reattaches).
+    pub out_tx: mpsc::Sender<pb::SessionOutput>,
+    pub out_rx: mpsc::Receiver<pb::SessionOutput>,
+    pub from_stub: mpsc::Receiver<pb::SessionInput>,
+    pub to_stub: mpsc::Sender<pb::SessionOutput>,
+    /// The stub, to wake it when its process is continued by someone else.
+    pub stub: Option<std::os::fd::OwnedFd>,
+    pub stub_pid: u32,
+}
+
+impl StubRelay {
+    pub async fn run(self) {
+        let StubRelay {
+            node,
+            creds,
+            mut endpoints,
+            out_tx,
+            mut out_rx,
+            mut from_stub,
+            to_stub,
+            stub,
+            stub_pid,
+        } = self;
+        let (done_tx, mut done_rx) = mpsc::channel::<(Gpid, Result<Endpoint>)>(8);
+        let mut stub_gone = false;
+        while !endpoints.is_empty() {
+            tokio::select! {
+                i = from_stub.recv(), if !stub_gone => match i {
+                    Some(i) => {
+                        let Some(g) = Gpid::from_raw(i.gpid) else { continue };
+                        let Some(input) = i.input else { continue };
+                        if !endpoints.contains_key(&g) {
+                            continue;
+                        }
+                        match input {
+                            Input::Reattach(from) => {
+                                let (node, creds, out, done) =
+                                    (node.clone(), creds.clone(), out_tx.clone(), done_tx.clone());
+                                tokio::spawn(async move {
+                                    let from = pb::ResumeFrom { gpid: g.raw(), ..from };
+                                    let r = node.reattach_endpoint(from, &creds, out).await;
+                                    // The stub went meanwhile: the new session ends too.
+                                    if let Err(mpsc::error::SendError((g, Ok(ep)))) =
+                                        done.send((g, r)).await
+                                    {
+                                        ep.orphan(g);
+                                    }
+                                });
+                            }
+                            Input::Release(r) => {
+                                if let Some(ep) = endpoints.remove(&g) {
+                                    ep.input(g, Input::Release(r));
+                                }
+                            }
+                            input => {
+                                if let Some(ep) = endpoints.get(&g) {
+                                    ep.input(g, input);
+                                }
                             }
                         }
                     }
-                    if to_stub.send(o).await.is_err() {
+                    None => stub_gone = true,
+                },
+                Some((g, r)) = done_rx.recv() => {
+                    let o = match r {
+                        Ok(ep) => {
+                            endpoints.insert(g, ep);
+                            continue;
+                        }
+                        Err(e) => {
+                            endpoints.remove(&g);
+                            pb::session_output::Output::Lost(pb::Error::from(e))
+                        }
+                    };
+                    if to_stub.send(pb::SessionOutput { gpid: g.raw(), output: Some(o) }).await.is_err() {
                         stub_gone = true;
                     }
-                    if lost {
-                        if let Some(g) = g { endpoints.remove(&g); }
-                    }
                 }
-                None => break,
-            },
+                o = out_rx.recv() => match o {
+                    Some(o) => {
+                        let g = Gpid::from_raw(o.gpid);
+                        let lost = matches!(o.output, Some(pb::session_output::Output::Lost(_)));
+                        if matches!(o.output, Some(pb::session_output::Output::Continued(_))) {
+                            // Continued from elsewhere (`clan kill -s CONT`): a stub stopped by
+                            // its shell must run again, and the shell sees the job continue.
+                            if let Some(fd) = &stub {
+                                if stub_stopped(stub_pid) {
+                                    let _ = clan_core::sys::pidfd_send_signal(fd, libc::SIGCONT);
+                                }
+                            }
+                        }
+                        if to_stub.send(o).await.is_err() {
+                            stub_gone = true;
+                        }
+                        if lost {
+                            if let Some(g) = g { endpoints.remove(&g); }
+                        }
+                    }
+                    None => break,
+                },
+            }
+            if stub_gone {
+                break;
+            }
         }
-        if stub_gone {
-            break;
+        for (g, ep) in endpoints.drain() {
+            ep.orphan(g);
         }
-    }
-    for (_, ep) in endpoints.drain() {
-        ep.orphan();
     }
 }

@@ -363,6 +363,12 @@ struct Shepherd {
     exited: Option<WaitStatus>,
     pending_stdin: Vec<u8>,
     stdin_eof: bool,
+    /// Bytes of input received from cland, in all (a resumed stub resends from there).
+    stdin_taken: u64,
+    /// Bytes of each output relayed so far, and the last `KEPT` of them, which a stub
+    /// whose session broke gets again from where its copy ends (`In::Resume`).
+    sent: [u64; 2],
+    kept: [std::collections::VecDeque<u8>; 2],
     start_ticks: u64,
     /// SIGCHLD, for the child's stops and continues (its exit comes through the pidfd).
     sigchld: SignalFd,
@@ -733,6 +739,9 @@ fn start(
         exited: None,
         pending_stdin: Vec::new(),
         stdin_eof: false,
+        stdin_taken: 0,
+        sent: [0; 2],
+        kept: Default::default(),
         start_ticks: 0,
         sigchld,
         background: false,
@@ -759,6 +768,21 @@ fn start_ticks_of(pid: i32) -> Option<u64> {
 
 const OUT: usize = 0;
 const ERR: usize = 1;
+
+/// Output kept per stream for a stub that reattaches: more than the relay between the
+/// shepherd and the stub holds in its buffers but for bulk output.
+const KEPT: usize = 1 << 20;
+
+/// The largest piece of kept output sent in one message.
+const RESEND_CHUNK: usize = 64 * 1024;
+
+fn output_msg(which: usize, data: Vec<u8>) -> Out {
+    if which == OUT {
+        Out::Stdout(data)
+    } else {
+        Out::Stderr(data)
+    }
+}
 
 impl Shepherd {
     fn info(&self) -> pb::ShepherdInfo {
@@ -842,11 +866,8 @@ impl Shepherd {
         let n = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
         if n > 0 {
             let data = buf[..n as usize].to_vec();
-            self.send(if which == OUT {
-                Out::Stdout(data)
-            } else {
-                Out::Stderr(data)
-            });
+            self.keep(which, &data);
+            self.send(output_msg(which, data));
             true
         } else if n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::WouldBlock
         {
@@ -855,6 +876,49 @@ impl Shepherd {
             // 0 is end of file; EIO is a pty whose other side is closed.
             self.close_output(which);
             false
+        }
+    }
+
+    /// Counts and keeps relayed output (the last `KEPT` bytes of each stream).
+    fn keep(&mut self, which: usize, data: &[u8]) {
+        self.sent[which] += data.len() as u64;
+        let kept = &mut self.kept[which];
+        if data.len() >= KEPT {
+            kept.clear();
+            kept.extend(&data[data.len() - KEPT..]);
+        } else {
+            let over = (kept.len() + data.len()).saturating_sub(KEPT);
+            kept.drain(..over);
+            kept.extend(data);
+        }
+    }
+
+    /// A stub's new session: say where each stream goes on from (its offset, or the oldest
+    /// byte still kept), resend the kept output from there, and relay again.
+    fn resume(&mut self, from: &pb::ResumeFrom) {
+        self.attached = true;
+        let mut at = [0u64; 2];
+        for (which, want) in [(OUT, from.stdout), (ERR, from.stderr)] {
+            let oldest = self.sent[which] - self.kept[which].len() as u64;
+            at[which] = want.clamp(oldest, self.sent[which]);
+        }
+        self.send(Out::Resumed(pb::Resumed {
+            stdin_taken: self.stdin_taken,
+            stdin_eof: self.stdin_eof,
+            stdout: at[OUT],
+            stderr: at[ERR],
+        }));
+        for which in [OUT, ERR] {
+            let oldest = self.sent[which] - self.kept[which].len() as u64;
+            let skip = (at[which] - oldest) as usize;
+            let again: Vec<u8> = self.kept[which].range(skip..).copied().collect();
+            for piece in again.chunks(RESEND_CHUNK) {
+                self.send(output_msg(which, piece.to_vec()));
+            }
+        }
+        if let Some(st) = self.exited {
+            self.drain_outputs();
+            self.send(Out::Exited(st.into()));
         }
     }
 
@@ -943,6 +1007,7 @@ impl Shepherd {
                 }
             }
             In::Stdin(data) => {
+                self.stdin_taken += data.len() as u64;
                 if !self.stdin_eof {
                     self.pending_stdin.extend_from_slice(&data);
                     if let Some(fd) = self.stdin_fd() {
@@ -972,6 +1037,9 @@ impl Shepherd {
                     }
                 }
             }
+            In::Resume(from) => self.resume(&from),
+            // Output waits in the pipes (the process blocks when they fill) until a resume.
+            In::Hold(_) => self.attached = false,
             // Only meaningful before the fork (see `start`).
             In::Start(_) => {}
             In::Background(b) => {

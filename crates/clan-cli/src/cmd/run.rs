@@ -417,6 +417,8 @@ pub async fn run_spec(c: Client, spec: RunSpec, label: bool) -> ExitCode {
     let mut line_start: HashMap<(Gpid, bool), bool> = HashMap::new();
     let mut stdout_open = true;
     let mut stopped: std::collections::HashSet<Gpid> = std::collections::HashSet::new();
+    // Bytes of stdout and stderr received per process.
+    let mut got: HashMap<Gpid, (u64, u64)> = HashMap::new();
     while ends.len() < gpids.len() {
         let o = match rd.next().await {
             Ok(Some(o)) => o,
@@ -432,6 +434,23 @@ pub async fn run_spec(c: Client, spec: RunSpec, label: bool) -> ExitCode {
         let Some(g) = Gpid::from_raw(o.gpid) else {
             continue;
         };
+        let had = got.entry(g).or_default();
+        match &o.output {
+            Some(Output::Stdout(d)) => had.0 += d.len() as u64,
+            Some(Output::Stderr(d)) => had.1 += d.len() as u64,
+            Some(Output::Resumed(r)) => {
+                // The session broke (a cland restarted) and was taken up again; the process's
+                // side resends what it kept, which may not reach back to what we had.
+                let lost = r.stdout.saturating_sub(had.0) + r.stderr.saturating_sub(had.1);
+                if lost > 0 {
+                    crate::fail(&format!(
+                        "warning: {lost} bytes of output of process {g} were lost in a restart of cland"
+                    ));
+                }
+                *had = (r.stdout, r.stderr);
+            }
+            _ => {}
+        }
         match o.output {
             Some(Output::Stdout(d)) if stdout_open => {
                 let label = label.then(|| rank.get(&g).copied()).flatten();
@@ -476,7 +495,7 @@ pub async fn run_spec(c: Client, spec: RunSpec, label: bool) -> ExitCode {
                     },
                 );
             }
-            None => {}
+            Some(Output::Resumed(_)) | Some(Output::Interrupted(_)) | None => {}
         }
     }
     // Let the releases go out before we exit.

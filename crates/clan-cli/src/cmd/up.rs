@@ -23,6 +23,10 @@ pub struct Args {
     /// is kept for `clan wait` before the process is reaped.
     #[arg(long, default_value_t = clan_core::config::DEFAULT_EXIT_RETENTION_MS)]
     exit_retention_ms: u64,
+    /// How long an attached process whose session broke (a cland restarted) waits for its
+    /// `clan run` to reattach before it is hung up.
+    #[arg(long, default_value_t = clan_core::config::DEFAULT_REATTACH_MS)]
+    reattach_ms: u64,
     /// Run node N in the existing network namespace `PREFIX<N>` (e.g. made with
     /// `ip netns add`), listening on --ip-base + N; for testing partitions.
     #[arg(long, value_name = "PREFIX", requires = "ip_base")]
@@ -52,6 +56,7 @@ pub async fn run(a: Args, dir: Option<PathBuf>) -> ExitCode {
         heartbeat_ms: a.heartbeat_ms,
         dead_after_ms: a.dead_after_ms,
         exit_retention_ms: a.exit_retention_ms,
+        reattach_ms: a.reattach_ms,
         bin_dir,
         netns: a.netns.zip(a.ip_base),
     };

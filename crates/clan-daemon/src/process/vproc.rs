@@ -12,6 +12,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
 use std::path::PathBuf;
 use std::process::Stdio;
+use std::sync::atomic::Ordering::SeqCst;
 use std::sync::Arc;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::unix::pipe;
@@ -46,6 +47,12 @@ pub struct VProc {
     pub parent_gone: std::sync::atomic::AtomicBool,
     /// Where output and the exit status of an attached process go.
     subscriber: NamedMutex<Option<mpsc::Sender<pb::SessionOutput>>>,
+    /// Counts the sessions that subscribed: a session that ends parks or hangs up the
+    /// process only if no newer one took it over (a reattach). Changed with `subscriber`
+    /// locked.
+    sessions: std::sync::atomic::AtomicU64,
+    /// Hung up: no stub can reattach any more.
+    hung_up: std::sync::atomic::AtomicBool,
 }
 
 impl VProc {
@@ -56,15 +63,60 @@ impl VProc {
     /// The session to its stub is gone for good: SIGHUP, as a terminal or ssh connection that
     /// drops sends it, then orphan (pipes closed, reaped by the shepherd when it exits).
     pub fn hang_up(&self) {
-        self.detach_subscriber();
+        self.hang_up_unless_newer(None);
+    }
+
+    /// [`VProc::hang_up`] unless a session newer than `session` has the process (or it
+    /// is hung up already); whether it was.
+    pub fn hang_up_if(&self, session: u64) -> bool {
+        self.hang_up_unless_newer(Some(session))
+    }
+
+    fn hang_up_unless_newer(&self, session: Option<u64>) -> bool {
+        {
+            let mut sub = self.subscriber.lock();
+            if session.is_some_and(|s| self.sessions.load(SeqCst) != s || self.hung_up.load(SeqCst))
+            {
+                return false;
+            }
+            *sub = None;
+            self.hung_up.store(true, SeqCst);
+        }
         if self.exited().is_none() {
             self.send(In::Signal(libc::SIGHUP));
         }
         self.send(In::Orphan(true));
+        true
     }
 
     pub fn detach_subscriber(&self) {
         *self.subscriber.lock() = None;
+    }
+
+    /// A stub's new session takes the process's output from now on; returns its number,
+    /// or `None` once the process is hung up.
+    pub fn reattach(&self, out: mpsc::Sender<pb::SessionOutput>) -> Option<u64> {
+        let mut sub = self.subscriber.lock();
+        if self.hung_up.load(SeqCst) {
+            return None;
+        }
+        *sub = Some(out);
+        Some(self.sessions.fetch_add(1, SeqCst) + 1)
+    }
+
+    /// The number of the latest session to subscribe (0: the one it started with).
+    pub fn session(&self) -> u64 {
+        self.sessions.load(SeqCst)
+    }
+
+    /// Session `session` is over: its output goes nowhere. False if a newer one has it.
+    pub fn unsubscribe(&self, session: u64) -> bool {
+        let mut sub = self.subscriber.lock();
+        if self.sessions.load(SeqCst) != session {
+            return false;
+        }
+        *sub = None;
+        true
     }
 
     pub fn exited(&self) -> Option<WaitStatus> {
@@ -130,6 +182,15 @@ struct Linked {
 }
 
 impl Node {
+    /// The process `gpid` that clan started on this node.
+    pub fn vproc(&self, gpid: Gpid) -> Result<Arc<VProc>> {
+        self.vprocs
+            .read()
+            .get(&gpid)
+            .cloned()
+            .ok_or(Error::NoSuchProcess(gpid))
+    }
+
     /// Starts a detached process on this node under a new shepherd.
     pub async fn spawn_local(self: &Arc<Self>, req: SpawnLocal) -> Result<Arc<VProc>> {
         self.spawn_local_to(req, None).await
@@ -556,6 +617,8 @@ impl Node {
             gone: watch::channel(false).0,
             parent_gone: false.into(),
             subscriber: NamedMutex::new("vproc.subscriber", out),
+            sessions: 0.into(),
+            hung_up: false.into(),
         });
         self.vprocs.write().insert(gpid, vp.clone());
         if let Some(c) = &spec.creds {
@@ -583,9 +646,15 @@ impl Node {
                         Out::Stderr(d) => link.deliver(pb::session_output::Output::Stderr(d)).await,
                         Out::Exited(st) => {
                             let ws = WaitStatus::from(st);
-                            link.status.send_replace(Some(ws));
+                            // Told again to a resumed session: known already.
+                            let first = link.status.send_replace(Some(ws)).is_none();
                             link.deliver(pb::session_output::Output::Exited(st)).await;
-                            node.process_exited(&link, ws);
+                            if first {
+                                node.process_exited(&link, ws);
+                            }
+                        }
+                        Out::Resumed(r) => {
+                            link.deliver(pb::session_output::Output::Resumed(r)).await
                         }
                         Out::Stopped(sig) => {
                             node.process_changed(&link, Change::Stopped(sig));
@@ -637,9 +706,8 @@ impl Node {
                     Ok(vp) => {
                         n += 1;
                         if !vp.detached {
-                            // Its session died with the old cland: hang it up.
-                            warn!(gpid = %vp.gpid, "attached process lost its session in the restart");
-                            vp.hang_up();
+                            // Its session died with the old cland: its stub may come back.
+                            self.park(&vp, vp.session());
                         }
                     }
                     Err(err) => {

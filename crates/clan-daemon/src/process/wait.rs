@@ -589,12 +589,7 @@ impl Node {
         creds: &pb::Creds,
         asker: NodeId,
     ) -> Result<WaitStatus> {
-        let vp = self
-            .vprocs
-            .read()
-            .get(&gpid)
-            .cloned()
-            .ok_or(Error::NoSuchProcess(gpid))?;
+        let vp = self.vproc(gpid)?;
         if vp.parent_node != asker || !vp.detached {
             return Err(Error::NotFound(format!(
                 "process {gpid} is not a child of the caller (its parent is on node {})",
