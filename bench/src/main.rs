@@ -45,6 +45,23 @@ struct Args {
     /// Write the results as a Markdown table here.
     #[arg(long, global = true)]
     markdown: Option<PathBuf>,
+    /// Hold a CPU latency request of this many microseconds (`/dev/cpu_dma_latency`, the
+    /// PM QoS interface tuned's latency-performance profile uses) for the whole run,
+    /// baselines included: 0 keeps idle CPUs polling instead of halting.
+    #[arg(long, global = true)]
+    cpu_latency_us: Option<i32>,
+}
+
+/// A held PM QoS CPU latency request: the kernel keeps it while the file is open.
+fn hold_cpu_latency(us: i32) -> anyhow::Result<std::fs::File> {
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/cpu_dma_latency")
+        .map_err(|e| anyhow::anyhow!("/dev/cpu_dma_latency: {e} (needs root)"))?;
+    f.write_all(&us.to_ne_bytes())?;
+    eprintln!("holding a CPU latency request of {us} µs for the run");
+    Ok(f)
 }
 
 #[derive(Subcommand)]
@@ -152,6 +169,7 @@ fn main() -> anyhow::Result<()> {
         Cmd::Forks { iters } => return jobs::forks(iters),
         _ => {}
     }
+    let _latency = a.cpu_latency_us.map(hold_cpu_latency).transpose()?;
     let bin = a.bin_dir.clone().unwrap_or_else(|| {
         std::env::current_exe()
             .expect("self")
@@ -161,6 +179,11 @@ fn main() -> anyhow::Result<()> {
     });
     let n = a.iterations;
     let mut r = report::Report::default();
+    if let Some(us) = a.cpu_latency_us {
+        r.note(&format!(
+            "Run with a CPU latency request of {us} µs held (`--cpu-latency-us`), baselines included."
+        ));
+    }
     let all = matches!(cmd, Cmd::All);
     let mut failed = None;
     if matches!(cmd, Cmd::Baselines) {

@@ -933,6 +933,153 @@ fn bulk_stdin_and_stdout_at_once_lose_nothing() {
     }
 }
 
+/// Regression: the stub's writer, blocked on a full socket while cland waited for the stub
+/// to read output, held what the stub's reader needed: a stub whose stdout paused while
+/// its stdin streamed could hang for good.
+#[test]
+fn bulk_stdin_with_a_slow_reader_does_not_hang() {
+    root_or_skip!("bulk_stdin_with_a_slow_reader_does_not_hang");
+    let c = Cluster::up(2);
+    let data: Vec<u8> = (0..20_000_000u32).map(|i| (i % 251) as u8).collect();
+    for node in ["1", "2"] {
+        let mut child = c
+            .cmd()
+            .args(["run", "--node", node, "--", "cat"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        let input = data.clone();
+        let writer = std::thread::spawn(move || stdin.write_all(&input));
+        let mut stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let (mut out, mut buf, mut reads) = (Vec::new(), vec![0u8; 16384], 0);
+            loop {
+                match std::io::Read::read(&mut stdout, &mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => out.extend_from_slice(&buf[..n]),
+                }
+                reads += 1;
+                if reads % 50 == 0 {
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+            }
+            let _ = tx.send(out);
+        });
+        let Ok(out) = rx.recv_timeout(Duration::from_secs(120)) else {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the run on node {node} hung");
+        };
+        writer.join().unwrap().unwrap();
+        assert!(child.wait().unwrap().success());
+        assert!(out == data, "node {node}: output differs from input");
+    }
+}
+
+/// Input piped at full speed while a cland restarts waits (backpressure) instead of
+/// being dropped: every byte arrives.
+#[test]
+fn piped_stdin_loses_nothing_in_a_restart() {
+    root_or_skip!("piped_stdin_loses_nothing_in_a_restart");
+    let c = Cluster::up(2);
+    let mut daemons = vec![];
+    for restart in [2, 1] {
+        let mut child = c
+            .cmd()
+            .args(["--from", "1", "run", "--node", "2", "--", "wc", "-c"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        let (half, halfway) = std::sync::mpsc::channel();
+        let total: usize = 24 << 20;
+        let writer = std::thread::spawn(move || {
+            let chunk = vec![b'x'; 64 << 10];
+            for i in 0..total / chunk.len() {
+                if i == total / chunk.len() / 3 {
+                    let _ = half.send(());
+                }
+                stdin.write_all(&chunk)?;
+            }
+            Ok::<_, std::io::Error>(())
+        });
+        halfway.recv().unwrap();
+        let pid = c.cland_pid(restart);
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
+        eventually("cland gone", Duration::from_secs(5), || {
+            std::fs::read_to_string(format!("/proc/{pid}/status"))
+                .map_or(true, |s| s.contains("zombie"))
+                .then_some(())
+        });
+        daemons.push(c.restart_cland(restart));
+        writer.join().unwrap().unwrap();
+        let o = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "cland {restart}: {err}");
+        assert_eq!(
+            String::from_utf8_lossy(&o.stdout).trim(),
+            total.to_string(),
+            "cland {restart}: {err}"
+        );
+        assert!(err.is_empty(), "cland {restart}: {err}");
+    }
+    drop(c);
+    for mut d in daemons {
+        let _ = d.wait();
+    }
+}
+
+/// A parked process whose stub's node dies is hung up when that node is declared dead,
+/// not only when the reattach time runs out.
+#[test]
+fn a_parked_process_whose_stub_node_dies_is_hung_up_then() {
+    root_or_skip!("a_parked_process_whose_stub_node_dies_is_hung_up_then");
+    let c = Cluster::up_with(3, &["--reattach-ms", "600000"]);
+    let mark = c.dir.join("hup");
+    let script = format!(
+        "trap 'echo hup > {}; exit 0' HUP; echo ready; while :; do sleep 0.05; done",
+        mark.display()
+    );
+    // The stub runs inside node 1 (a process of node 1 that runs `clan run`).
+    let mut outer = c
+        .cmd()
+        .args([
+            "run", "--node", "1", "--", "clan", "run", "--node", "2", "--", "sh", "-c", &script,
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut l = String::new();
+    BufReader::new(outer.stdout.take().unwrap())
+        .read_line(&mut l)
+        .unwrap();
+    assert_eq!(l, "ready\n");
+    c.power_cut(1);
+    // Declared dead after 3 s; the reattach time (10 minutes) is not waited for.
+    eventually("SIGHUP delivered", Duration::from_secs(30), || {
+        std::fs::read_to_string(&mark).ok().filter(|s| s == "hup\n")
+    });
+    assert!(
+        c.log(2).contains("of its stub died: hung up"),
+        "{}",
+        c.log(2)
+    );
+    // The outer stub, whose process died with node 1, would wait for node 1's cland.
+    let _ = outer.kill();
+    let _ = outer.wait();
+}
+
 #[test]
 fn run_t_gives_the_process_a_terminal_of_the_callers_size() {
     root_or_skip!("run_t_gives_the_process_a_terminal_of_the_callers_size");

@@ -1,13 +1,21 @@
 //! Attached processes seen from their stub: input and signals out, output and exit back,
 //! over a session that survives a restart of cland on either end.
 //!
-//! The reader counts the bytes of each output stream it returned and the writer keeps the
-//! last [`STDIN_KEPT`] bytes of input it sent. When the session to a process breaks while
-//! its node lives (`Interrupted` from this node's cland, or this node's cland itself gone),
-//! the reader asks for a new one from those counts (`ResumeFrom`); the process's shepherd
-//! answers `Resumed` with how much input it has and resends its output from the counts, and
-//! the writer resends the input it did not get. Output that arrives for a process between
-//! the break and its `Resumed` is dropped: the resend covers it.
+//! The reader counts the bytes of each output stream it returned. One task writes to
+//! cland: it takes the caller's inputs from a bounded queue, keeps the last [`STDIN_KEPT`]
+//! bytes of input it wrote per process, and is told by the reader when the session to a
+//! process broke and when it was taken up again. When the session to a process breaks
+//! while its node lives (`Interrupted` from this node's cland, or this node's cland itself
+//! gone), the reader asks for a new one from its counts (`ResumeFrom`); the process's
+//! shepherd answers `Resumed` with how much input it has and resends its output from the
+//! counts, and the writer resends the input it did not get. Output that arrives for a
+//! process between the break and its `Resumed` is dropped: the resend covers it.
+//!
+//! Nothing here waits on a write while it holds what the other half needs: the reader
+//! never writes (it hands control messages to the writer), so a writer blocked by a full
+//! socket can not stop the output that would unblock it. While any process's session is
+//! broken the writer takes no more of the caller's input: the queue fills and the caller
+//! waits (backpressure), so input is not dropped in the meantime.
 
 use crate::{ClientError, Reader, Result, Started};
 use clan_core::unixconn::{UnixConn, WriteHalf};
@@ -16,64 +24,60 @@ use clan_proto::pb::{
     self, local_reply::Reply, local_request::Op, session_input::Input, session_output::Output,
 };
 use clan_proto::{read_frame, write_frame};
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::BufReader;
-use tokio::sync::Mutex;
+use tokio::sync::mpsc;
 
-/// Input kept per process for a resend after a reattach (what the relay to the process
-/// can hold in its buffers, and more).
-pub const STDIN_KEPT: usize = 1 << 20;
+/// Input kept per process for a resend after a reattach: more than the relay to the
+/// process holds in its buffers (socket buffers and cland's queues, about 2 MiB).
+pub const STDIN_KEPT: usize = 4 << 20;
 
 /// How often a stub whose cland is gone tries its socket again.
 const RETRY: Duration = Duration::from_millis(100);
 
+/// The caller's inputs waiting for the writer.
+const QUEUE: usize = 64;
+
 /// Attached processes: send them input and signals, receive their output and exit.
 pub struct Session {
     pub started: Started,
-    rd: Reader,
-    shared: Arc<Mutex<Shared>>,
-    path: PathBuf,
-    reattach: Duration,
+    reader: SessionReader,
+    writer: SessionWriter,
 }
 
 /// The sending half of a session.
 pub struct SessionWriter {
-    shared: Arc<Mutex<Shared>>,
+    tx: mpsc::Sender<(Gpid, Input)>,
 }
 
 /// The receiving half of a session.
 pub struct SessionReader {
     rd: Reader,
-    shared: Arc<Mutex<Shared>>,
+    ctl: mpsc::UnboundedSender<Ctl>,
+    notes: mpsc::UnboundedReceiver<pb::SessionOutput>,
+    /// Per process: bytes of stdout and stderr returned to the caller.
+    counts: HashMap<Gpid, (u64, u64)>,
+    /// Sessions broken and not yet `Resumed`.
+    interrupted: HashSet<Gpid>,
+    /// Exited or lost: nothing to reattach.
+    done: HashSet<Gpid>,
     path: PathBuf,
     reattach: Duration,
 }
 
-/// What both halves share: the connection's sending side and each process's counts.
-struct Shared {
-    /// `None` while this node's cland is being reached again.
-    wr: Option<WriteHalf>,
-    procs: HashMap<Gpid, Proc>,
-}
-
-#[derive(Default)]
-struct Proc {
-    /// Bytes of stdout and stderr returned to the caller.
-    stdout: u64,
-    stderr: u64,
-    /// Bytes of input sent, the last `STDIN_KEPT` of them, and whether its end was sent.
-    stdin_sent: u64,
-    stdin_kept: VecDeque<u8>,
-    eof_sent: bool,
-    /// The session broke: output is dropped and input held until `Resumed`.
-    interrupted: bool,
-    /// Inputs other than stdin sent while interrupted, to go out after `Resumed`.
-    held: Vec<Input>,
-    /// Released, or lost with its node: nothing to reattach.
-    done: bool,
+/// What the reader tells the writer.
+enum Ctl {
+    /// The session to this process broke; ask for a new one from these counts.
+    Interrupted(pb::ResumeFrom),
+    /// A new session to it took.
+    Resumed(Gpid, pb::Resumed),
+    /// This process is lost: drop its input.
+    Lost(Gpid),
+    /// The connection to cland broke (`None`) or a new one stands, whose sessions to
+    /// these processes are being taken up.
+    Conn(Option<WriteHalf>, Vec<Gpid>),
 }
 
 impl Session {
@@ -84,36 +88,38 @@ impl Session {
         path: PathBuf,
         reattach_ms: u64,
     ) -> Session {
-        let procs = started
-            .gpids
-            .iter()
-            .map(|g| (*g, Proc::default()))
-            .collect();
+        let (tx, inputs) = mpsc::channel(QUEUE);
+        let (ctl, ctl_rx) = mpsc::unbounded_channel();
+        let (notes_tx, notes) = mpsc::unbounded_channel();
+        let counts = started.gpids.iter().map(|g| (*g, (0, 0))).collect();
+        tokio::spawn(
+            Writer {
+                wr: Some(wr),
+                procs: HashMap::new(),
+                interrupted: HashSet::new(),
+                lost: HashSet::new(),
+                notes: notes_tx,
+            }
+            .run(inputs, ctl_rx),
+        );
         Session {
             started,
-            rd,
-            shared: Arc::new(Mutex::new(Shared {
-                wr: Some(wr),
-                procs,
-            })),
-            path,
-            reattach: Duration::from_millis(reattach_ms),
+            reader: SessionReader {
+                rd,
+                ctl,
+                notes,
+                counts,
+                interrupted: HashSet::new(),
+                done: HashSet::new(),
+                path,
+                reattach: Duration::from_millis(reattach_ms),
+            },
+            writer: SessionWriter { tx },
         }
     }
 
     pub fn split(self) -> (Started, SessionReader, SessionWriter) {
-        (
-            self.started,
-            SessionReader {
-                rd: self.rd,
-                shared: self.shared.clone(),
-                path: self.path,
-                reattach: self.reattach,
-            },
-            SessionWriter {
-                shared: self.shared,
-            },
-        )
+        (self.started, self.reader, self.writer)
     }
 }
 
@@ -132,73 +138,137 @@ async fn send_input(wr: &mut WriteHalf, gpid: Gpid, input: Input) -> std::io::Re
     .await
 }
 
-impl Shared {
-    /// Sends `input` now if the session to `gpid` stands, else holds it; input that a
-    /// broken connection loses is held too (stdin is resent from what is kept instead).
-    async fn send(&mut self, gpid: Gpid, input: Input) {
-        let p = self.procs.entry(gpid).or_default();
-        match &input {
-            Input::Stdin(d) => {
-                p.stdin_sent += d.len() as u64;
-                let over = (p.stdin_kept.len() + d.len()).saturating_sub(STDIN_KEPT);
-                p.stdin_kept.drain(..over.min(p.stdin_kept.len()));
-                let skip = d.len().saturating_sub(STDIN_KEPT);
-                p.stdin_kept.extend(&d[skip..]);
+/// The input the writer sent to one process.
+#[derive(Default)]
+struct Sent {
+    /// Bytes of input written, the last `STDIN_KEPT` of them, and whether its end was.
+    stdin: u64,
+    kept: VecDeque<u8>,
+    eof: bool,
+}
+
+/// The task that writes to cland.
+struct Writer {
+    /// `None` while this node's cland is being reached again.
+    wr: Option<WriteHalf>,
+    procs: HashMap<Gpid, Sent>,
+    interrupted: HashSet<Gpid>,
+    lost: HashSet<Gpid>,
+    /// Losses of input at a resume, for the reader to return.
+    notes: mpsc::UnboundedSender<pb::SessionOutput>,
+}
+
+impl Writer {
+    async fn run(
+        mut self,
+        mut inputs: mpsc::Receiver<(Gpid, Input)>,
+        mut ctl: mpsc::UnboundedReceiver<Ctl>,
+    ) {
+        loop {
+            // The caller's input waits while a session is broken (or the connection is).
+            let flowing = self.interrupted.is_empty() && self.wr.is_some();
+            tokio::select! {
+                biased;
+                c = ctl.recv() => match c {
+                    Some(c) => self.control(c).await,
+                    None => return, // the reader is gone
+                },
+                i = inputs.recv(), if flowing => match i {
+                    Some((g, input)) => self.input(g, input).await,
+                    None => return, // the caller dropped its half
+                },
             }
-            Input::StdinEof(_) => p.eof_sent = true,
-            Input::Release(_) => p.done = true,
-            _ => {}
-        }
-        let resent_later = matches!(input, Input::Stdin(_) | Input::StdinEof(_));
-        let ready = !p.interrupted && self.wr.is_some();
-        if ready {
-            if let Some(wr) = &mut self.wr {
-                if send_input(wr, gpid, input.clone()).await.is_ok() {
-                    return;
-                }
-            }
-            self.wr = None;
-        }
-        if !resent_later {
-            self.procs.entry(gpid).or_default().held.push(input);
         }
     }
 
-    /// A new session to `gpid` took: resend the input its process did not get and what was
-    /// held, from now on output counts again.
-    async fn resumed(&mut self, gpid: Gpid, r: &pb::Resumed) {
-        let Some(p) = self.procs.get_mut(&gpid) else {
-            return;
-        };
-        p.interrupted = false;
-        p.stdout = r.stdout;
-        p.stderr = r.stderr;
-        let mut again = Vec::new();
-        let oldest = p.stdin_sent - p.stdin_kept.len() as u64;
-        if r.stdin_taken < p.stdin_sent {
-            // Input older than what is kept can not be sent again: it is lost.
-            let from = r.stdin_taken.max(oldest) - oldest;
-            let data: Vec<u8> = p.stdin_kept.range(from as usize..).copied().collect();
-            again.push(Input::Stdin(data));
-        }
-        if p.eof_sent && !r.stdin_eof {
-            again.push(Input::StdinEof(true));
-        }
-        again.append(&mut p.held);
-        let Some(wr) = &mut self.wr else { return };
-        for i in again {
-            if send_input(wr, gpid, i).await.is_err() {
+    async fn write(&mut self, gpid: Gpid, input: Input) {
+        if let Some(wr) = &mut self.wr {
+            if send_input(wr, gpid, input).await.is_err() {
+                // The reader sees the connection end and reconnects.
                 self.wr = None;
-                return;
+            }
+        }
+    }
+
+    async fn input(&mut self, gpid: Gpid, input: Input) {
+        if self.lost.contains(&gpid) {
+            return;
+        }
+        let p = self.procs.entry(gpid).or_default();
+        match &input {
+            Input::Stdin(d) => {
+                p.stdin += d.len() as u64;
+                let skip = d.len().saturating_sub(STDIN_KEPT);
+                let over = (p.kept.len() + d.len() - skip).saturating_sub(STDIN_KEPT);
+                p.kept.drain(..over);
+                p.kept.extend(&d[skip..]);
+            }
+            Input::StdinEof(_) => p.eof = true,
+            _ => {}
+        }
+        self.write(gpid, input).await;
+    }
+
+    async fn control(&mut self, c: Ctl) {
+        match c {
+            Ctl::Interrupted(from) => {
+                let Some(g) = Gpid::from_raw(from.gpid) else {
+                    return;
+                };
+                self.interrupted.insert(g);
+                self.write(g, Input::Reattach(from)).await;
+            }
+            Ctl::Lost(g) => {
+                self.interrupted.remove(&g);
+                self.lost.insert(g);
+            }
+            Ctl::Conn(wr, gpids) => {
+                self.wr = wr;
+                self.interrupted.extend(gpids);
+            }
+            Ctl::Resumed(g, r) => {
+                if !self.interrupted.remove(&g) {
+                    return;
+                }
+                let p = self.procs.entry(g).or_default();
+                let oldest = p.stdin - p.kept.len() as u64;
+                let mut again = Vec::new();
+                if r.stdin_taken < p.stdin {
+                    // Input older than what is kept can not be sent again.
+                    let from = r.stdin_taken.max(oldest);
+                    let lost = from - r.stdin_taken;
+                    if lost > 0 {
+                        let _ = self.notes.send(pb::SessionOutput {
+                            gpid: g.raw(),
+                            output: Some(Output::Resumed(pb::Resumed {
+                                stdin_lost: lost,
+                                ..Default::default()
+                            })),
+                        });
+                    }
+                    let data: Vec<u8> = p.kept.range((from - oldest) as usize..).copied().collect();
+                    again.push(Input::Stdin(data));
+                }
+                if p.eof && !r.stdin_eof {
+                    again.push(Input::StdinEof(true));
+                }
+                for i in again {
+                    self.write(g, i).await;
+                }
             }
         }
     }
 }
 
 impl SessionWriter {
+    /// Queues `input` for `gpid`; waits while the queue is full (a slow or broken session).
     pub async fn send(&mut self, gpid: Gpid, input: Input) -> Result<()> {
-        self.shared.lock().await.send(gpid, input).await;
-        Ok(())
+        self.tx.send((gpid, input)).await.map_err(|_| {
+            ClientError::Io(std::io::Error::new(
+                std::io::ErrorKind::BrokenPipe,
+                "the session is over",
+            ))
+        })
     }
 }
 
@@ -206,9 +276,14 @@ impl SessionReader {
     /// The next output, exit or loss of a process; `None` when cland closed the session
     /// and it could not be taken up again. A `Resumed` says the session to a process broke
     /// and was taken up again: output goes on from its offsets (bytes between what this
-    /// reader returned and those are lost: more was in flight than the shepherd keeps).
+    /// reader returned and those are lost: more was in flight than the shepherd keeps),
+    /// A `Resumed` whose `stdin_lost` is not 0 is this library's own note (its offsets
+    /// are 0): that much input could not be sent again.
     pub async fn next(&mut self) -> Result<Option<pb::SessionOutput>> {
         loop {
+            if let Ok(note) = self.notes.try_recv() {
+                return Ok(Some(note));
+            }
             let o = match read_frame::<pb::LocalReply, _>(&mut self.rd).await {
                 Ok(Some(pb::LocalReply {
                     reply: Some(Reply::Output(o)),
@@ -236,33 +311,34 @@ impl SessionReader {
             let Some(gpid) = Gpid::from_raw(o.gpid) else {
                 continue;
             };
-            let mut sh = self.shared.lock().await;
-            let p = sh.procs.entry(gpid).or_default();
+            let counts = self.counts.entry(gpid).or_default();
             match &o.output {
                 Some(Output::Interrupted(_)) => {
-                    p.interrupted = true;
-                    let from = pb::ResumeFrom {
+                    self.interrupted.insert(gpid);
+                    let _ = self.ctl.send(Ctl::Interrupted(pb::ResumeFrom {
                         gpid: gpid.raw(),
-                        stdout: p.stdout,
-                        stderr: p.stderr,
-                    };
-                    // A break of this connection too is the reconnect's business.
-                    if let Some(wr) = &mut sh.wr {
-                        if send_input(wr, gpid, Input::Reattach(from)).await.is_err() {
-                            sh.wr = None;
-                        }
-                    }
+                        stdout: counts.0,
+                        stderr: counts.1,
+                    }));
                     continue;
                 }
                 Some(Output::Resumed(r)) => {
-                    let r = *r;
-                    sh.resumed(gpid, &r).await;
+                    self.interrupted.remove(&gpid);
+                    *counts = (r.stdout, r.stderr);
+                    let _ = self.ctl.send(Ctl::Resumed(gpid, *r));
                 }
-                Some(Output::Lost(_)) => p.done = true,
+                Some(Output::Lost(_)) => {
+                    self.interrupted.remove(&gpid);
+                    self.done.insert(gpid);
+                    let _ = self.ctl.send(Ctl::Lost(gpid));
+                }
                 // What the process's side sent before it took the new session: resent.
-                _ if p.interrupted => continue,
-                Some(Output::Stdout(d)) => p.stdout += d.len() as u64,
-                Some(Output::Stderr(d)) => p.stderr += d.len() as u64,
+                _ if self.interrupted.contains(&gpid) => continue,
+                Some(Output::Stdout(d)) => counts.0 += d.len() as u64,
+                Some(Output::Stderr(d)) => counts.1 += d.len() as u64,
+                Some(Output::Exited(_)) => {
+                    self.done.insert(gpid);
+                }
                 _ => {}
             }
             return Ok(Some(o));
@@ -273,22 +349,17 @@ impl SessionReader {
     /// reattach time and ask it for new sessions to the processes still running. False
     /// when there is nothing to take up, or reattaching is off.
     async fn reconnect(&mut self) -> Result<bool> {
-        let items: Vec<pb::ResumeFrom> = {
-            let mut sh = self.shared.lock().await;
-            sh.wr = None;
-            sh.procs
-                .iter_mut()
-                .filter(|(_, p)| !p.done)
-                .map(|(g, p)| {
-                    p.interrupted = true;
-                    pb::ResumeFrom {
-                        gpid: g.raw(),
-                        stdout: p.stdout,
-                        stderr: p.stderr,
-                    }
-                })
-                .collect()
-        };
+        let _ = self.ctl.send(Ctl::Conn(None, vec![]));
+        let items: Vec<pb::ResumeFrom> = self
+            .counts
+            .iter()
+            .filter(|(g, _)| !self.done.contains(g))
+            .map(|(g, c)| pb::ResumeFrom {
+                gpid: g.raw(),
+                stdout: c.0,
+                stderr: c.1,
+            })
+            .collect();
         if items.is_empty() || self.reattach.is_zero() {
             return Ok(false);
         }
@@ -309,8 +380,13 @@ impl SessionReader {
                             reply: Some(Reply::Started(_)),
                             ..
                         })) => {
+                            let gpids: Vec<Gpid> = items
+                                .iter()
+                                .filter_map(|i| Gpid::from_raw(i.gpid))
+                                .collect();
+                            self.interrupted.extend(gpids.iter().copied());
                             self.rd = rd;
-                            self.shared.lock().await.wr = Some(w);
+                            let _ = self.ctl.send(Ctl::Conn(Some(w), gpids));
                             return Ok(true);
                         }
                         Ok(Some(pb::LocalReply {

@@ -428,7 +428,8 @@ impl Node {
         };
         // Each on its own: a node that is restarting takes a while to answer.
         let mut tries = tokio::task::JoinSet::new();
-        for from in r.items {
+        let mut asked = std::collections::HashSet::new();
+        for from in r.items.into_iter().filter(|f| asked.insert(f.gpid)) {
             let (node, creds, out) = (self.clone(), creds.clone(), out_tx.clone());
             tries.spawn(async move {
                 let gpid = from.gpid;

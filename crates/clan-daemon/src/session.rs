@@ -16,7 +16,7 @@
 use crate::error::{Error, Result};
 use crate::node::Node;
 use crate::peer::Peer;
-use crate::process::vproc::{SpawnLocal, VProc};
+use crate::process::vproc::{Refused, SpawnLocal, VProc};
 use clan_core::{Gpid, NodeId};
 use clan_proto::auth::{self, PeerReader, PeerWriter};
 use clan_proto::pb::{self, peer_frame::Frame, session_input::Input, shepherd_in::Msg as In};
@@ -146,10 +146,6 @@ impl Node {
     ) -> Result<Endpoint> {
         let gpid = Gpid::from_raw(from.gpid)
             .ok_or_else(|| Error::NotFound(format!("no such process {}", from.gpid)))?;
-        if gpid.node() == self.id {
-            let (vp, _) = self.reattach_local(&from, creds, out)?;
-            return Ok(Endpoint::Local(vp));
-        }
         let req = pb::PeerFrame {
             frame: Some(Frame::Request(pb::PeerRequest {
                 id: 1,
@@ -162,11 +158,16 @@ impl Node {
         let (node, window) = (gpid.node(), self.cfg.reattach());
         let until = tokio::time::Instant::now() + window;
         loop {
-            match self
-                .remote_session(node, &req, out.clone(), "reattach")
-                .await
-            {
-                Ok((_, ep)) => return Ok(ep),
+            let taken = if node == self.id {
+                self.reattach_local(&from, creds, out.clone())
+                    .map(|(vp, _)| Endpoint::Local(vp))
+            } else {
+                self.remote_session(node, &req, out.clone(), "reattach")
+                    .await
+                    .map(|(_, ep)| ep)
+            };
+            match taken {
+                Ok(ep) => return Ok(ep),
                 // Not answering yet (its cland restarts): again, unless it is lost for good.
                 Err(Error::NodeDown(m)) => {
                     if self.peer_lost(node) {
@@ -275,12 +276,15 @@ impl Node {
                 "process {gpid} belongs to another user"
             )));
         }
-        let session = vp.reattach(out).ok_or_else(|| {
-            Error::NotFound(format!(
+        let session = vp.reattach(out, *from).map_err(|r| match r {
+            Refused::HungUp => Error::NotFound(format!(
                 "process {gpid} was hung up: its stub came too late"
-            ))
+            )),
+            // Retried by the stub's node: the old session's end may not be noticed yet.
+            Refused::Attached => {
+                Error::NodeDown(format!("process {gpid} is still attached to a session"))
+            }
         })?;
-        vp.send(In::Resume(*from));
         info!(%gpid, session, "stub reattached");
         Ok((vp, session))
     }
@@ -288,18 +292,37 @@ impl Node {
     /// A session of attached process `vp` broke but its stub may come back: hold its
     /// output and wait `reattach_ms` for a reattach, then hang it up. Nothing if a newer
     /// session than `session` has it already.
+    /// The stub's node is the process's `parent_node`; if that node is declared dead
+    /// meanwhile, the process is hung up then.
     pub fn park(self: &Arc<Self>, vp: &Arc<VProc>, session: u64) {
-        if !vp.unsubscribe(session) {
+        if !vp.hold(session) {
             return;
         }
-        vp.send(In::Hold(true));
-        let (vp, window) = (vp.clone(), self.cfg.reattach());
+        let (node, vp, window) = (self.clone(), vp.clone(), self.cfg.reattach());
         info!(gpid = %vp.gpid, "session broke: parked for {} ms, until its stub reattaches", window.as_millis());
         tokio::spawn(async move {
+            let stub_node = vp.parent_node;
+            let mut deaths = node.peer(stub_node).ok().map(|p| p.deaths.subscribe());
             let mut gone = vp.gone.subscribe();
-            let _ = tokio::time::timeout(window, gone.wait_for(|g| *g)).await;
+            let stub_lost = async {
+                match &mut deaths {
+                    Some(d) => {
+                        while !node.peer_lost(stub_node) {
+                            if d.changed().await.is_err() {
+                                std::future::pending::<()>().await;
+                            }
+                        }
+                    }
+                    None => std::future::pending().await,
+                }
+            };
+            let why = tokio::select! {
+                _ = tokio::time::sleep(window) => format!("no stub reattached within {} ms", window.as_millis()),
+                _ = gone.wait_for(|g| *g) => return,
+                _ = stub_lost => format!("node {stub_node} of its stub died"),
+            };
             if vp.hang_up_if(session) {
-                warn!(gpid = %vp.gpid, "no stub reattached within {} ms: hung up", window.as_millis());
+                warn!(gpid = %vp.gpid, "{why}: hung up");
             }
         });
     }
@@ -719,6 +742,13 @@ impl StubRelay {
             }
             if stub_gone {
                 break;
+            }
+        }
+        // Reattaches that finished after the stub went: their sessions end too.
+        done_rx.close();
+        while let Ok((g, r)) = done_rx.try_recv() {
+            if let Ok(ep) = r {
+                endpoints.insert(g, ep);
             }
         }
         for (g, ep) in endpoints.drain() {

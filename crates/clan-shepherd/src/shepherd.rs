@@ -769,9 +769,9 @@ fn start_ticks_of(pid: i32) -> Option<u64> {
 const OUT: usize = 0;
 const ERR: usize = 1;
 
-/// Output kept per stream for a stub that reattaches: more than the relay between the
-/// shepherd and the stub holds in its buffers but for bulk output.
-const KEPT: usize = 1 << 20;
+/// Output kept per stream for a stub that reattaches: about what the relay between the
+/// shepherd and the stub holds in its buffers and queues (allocated as output flows).
+const KEPT: usize = 4 << 20;
 
 /// The largest piece of kept output sent in one message.
 const RESEND_CHUNK: usize = 64 * 1024;
@@ -907,6 +907,7 @@ impl Shepherd {
             stdin_eof: self.stdin_eof,
             stdout: at[OUT],
             stderr: at[ERR],
+            ..Default::default()
         }));
         for which in [OUT, ERR] {
             let oldest = self.sent[which] - self.kept[which].len() as u64;
@@ -1312,14 +1313,13 @@ impl Shepherd {
                     self.reap_and_exit();
                 }
                 // An attached process's status goes after its output, to whoever attached;
-                // a detached one's at once (its output is in its log).
-                let detached = self.spec.spec.as_ref().is_some_and(|s| s.detached);
+                // a detached one's at once (its output is in its log), and so does a held
+                // one's (cland records it; its stub gets it again, after the output, when
+                // it resumes).
                 if self.attached {
                     self.drain_outputs();
-                    self.send(Out::Exited(st.into()));
-                } else if detached {
-                    self.send(Out::Exited(st.into()));
                 }
+                self.send(Out::Exited(st.into()));
             }
             Ok(_) => {}
             Err(_) => {

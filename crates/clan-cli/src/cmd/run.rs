@@ -438,6 +438,12 @@ pub async fn run_spec(c: Client, spec: RunSpec, label: bool) -> ExitCode {
         match &o.output {
             Some(Output::Stdout(d)) => had.0 += d.len() as u64,
             Some(Output::Stderr(d)) => had.1 += d.len() as u64,
+            Some(Output::Resumed(r)) if r.stdin_lost > 0 => {
+                crate::fail(&format!(
+                    "warning: {} bytes of input to process {g} were lost in a restart of cland",
+                    r.stdin_lost
+                ));
+            }
             Some(Output::Resumed(r)) => {
                 // The session broke (a cland restarted) and was taken up again; the process's
                 // side resends what it kept, which may not reach back to what we had.

@@ -93,15 +93,25 @@ impl VProc {
         *self.subscriber.lock() = None;
     }
 
-    /// A stub's new session takes the process's output from now on; returns its number,
-    /// or `None` once the process is hung up.
-    pub fn reattach(&self, out: mpsc::Sender<pb::SessionOutput>) -> Option<u64> {
+    /// A stub's new session takes the output of the parked process from now on; returns
+    /// its number, or why not (hung up, or a session still has it: not parked yet)
+    /// and has its shepherd resend from `from` (sent with the lock held, so that it can not
+    /// pass the `Hold` of a park).
+    pub fn reattach(
+        &self,
+        out: mpsc::Sender<pb::SessionOutput>,
+        from: pb::ResumeFrom,
+    ) -> std::result::Result<u64, Refused> {
         let mut sub = self.subscriber.lock();
         if self.hung_up.load(SeqCst) {
-            return None;
+            return Err(Refused::HungUp);
+        }
+        if sub.is_some() {
+            return Err(Refused::Attached);
         }
         *sub = Some(out);
-        Some(self.sessions.fetch_add(1, SeqCst) + 1)
+        self.send(In::Resume(from));
+        Ok(self.sessions.fetch_add(1, SeqCst) + 1)
     }
 
     /// The number of the latest session to subscribe (0: the one it started with).
@@ -111,11 +121,23 @@ impl VProc {
 
     /// Session `session` is over: its output goes nowhere. False if a newer one has it.
     pub fn unsubscribe(&self, session: u64) -> bool {
+        self.unsubscribe_then(session, || {})
+    }
+
+    /// Session `session` broke: its output goes nowhere and the shepherd holds it (told
+    /// with the lock held, so that a reattach's `Resume` comes after). False if a newer
+    /// session has it.
+    pub fn hold(&self, session: u64) -> bool {
+        self.unsubscribe_then(session, || self.send(In::Hold(true)))
+    }
+
+    fn unsubscribe_then(&self, session: u64, then: impl FnOnce()) -> bool {
         let mut sub = self.subscriber.lock();
         if self.sessions.load(SeqCst) != session {
             return false;
         }
         *sub = None;
+        then();
         true
     }
 
@@ -134,6 +156,15 @@ impl VProc {
                 .await;
         }
     }
+}
+
+/// Why a stub may not reattach to a process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refused {
+    /// Hung up: too late.
+    HungUp,
+    /// A session still has it (its end not noticed yet, or another stub's).
+    Attached,
 }
 
 /// A shepherd waiting for its spec: its stdin and its report pipe.
