@@ -393,6 +393,7 @@ impl Client {
                 }) => {
                     wr.send(gpid, pb::session_input::Input::Release(true))
                         .await?;
+                    wr.close(std::time::Duration::from_secs(1)).await;
                     return Ok(st.into());
                 }
                 Some(pb::SessionOutput {

@@ -15,7 +15,11 @@
 //! never writes (it hands control messages to the writer), so a writer blocked by a full
 //! socket can not stop the output that would unblock it. While any process's session is
 //! broken the writer takes no more of the caller's input: the queue fills and the caller
-//! waits (backpressure), so input is not dropped in the meantime.
+//! waits (backpressure). Both directions have a window, so that a break never loses more
+//! than is kept: the writer has at most [`STDIN_KEPT`] bytes of input in flight beyond
+//! what the shepherd said it has (`Taken`), and the reader tells the shepherd how much
+//! output it has (`Ack`) every [`ACK_EVERY`] bytes, beyond which the shepherd reads no
+//! more than it keeps.
 
 use crate::{ClientError, Reader, Result, Started};
 use clan_core::unixconn::{UnixConn, WriteHalf};
@@ -40,6 +44,9 @@ const RETRY: Duration = Duration::from_millis(100);
 /// The caller's inputs waiting for the writer.
 const QUEUE: usize = 64;
 
+/// How much output the reader returns between two `Ack`s (the shepherd keeps 4 MiB).
+pub const ACK_EVERY: u64 = 256 * 1024;
+
 /// Attached processes: send them input and signals, receive their output and exit.
 pub struct Session {
     pub started: Started,
@@ -50,6 +57,10 @@ pub struct Session {
 /// The sending half of a session.
 pub struct SessionWriter {
     tx: mpsc::Sender<(Gpid, Input)>,
+    /// Told once every input queued before the queue closed has been handled.
+    flushed: Option<tokio::sync::oneshot::Receiver<()>>,
+    /// Released by the caller: nothing to reattach (shared with the reader).
+    released: std::sync::Arc<std::sync::Mutex<HashSet<Gpid>>>,
 }
 
 /// The receiving half of a session.
@@ -63,6 +74,9 @@ pub struct SessionReader {
     interrupted: HashSet<Gpid>,
     /// Exited or lost: nothing to reattach.
     done: HashSet<Gpid>,
+    released: std::sync::Arc<std::sync::Mutex<HashSet<Gpid>>>,
+    /// Output counts last acknowledged to each process's shepherd.
+    acked: HashMap<Gpid, (u64, u64)>,
     path: PathBuf,
     reattach: Duration,
 }
@@ -78,6 +92,13 @@ enum Ctl {
     /// The connection to cland broke (`None`) or a new one stands, whose sessions to
     /// these processes are being taken up.
     Conn(Option<WriteHalf>, Vec<Gpid>),
+    /// The shepherd of this process has this much input.
+    Taken(Gpid, u64),
+    /// Tell the shepherd how much output there is (not held by a broken session: it is
+    /// dropped with the connection, and the resume carries the counts anyway).
+    Ack(pb::ResumeFrom),
+    /// The session can not be taken up again: stop.
+    Closed,
 }
 
 impl Session {
@@ -90,6 +111,8 @@ impl Session {
     ) -> Session {
         let (tx, inputs) = mpsc::channel(QUEUE);
         let (ctl, ctl_rx) = mpsc::unbounded_channel();
+        let (flushed_tx, flushed) = tokio::sync::oneshot::channel();
+        let released = std::sync::Arc::new(std::sync::Mutex::new(HashSet::new()));
         let (notes_tx, notes) = mpsc::unbounded_channel();
         let counts = started.gpids.iter().map(|g| (*g, (0, 0))).collect();
         tokio::spawn(
@@ -98,9 +121,11 @@ impl Session {
                 procs: HashMap::new(),
                 interrupted: HashSet::new(),
                 lost: HashSet::new(),
+                held: HashMap::new(),
+                waiting: None,
                 notes: notes_tx,
             }
-            .run(inputs, ctl_rx),
+            .run(inputs, ctl_rx, flushed_tx),
         );
         Session {
             started,
@@ -111,10 +136,16 @@ impl Session {
                 counts,
                 interrupted: HashSet::new(),
                 done: HashSet::new(),
+                released: released.clone(),
+                acked: HashMap::new(),
                 path,
                 reattach: Duration::from_millis(reattach_ms),
             },
-            writer: SessionWriter { tx },
+            writer: SessionWriter {
+                tx,
+                flushed: Some(flushed),
+                released,
+            },
         }
     }
 
@@ -145,6 +176,8 @@ struct Sent {
     stdin: u64,
     kept: VecDeque<u8>,
     eof: bool,
+    /// Input the shepherd said it has.
+    taken: u64,
 }
 
 /// The task that writes to cland.
@@ -154,6 +187,10 @@ struct Writer {
     procs: HashMap<Gpid, Sent>,
     interrupted: HashSet<Gpid>,
     lost: HashSet<Gpid>,
+    /// Inputs other than stdin that a broken connection lost, to go again after `Resumed`.
+    held: HashMap<Gpid, Vec<Input>>,
+    /// Input that waits for the window (its process has `STDIN_KEPT` bytes in flight).
+    waiting: Option<(Gpid, Input)>,
     /// Losses of input at a resume, for the reader to return.
     notes: mpsc::UnboundedSender<pb::SessionOutput>,
 }
@@ -163,29 +200,60 @@ impl Writer {
         mut self,
         mut inputs: mpsc::Receiver<(Gpid, Input)>,
         mut ctl: mpsc::UnboundedReceiver<Ctl>,
+        flushed: tokio::sync::oneshot::Sender<()>,
     ) {
+        let mut flushed = Some(flushed);
+        let mut queue_open = true;
         loop {
-            // The caller's input waits while a session is broken (or the connection is).
-            let flowing = self.interrupted.is_empty() && self.wr.is_some();
+            if self.waiting.is_some() && self.ready() {
+                if let Some((g, i)) = self.waiting.take() {
+                    self.input(g, i).await;
+                }
+            }
+            // The caller's input waits while a session is broken (or the connection is),
+            // or for the window.
+            let flowing = queue_open && self.ready() && self.waiting.is_none();
+            if !queue_open && self.waiting.is_none() {
+                if let Some(f) = flushed.take() {
+                    let _ = f.send(());
+                }
+            }
             tokio::select! {
                 biased;
                 c = ctl.recv() => match c {
+                    Some(Ctl::Closed) | None => return, // nothing more can go out
                     Some(c) => self.control(c).await,
-                    None => return, // the reader is gone
                 },
                 i = inputs.recv(), if flowing => match i {
                     Some((g, input)) => self.input(g, input).await,
-                    None => return, // the caller dropped its half
+                    // The caller is done: what it queued went out; the connection stays
+                    // open while the reader lives (cland would take its end for a hang-up).
+                    None => queue_open = false,
                 },
             }
         }
     }
 
+    fn ready(&self) -> bool {
+        self.interrupted.is_empty() && self.wr.is_some()
+    }
+
     async fn write(&mut self, gpid: Gpid, input: Input) {
-        if let Some(wr) = &mut self.wr {
-            if send_input(wr, gpid, input).await.is_err() {
-                // The reader sees the connection end and reconnects.
-                self.wr = None;
+        let again = !matches!(
+            input,
+            Input::Stdin(_) | Input::StdinEof(_) | Input::Reattach(_) | Input::Ack(_)
+        );
+        let keep = again.then(|| input.clone());
+        let written = match &mut self.wr {
+            Some(wr) => send_input(wr, gpid, input).await.is_ok(),
+            None => false,
+        };
+        if !written {
+            // The reader sees the connection end and reconnects; stdin goes again from
+            // what is kept, the rest from here.
+            self.wr = None;
+            if let Some(i) = keep {
+                self.held.entry(gpid).or_default().push(i);
             }
         }
     }
@@ -195,6 +263,17 @@ impl Writer {
             return;
         }
         let p = self.procs.entry(gpid).or_default();
+        if let Input::Stdin(d) = &input {
+            let in_flight = p.stdin.saturating_sub(p.taken);
+            if in_flight > 0 && in_flight + d.len() as u64 > STDIN_KEPT as u64 {
+                self.waiting = Some((gpid, input));
+                return;
+            }
+        }
+        if let Input::Release(_) = &input {
+            // Nothing of it to hold or resend any more.
+            self.held.remove(&gpid);
+        }
         match &input {
             Input::Stdin(d) => {
                 p.stdin += d.len() as u64;
@@ -221,7 +300,23 @@ impl Writer {
             Ctl::Lost(g) => {
                 self.interrupted.remove(&g);
                 self.lost.insert(g);
+                self.held.remove(&g);
+                if self.waiting.as_ref().is_some_and(|(w, _)| *w == g) {
+                    self.waiting = None;
+                }
             }
+            Ctl::Taken(g, n) => {
+                let p = self.procs.entry(g).or_default();
+                p.taken = p.taken.max(n);
+            }
+            Ctl::Ack(a) => {
+                if let Some(g) = Gpid::from_raw(a.gpid) {
+                    if !self.interrupted.contains(&g) {
+                        self.write(g, Input::Ack(a)).await;
+                    }
+                }
+            }
+            Ctl::Closed => {}
             Ctl::Conn(wr, gpids) => {
                 self.wr = wr;
                 self.interrupted.extend(gpids);
@@ -231,6 +326,7 @@ impl Writer {
                     return;
                 }
                 let p = self.procs.entry(g).or_default();
+                p.taken = p.taken.max(r.stdin_taken);
                 let oldest = p.stdin - p.kept.len() as u64;
                 let mut again = Vec::new();
                 if r.stdin_taken < p.stdin {
@@ -252,6 +348,7 @@ impl Writer {
                 if p.eof && !r.stdin_eof {
                     again.push(Input::StdinEof(true));
                 }
+                again.extend(self.held.remove(&g).unwrap_or_default());
                 for i in again {
                     self.write(g, i).await;
                 }
@@ -263,12 +360,29 @@ impl Writer {
 impl SessionWriter {
     /// Queues `input` for `gpid`; waits while the queue is full (a slow or broken session).
     pub async fn send(&mut self, gpid: Gpid, input: Input) -> Result<()> {
+        if let Input::Release(_) = &input {
+            if let Ok(mut r) = self.released.lock() {
+                r.insert(gpid);
+            }
+        }
         self.tx.send((gpid, input)).await.map_err(|_| {
             ClientError::Io(std::io::Error::new(
                 std::io::ErrorKind::BrokenPipe,
                 "the session is over",
             ))
         })
+    }
+}
+
+impl SessionWriter {
+    /// Waits until every input sent has gone out to cland (or can not: the session is
+    /// over, or broken for good), at most `limit`. Call before exiting after a release.
+    pub async fn close(mut self, limit: Duration) {
+        let flushed = self.flushed.take();
+        drop(self);
+        if let Some(f) = flushed {
+            let _ = tokio::time::timeout(limit, f).await;
+        }
     }
 }
 
@@ -299,12 +413,14 @@ impl SessionReader {
                     if self.reconnect().await? {
                         continue;
                     }
+                    let _ = self.ctl.send(Ctl::Closed);
                     return Ok(None);
                 }
                 Err(e) => {
                     if self.reconnect().await? {
                         continue;
                     }
+                    let _ = self.ctl.send(Ctl::Closed);
                     return Err(ClientError::Protocol(e.to_string()));
                 }
             };
@@ -327,6 +443,10 @@ impl SessionReader {
                     *counts = (r.stdout, r.stderr);
                     let _ = self.ctl.send(Ctl::Resumed(gpid, *r));
                 }
+                Some(Output::Taken(n)) => {
+                    let _ = self.ctl.send(Ctl::Taken(gpid, *n));
+                    continue;
+                }
                 Some(Output::Lost(_)) => {
                     self.interrupted.remove(&gpid);
                     self.done.insert(gpid);
@@ -334,8 +454,23 @@ impl SessionReader {
                 }
                 // What the process's side sent before it took the new session: resent.
                 _ if self.interrupted.contains(&gpid) => continue,
-                Some(Output::Stdout(d)) => counts.0 += d.len() as u64,
-                Some(Output::Stderr(d)) => counts.1 += d.len() as u64,
+                Some(Output::Stdout(d)) | Some(Output::Stderr(d)) => {
+                    if matches!(o.output, Some(Output::Stdout(_))) {
+                        counts.0 += d.len() as u64;
+                    } else {
+                        counts.1 += d.len() as u64;
+                    }
+                    let now = *counts;
+                    let acked = self.acked.entry(gpid).or_default();
+                    if now.0 + now.1 - acked.0 - acked.1 >= ACK_EVERY {
+                        *acked = now;
+                        let _ = self.ctl.send(Ctl::Ack(pb::ResumeFrom {
+                            gpid: gpid.raw(),
+                            stdout: now.0,
+                            stderr: now.1,
+                        }));
+                    }
+                }
                 Some(Output::Exited(_)) => {
                     self.done.insert(gpid);
                 }
@@ -350,10 +485,11 @@ impl SessionReader {
     /// when there is nothing to take up, or reattaching is off.
     async fn reconnect(&mut self) -> Result<bool> {
         let _ = self.ctl.send(Ctl::Conn(None, vec![]));
+        let released = self.released.lock().map(|r| r.clone()).unwrap_or_default();
         let items: Vec<pb::ResumeFrom> = self
             .counts
             .iter()
-            .filter(|(g, _)| !self.done.contains(g))
+            .filter(|(g, _)| !self.done.contains(g) && !released.contains(g))
             .map(|(g, c)| pb::ResumeFrom {
                 gpid: g.raw(),
                 stdout: c.0,
@@ -392,7 +528,10 @@ impl SessionReader {
                         Ok(Some(pb::LocalReply {
                             reply: Some(Reply::Error(e)),
                             ..
-                        })) => return Err(ClientError::Remote(e)),
+                        })) => {
+                            let _ = self.ctl.send(Ctl::Closed);
+                            return Err(ClientError::Remote(e));
+                        }
                         _ => {} // gone again: try again
                     }
                 }

@@ -75,6 +75,7 @@ fn to_shepherd(input: Input) -> Option<In> {
         Input::Resize(w) => In::Resize(w),
         Input::Release(_) => In::Release(true),
         Input::Background(b) => In::Background(b),
+        Input::Ack(a) => In::Acked(a),
         Input::Reattach(_) | Input::HangUp(_) => return None,
     })
 }
@@ -159,7 +160,7 @@ impl Node {
         let until = tokio::time::Instant::now() + window;
         loop {
             let taken = if node == self.id {
-                self.reattach_local(&from, creds, out.clone())
+                self.reattach_local(&from, creds, out.clone(), self.id)
                     .map(|(vp, _)| Endpoint::Local(vp))
             } else {
                 self.remote_session(node, &req, out.clone(), "reattach")
@@ -256,12 +257,15 @@ impl Node {
 
     /// Subscribes `out` to the local attached process `from.gpid` for a stub that
     /// reattaches, and has its shepherd resend from the stub's offsets; returns the vproc
-    /// and the session's number.
+    /// and the session's number. Asked from the stub's node (`by`), it takes the process
+    /// over from a session whose end was not noticed (a connection left half open);
+    /// asked from elsewhere, only a parked process.
     pub fn reattach_local(
         &self,
         from: &pb::ResumeFrom,
         creds: &pb::Creds,
         out: mpsc::Sender<pb::SessionOutput>,
+        by: NodeId,
     ) -> Result<(Arc<VProc>, u64)> {
         let gpid = Gpid::from_raw(from.gpid)
             .ok_or_else(|| Error::NotFound(format!("no such process {}", from.gpid)))?;
@@ -276,15 +280,17 @@ impl Node {
                 "process {gpid} belongs to another user"
             )));
         }
-        let session = vp.reattach(out, *from).map_err(|r| match r {
-            Refused::HungUp => Error::NotFound(format!(
-                "process {gpid} was hung up: its stub came too late"
-            )),
-            // Retried by the stub's node: the old session's end may not be noticed yet.
-            Refused::Attached => {
-                Error::NodeDown(format!("process {gpid} is still attached to a session"))
-            }
-        })?;
+        let session = vp
+            .reattach(out, *from, by == vp.parent_node)
+            .map_err(|r| match r {
+                Refused::HungUp => Error::NotFound(format!(
+                    "process {gpid} was hung up: its stub came too late"
+                )),
+                // Retried by the stub's node: the old session's end may not be noticed yet.
+                Refused::Attached => {
+                    Error::NodeDown(format!("process {gpid} is still attached to a session"))
+                }
+            })?;
         info!(%gpid, session, "stub reattached");
         Ok((vp, session))
     }
@@ -507,7 +513,7 @@ pub async fn serve_remote(
             .await
             .map(|vp| (vp, 0)),
         Some(pb::peer_request::Op::Reattach(r)) => match r.items.first() {
-            Some(item) => node.reattach_local(item, &req.creds.unwrap_or_default(), tx),
+            Some(item) => node.reattach_local(item, &req.creds.unwrap_or_default(), tx, from),
             None => Err(Error::Invalid("a reattach names no process".into())),
         },
         _ => Err(Error::Invalid(
@@ -588,8 +594,12 @@ pub async fn serve_remote(
                     }
                 }
                 None => {
-                    // The process's link is gone (or a newer session took it over); wait
-                    // for the stub's side to finish.
+                    // A newer session took the process over: this one is over.
+                    if vp.session() != session {
+                        input.abort();
+                        return;
+                    }
+                    // The process's link is gone; wait for the stub's side to finish.
                     break (&mut input).await.unwrap_or(Ended::Broken);
                 }
             },
@@ -664,17 +674,17 @@ impl StubRelay {
         } = self;
         let (done_tx, mut done_rx) = mpsc::channel::<(Gpid, Result<Endpoint>)>(8);
         let mut stub_gone = false;
-        while !endpoints.is_empty() {
+        // Processes whose session broke (`Interrupted`): their old endpoint is dropped (its
+        // connection closed), a new one comes with the stub's reattach.
+        let mut broken = std::collections::HashSet::new();
+        while !endpoints.is_empty() || !broken.is_empty() {
             tokio::select! {
                 i = from_stub.recv(), if !stub_gone => match i {
                     Some(i) => {
                         let Some(g) = Gpid::from_raw(i.gpid) else { continue };
                         let Some(input) = i.input else { continue };
-                        if !endpoints.contains_key(&g) {
-                            continue;
-                        }
                         match input {
-                            Input::Reattach(from) => {
+                            Input::Reattach(from) if broken.contains(&g) => {
                                 let (node, creds, out, done) =
                                     (node.clone(), creds.clone(), out_tx.clone(), done_tx.clone());
                                 tokio::spawn(async move {
@@ -703,6 +713,7 @@ impl StubRelay {
                     None => stub_gone = true,
                 },
                 Some((g, r)) = done_rx.recv() => {
+                    broken.remove(&g);
                     let o = match r {
                         Ok(ep) => {
                             endpoints.insert(g, ep);
@@ -721,6 +732,11 @@ impl StubRelay {
                     Some(o) => {
                         let g = Gpid::from_raw(o.gpid);
                         let lost = matches!(o.output, Some(pb::session_output::Output::Lost(_)));
+                        if let (Some(g), Some(pb::session_output::Output::Interrupted(_))) = (g, &o.output) {
+                            if endpoints.remove(&g).is_some() {
+                                broken.insert(g);
+                            }
+                        }
                         if matches!(o.output, Some(pb::session_output::Output::Continued(_))) {
                             // Continued from elsewhere (`clan kill -s CONT`): a stub stopped by
                             // its shell must run again, and the shell sees the job continue.

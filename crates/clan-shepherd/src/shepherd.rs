@@ -363,8 +363,13 @@ struct Shepherd {
     exited: Option<WaitStatus>,
     pending_stdin: Vec<u8>,
     stdin_eof: bool,
-    /// Bytes of input received from cland, in all (a resumed stub resends from there).
+    /// Bytes of input received from cland, in all (a resumed stub resends from there),
+    /// and as much as was last said (`Out::Taken`: the stub's window of input in flight).
     stdin_taken: u64,
+    stdin_told: u64,
+    /// Bytes of each output the stub has (`In::Acked`): no more than `KEPT` beyond it are
+    /// read from the process, so what a break loses can always be sent again.
+    acked: [u64; 2],
     /// Bytes of each output relayed so far, and the last `KEPT` of them, which a stub
     /// whose session broke gets again from where its copy ends (`In::Resume`).
     sent: [u64; 2],
@@ -740,6 +745,8 @@ fn start(
         pending_stdin: Vec::new(),
         stdin_eof: false,
         stdin_taken: 0,
+        stdin_told: 0,
+        acked: [0; 2],
         sent: [0; 2],
         kept: Default::default(),
         start_ticks: 0,
@@ -772,6 +779,10 @@ const ERR: usize = 1;
 /// Output kept per stream for a stub that reattaches: about what the relay between the
 /// shepherd and the stub holds in its buffers and queues (allocated as output flows).
 const KEPT: usize = 4 << 20;
+
+/// How often the shepherd tells the stub how much input it has (`Out::Taken`), and the
+/// stub its output (`In::Acked`).
+const ACK_EVERY: u64 = 256 * 1024;
 
 /// The largest piece of kept output sent in one message.
 const RESEND_CHUNK: usize = 64 * 1024;
@@ -897,6 +908,8 @@ impl Shepherd {
     /// byte still kept), resend the kept output from there, and relay again.
     fn resume(&mut self, from: &pb::ResumeFrom) {
         self.attached = true;
+        self.acked[OUT] = self.acked[OUT].max(from.stdout);
+        self.acked[ERR] = self.acked[ERR].max(from.stderr);
         let mut at = [0u64; 2];
         for (which, want) in [(OUT, from.stdout), (ERR, from.stderr)] {
             let oldest = self.sent[which] - self.kept[which].len() as u64;
@@ -1009,6 +1022,10 @@ impl Shepherd {
             }
             In::Stdin(data) => {
                 self.stdin_taken += data.len() as u64;
+                if self.stdin_taken - self.stdin_told >= ACK_EVERY {
+                    self.stdin_told = self.stdin_taken;
+                    self.send(Out::Taken(self.stdin_taken));
+                }
                 if !self.stdin_eof {
                     self.pending_stdin.extend_from_slice(&data);
                     if let Some(fd) = self.stdin_fd() {
@@ -1039,6 +1056,10 @@ impl Shepherd {
                 }
             }
             In::Resume(from) => self.resume(&from),
+            In::Acked(a) => {
+                self.acked[OUT] = self.acked[OUT].max(a.stdout);
+                self.acked[ERR] = self.acked[ERR].max(a.stderr);
+            }
             // Output waits in the pipes (the process blocks when they fill) until a resume.
             In::Hold(_) => self.attached = false,
             // Only meaningful before the fork (see `start`).
@@ -1090,10 +1111,12 @@ impl Shepherd {
                 fds.push((2, self.pidfd.as_fd(), PollFlags::POLLIN));
             }
             if relay {
-                if let Some(f) = self.output_fd(OUT) {
+                // Not beyond what can be sent again: the process waits on a full pipe.
+                let room = |w: usize| self.sent[w].saturating_sub(self.acked[w]) < KEPT as u64;
+                if let Some(f) = self.output_fd(OUT).filter(|_| room(OUT)) {
                     fds.push((3, f.as_fd(), PollFlags::POLLIN));
                 }
-                if let Some(f) = self.output_fd(ERR) {
+                if let Some(f) = self.output_fd(ERR).filter(|_| room(ERR)) {
                     fds.push((4, f.as_fd(), PollFlags::POLLIN));
                 }
             }

@@ -326,7 +326,7 @@ pub async fn run_spec(c: Client, spec: RunSpec, label: bool) -> ExitCode {
     let writer_gpids = gpids.clone();
     let writer = tokio::spawn(async move {
         let mut live = writer_gpids;
-        while let Some(cmd) = rx.recv().await {
+        'cmds: while let Some(cmd) = rx.recv().await {
             let sends: Vec<(Gpid, Input)> = match cmd {
                 Cmd::Input(g, Input::Release(r)) => {
                     live.retain(|x| *x != g);
@@ -341,13 +341,15 @@ pub async fn run_spec(c: Client, spec: RunSpec, label: bool) -> ExitCode {
             };
             for (g, i) in sends {
                 if wr.send(g, i).await.is_err() {
-                    return;
+                    break 'cmds;
                 }
             }
             if live.is_empty() {
-                return; // every process released
+                break; // every process released
             }
         }
+        // What was sent goes out before the stub exits (its releases, above all).
+        wr.close(std::time::Duration::from_secs(1)).await;
     });
     // stdin goes to the first process (rank 0), like srun; /dev/null needs no reader.
     let (cont_tx, cont_rx) = std::sync::mpsc::channel::<()>();
@@ -501,12 +503,12 @@ pub async fn run_spec(c: Client, spec: RunSpec, label: bool) -> ExitCode {
                     },
                 );
             }
-            Some(Output::Resumed(_)) | Some(Output::Interrupted(_)) | None => {}
+            Some(Output::Resumed(_) | Output::Interrupted(_) | Output::Taken(_)) | None => {}
         }
     }
     // Let the releases go out before we exit.
     drop(tx);
-    let _ = tokio::time::timeout(std::time::Duration::from_secs(1), writer).await;
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(2), writer).await;
     drop(raw);
     if gpids.len() == 1 {
         die_like(&ends[&gpids[0]]);

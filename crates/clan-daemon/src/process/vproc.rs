@@ -101,12 +101,13 @@ impl VProc {
         &self,
         out: mpsc::Sender<pb::SessionOutput>,
         from: pb::ResumeFrom,
+        take_over: bool,
     ) -> std::result::Result<u64, Refused> {
         let mut sub = self.subscriber.lock();
         if self.hung_up.load(SeqCst) {
             return Err(Refused::HungUp);
         }
-        if sub.is_some() {
+        if sub.is_some() && !take_over {
             return Err(Refused::Attached);
         }
         *sub = Some(out);
@@ -684,6 +685,7 @@ impl Node {
                                 node.process_exited(&link, ws);
                             }
                         }
+                        Out::Taken(n) => link.deliver(pb::session_output::Output::Taken(n)).await,
                         Out::Resumed(r) => {
                             link.deliver(pb::session_output::Output::Resumed(r)).await
                         }
@@ -713,8 +715,15 @@ impl Node {
                     ..Default::default()
                 };
                 link.status.send_replace(Some(ws));
-                link.deliver(pb::session_output::Output::Exited(ws.into()))
-                    .await;
+                // Lost, not an exit: a stub waiting for a resume takes it too.
+                let e = pb::Error::new(
+                    pb::ErrorCode::Internal,
+                    format!(
+                        "the shepherd of process {} vanished; the process is lost",
+                        link.gpid
+                    ),
+                );
+                link.deliver(pb::session_output::Output::Lost(e)).await;
                 node.process_exited(&link, ws);
             }
             node.vprocs.write().remove(&link.gpid);
