@@ -66,6 +66,17 @@ clan wait "$victim" || true
 run clan nodes
 run clan node start 4
 
+say "clan run --node 2 -- sh -c 'for i in 1 2 3 4 5 6; do echo tick \$i; sleep 0.3; done; exit 3' &   # then cland 2 is killed and restarted"
+clan run --node 2 -- sh -c 'for i in 1 2 3 4 5 6; do echo tick $i; sleep 0.3; done; exit 3' &
+stub=$!
+sleep 0.5
+kill -9 "$(cat /run/clan/node2/cland.pid)"
+echo "(cland of node 2 killed; restarting it)"
+setsid cland --config /run/clan/cluster.toml --node 2 >>/run/clan/node2/cland.log 2>&1 < /dev/null &
+status=0
+wait "$stub" || status=$?
+echo "exit status $status: the run went on, nothing of its output lost"
+
 say "clan run -N 2 -d -- sh -c '(setsid yes >/dev/null &); exec sleep 605'    # a job whose processes try to get away"
 job=$(clan run -N 2 -d -- sh -c '(setsid yes >/dev/null &); exec sleep 605' 2>&1 >/dev/null | awk '{print $2}')
 say "clan run -N 2 -d -- sleep 606    # a second job, to switch with"
