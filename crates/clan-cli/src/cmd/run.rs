@@ -323,10 +323,30 @@ pub async fn run_spec(c: Client, spec: RunSpec, label: bool) -> ExitCode {
     let raw = if tty { RawMode::enable() } else { None };
 
     let (tx, mut rx) = mpsc::unbounded_channel::<Cmd>();
+    // Piped stdin has a bounded queue of its own: while the session is slow (or broken and
+    // being taken up again) the stub stops reading, and the pipe feeding it fills, instead
+    // of the stub's memory. Signals and releases never wait behind it.
+    let (piped_tx, mut piped) = mpsc::channel::<Input>(16);
     let writer_gpids = gpids.clone();
     let writer = tokio::spawn(async move {
         let mut live = writer_gpids;
-        'cmds: while let Some(cmd) = rx.recv().await {
+        let first = live.first().copied();
+        let mut piped_open = true;
+        'cmds: loop {
+            let cmd = tokio::select! {
+                biased;
+                c = rx.recv() => match c {
+                    Some(c) => c,
+                    None => break,
+                },
+                i = piped.recv(), if piped_open => match (i, first) {
+                    (Some(i), Some(g)) => Cmd::Input(g, i),
+                    _ => {
+                        piped_open = false;
+                        continue;
+                    }
+                },
+            };
             let sends: Vec<(Gpid, Input)> = match cmd {
                 Cmd::Input(g, Input::Release(r)) => {
                     live.retain(|x| *x != g);
@@ -355,32 +375,33 @@ pub async fn run_spec(c: Client, spec: RunSpec, label: bool) -> ExitCode {
     let (cont_tx, cont_rx) = std::sync::mpsc::channel::<()>();
     let stdin_tty = nix::unistd::isatty(0).unwrap_or(false);
     if let (Some(&first), true) = (gpids.first(), stdin_is_null()) {
+        drop(piped_tx);
         let _ = tx.send(Cmd::Input(first, Input::StdinEof(true)));
     } else if let (Some(&first), true) = (gpids.first(), stdin_tty) {
+        drop(piped_tx);
         let tx = tx.clone();
         std::thread::spawn(move || read_terminal(first, tx, cont_rx));
-    } else if let Some(&first) = gpids.first() {
-        let tx = tx.clone();
+    } else if !gpids.is_empty() {
+        let tx = piped_tx;
         tokio::spawn(async move {
             let mut stdin = tokio::io::stdin();
             let mut buf = vec![0u8; 32 * 1024];
             loop {
                 match stdin.read(&mut buf).await {
                     Ok(0) | Err(_) => {
-                        let _ = tx.send(Cmd::Input(first, Input::StdinEof(true)));
+                        let _ = tx.send(Input::StdinEof(true)).await;
                         return;
                     }
                     Ok(n) => {
-                        if tx
-                            .send(Cmd::Input(first, Input::Stdin(buf[..n].to_vec())))
-                            .is_err()
-                        {
+                        if tx.send(Input::Stdin(buf[..n].to_vec())).await.is_err() {
                             return;
                         }
                     }
                 }
             }
         });
+    } else {
+        drop(piped_tx);
     }
     for (sig, mut s) in handlers {
         let tx = tx.clone();
