@@ -25,7 +25,7 @@ use tokio::io::BufReader;
 type Reader = BufReader<OwnedReadHalf>;
 
 mod session;
-pub use session::{Session, SessionReader, SessionWriter, STDIN_KEPT};
+pub use session::{Session, SessionReader, SessionWriter};
 use tokio::sync::Mutex;
 
 pub use clan_proto::pb;

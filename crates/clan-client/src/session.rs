@@ -2,8 +2,8 @@
 //! over a session that survives a restart of cland on either end.
 //!
 //! The reader counts the bytes of each output stream it returned. One task writes to
-//! cland: it takes the caller's inputs from a bounded queue, keeps the last [`STDIN_KEPT`]
-//! bytes of input it wrote per process, and is told by the reader when the session to a
+//! cland: it takes the caller's inputs from a bounded queue, keeps the last window
+//! ([`window::WINDOW`]) of input it wrote per process, and is told by the reader when the session to a
 //! process broke and when it was taken up again. When the session to a process breaks
 //! while its node lives (`Interrupted` from this node's cland, or this node's cland itself
 //! gone), the reader asks for a new one from its counts (`ResumeFrom`); the process's
@@ -16,10 +16,10 @@
 //! socket can not stop the output that would unblock it. While any process's session is
 //! broken the writer takes no more of the caller's input: the queue fills and the caller
 //! waits (backpressure). Both directions have a window, so that a break never loses more
-//! than is kept: the writer has at most [`STDIN_KEPT`] bytes of input in flight beyond
-//! what the shepherd said it has (`Taken`), and the reader tells the shepherd how much
-//! output it has (`Ack`) every [`ACK_EVERY`] bytes, beyond which the shepherd reads no
-//! more than it keeps.
+//! than is kept: the writer has at most a window of input in flight beyond what the
+//! shepherd said it has (`Taken`), and the reader tells the shepherd how much output it has
+//! (`Ack`) every [`window::ACK_EVERY`] bytes, beyond which the shepherd reads no more than
+//! a window.
 
 use crate::{ClientError, Reader, Result, Started};
 use clan_core::unixconn::{UnixConn, WriteHalf};
@@ -27,25 +27,19 @@ use clan_core::Gpid;
 use clan_proto::pb::{
     self, local_reply::Reply, local_request::Op, session_input::Input, session_output::Output,
 };
+use clan_proto::window::{self, Kept};
 use clan_proto::{read_frame, write_frame};
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::time::Duration;
 use tokio::io::BufReader;
 use tokio::sync::mpsc;
-
-/// Input kept per process for a resend after a reattach: more than the relay to the
-/// process holds in its buffers (socket buffers and cland's queues, about 2 MiB).
-pub const STDIN_KEPT: usize = 4 << 20;
 
 /// How often a stub whose cland is gone tries its socket again.
 const RETRY: Duration = Duration::from_millis(100);
 
 /// The caller's inputs waiting for the writer.
 const QUEUE: usize = 64;
-
-/// How much output the reader returns between two `Ack`s (the shepherd keeps 4 MiB).
-pub const ACK_EVERY: u64 = 256 * 1024;
 
 /// Attached processes: send them input and signals, receive their output and exit.
 pub struct Session {
@@ -172,9 +166,8 @@ async fn send_input(wr: &mut WriteHalf, gpid: Gpid, input: Input) -> std::io::Re
 /// The input the writer sent to one process.
 #[derive(Default)]
 struct Sent {
-    /// Bytes of input written, the last `STDIN_KEPT` of them, and whether its end was.
-    stdin: u64,
-    kept: VecDeque<u8>,
+    /// Input written, counted and its last window kept, and whether its end was.
+    stdin: Kept,
     eof: bool,
     /// Input the shepherd said it has.
     taken: u64,
@@ -189,7 +182,7 @@ struct Writer {
     lost: HashSet<Gpid>,
     /// Inputs other than stdin that a broken connection lost, to go again after `Resumed`.
     held: HashMap<Gpid, Vec<Input>>,
-    /// Input that waits for the window (its process has `STDIN_KEPT` bytes in flight).
+    /// Input that waits for the window (its process has a window of input in flight).
     waiting: Option<(Gpid, Input)>,
     /// Losses of input at a resume, for the reader to return.
     notes: mpsc::UnboundedSender<pb::SessionOutput>,
@@ -264,8 +257,8 @@ impl Writer {
         }
         let p = self.procs.entry(gpid).or_default();
         if let Input::Stdin(d) = &input {
-            let in_flight = p.stdin.saturating_sub(p.taken);
-            if in_flight > 0 && in_flight + d.len() as u64 > STDIN_KEPT as u64 {
+            let in_flight = p.stdin.total().saturating_sub(p.taken);
+            if in_flight > 0 && in_flight + d.len() as u64 > window::WINDOW as u64 {
                 self.waiting = Some((gpid, input));
                 return;
             }
@@ -275,13 +268,7 @@ impl Writer {
             self.held.remove(&gpid);
         }
         match &input {
-            Input::Stdin(d) => {
-                p.stdin += d.len() as u64;
-                let skip = d.len().saturating_sub(STDIN_KEPT);
-                let over = (p.kept.len() + d.len() - skip).saturating_sub(STDIN_KEPT);
-                p.kept.drain(..over);
-                p.kept.extend(&d[skip..]);
-            }
+            Input::Stdin(d) => p.stdin.push(d),
             Input::StdinEof(_) => p.eof = true,
             _ => {}
         }
@@ -327,12 +314,10 @@ impl Writer {
                 }
                 let p = self.procs.entry(g).or_default();
                 p.taken = p.taken.max(r.stdin_taken);
-                let oldest = p.stdin - p.kept.len() as u64;
                 let mut again = Vec::new();
-                if r.stdin_taken < p.stdin {
+                if r.stdin_taken < p.stdin.total() {
                     // Input older than what is kept can not be sent again.
-                    let from = r.stdin_taken.max(oldest);
-                    let lost = from - r.stdin_taken;
+                    let lost = p.stdin.clamp(r.stdin_taken) - r.stdin_taken;
                     if lost > 0 {
                         let _ = self.notes.send(pb::SessionOutput {
                             gpid: g.raw(),
@@ -342,8 +327,7 @@ impl Writer {
                             })),
                         });
                     }
-                    let data: Vec<u8> = p.kept.range((from - oldest) as usize..).copied().collect();
-                    again.push(Input::Stdin(data));
+                    again.push(Input::Stdin(p.stdin.since(r.stdin_taken)));
                 }
                 if p.eof && !r.stdin_eof {
                     again.push(Input::StdinEof(true));
@@ -391,8 +375,9 @@ impl SessionReader {
     /// and it could not be taken up again. A `Resumed` says the session to a process broke
     /// and was taken up again: output goes on from its offsets (bytes between what this
     /// reader returned and those are lost: more was in flight than the shepherd keeps),
-    /// A `Resumed` whose `stdin_lost` is not 0 is this library's own note (its offsets
-    /// are 0): that much input could not be sent again.
+    /// Its `output_lost` counts the bytes of output that could not be given again. A
+    /// `Resumed` whose `stdin_lost` is not 0 is this library's own note (its offsets are 0):
+    /// that much input could not be sent again.
     pub async fn next(&mut self) -> Result<Option<pb::SessionOutput>> {
         loop {
             if let Ok(note) = self.notes.try_recv() {
@@ -428,7 +413,8 @@ impl SessionReader {
                 continue;
             };
             let counts = self.counts.entry(gpid).or_default();
-            match &o.output {
+            let mut o = o;
+            match &mut o.output {
                 Some(Output::Interrupted(_)) => {
                     self.interrupted.insert(gpid);
                     let _ = self.ctl.send(Ctl::Interrupted(pb::ResumeFrom {
@@ -440,6 +426,8 @@ impl SessionReader {
                 }
                 Some(Output::Resumed(r)) => {
                     self.interrupted.remove(&gpid);
+                    r.output_lost =
+                        r.stdout.saturating_sub(counts.0) + r.stderr.saturating_sub(counts.1);
                     *counts = (r.stdout, r.stderr);
                     let _ = self.ctl.send(Ctl::Resumed(gpid, *r));
                 }
@@ -454,27 +442,23 @@ impl SessionReader {
                 }
                 // What the process's side sent before it took the new session: resent.
                 _ if self.interrupted.contains(&gpid) => continue,
-                Some(Output::Stdout(d)) | Some(Output::Stderr(d)) => {
-                    if matches!(o.output, Some(Output::Stdout(_))) {
-                        counts.0 += d.len() as u64;
-                    } else {
-                        counts.1 += d.len() as u64;
-                    }
-                    let now = *counts;
-                    let acked = self.acked.entry(gpid).or_default();
-                    if now.0 + now.1 - acked.0 - acked.1 >= ACK_EVERY {
-                        *acked = now;
-                        let _ = self.ctl.send(Ctl::Ack(pb::ResumeFrom {
-                            gpid: gpid.raw(),
-                            stdout: now.0,
-                            stderr: now.1,
-                        }));
-                    }
-                }
+                Some(Output::Stdout(d)) => counts.0 += d.len() as u64,
+                Some(Output::Stderr(d)) => counts.1 += d.len() as u64,
                 Some(Output::Exited(_)) => {
                     self.done.insert(gpid);
                 }
                 _ => {}
+            }
+            // Every `ACK_EVERY` bytes returned, the shepherd may read on.
+            let now = *counts;
+            let acked = self.acked.entry(gpid).or_default();
+            if now.0 + now.1 - acked.0 - acked.1 >= window::ACK_EVERY {
+                *acked = now;
+                let _ = self.ctl.send(Ctl::Ack(pb::ResumeFrom {
+                    gpid: gpid.raw(),
+                    stdout: now.0,
+                    stderr: now.1,
+                }));
             }
             return Ok(Some(o));
         }

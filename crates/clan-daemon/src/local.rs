@@ -265,7 +265,7 @@ impl Node {
             gpids: vec![],
             job,
             nodes: vec![],
-            reattach_ms: 0,
+            ..Default::default()
         };
         let parent = self.parent_of_caller(creds);
         let parent_gpid = parent
@@ -367,7 +367,7 @@ impl Node {
             gpids: vec![],
             job,
             nodes: vec![],
-            reattach_ms: 0,
+            ..Default::default()
         };
         for (rank, &t) in targets.iter().enumerate() {
             let s = Start {

@@ -8,6 +8,7 @@
 pub mod auth;
 pub mod convert;
 pub mod frame;
+pub mod window;
 
 /// Messages generated from `proto/clan.proto`.
 #[allow(clippy::all, missing_docs)]

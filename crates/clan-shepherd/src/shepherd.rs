@@ -6,6 +6,7 @@ use clan_core::{Gpid, NodeId, WaitStatus};
 use clan_proto::frame::{encode, split_frames};
 use clan_proto::pb::{self, shepherd_in::Msg as In, shepherd_out::Msg as Out};
 use clan_proto::read_frame_sync;
+use clan_proto::window::{self, Kept};
 use nix::fcntl::{fcntl, FcntlArg, OFlag};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::pty::{openpty, Winsize};
@@ -367,13 +368,12 @@ struct Shepherd {
     /// and as much as was last said (`Out::Taken`: the stub's window of input in flight).
     stdin_taken: u64,
     stdin_told: u64,
-    /// Bytes of each output the stub has (`In::Acked`): no more than `KEPT` beyond it are
-    /// read from the process, so what a break loses can always be sent again.
+    /// Bytes of each output the stub has (`In::Acked`): no more than a window beyond it
+    /// are read from the process, so what a break loses can always be sent again.
     acked: [u64; 2],
-    /// Bytes of each output relayed so far, and the last `KEPT` of them, which a stub
-    /// whose session broke gets again from where its copy ends (`In::Resume`).
-    sent: [u64; 2],
-    kept: [std::collections::VecDeque<u8>; 2],
+    /// Each output relayed so far, counted and its last window kept, which a stub whose
+    /// session broke gets again from where its copy ends (`In::Resume`).
+    sent: [Kept; 2],
     start_ticks: u64,
     /// SIGCHLD, for the child's stops and continues (its exit comes through the pidfd).
     sigchld: SignalFd,
@@ -747,8 +747,7 @@ fn start(
         stdin_taken: 0,
         stdin_told: 0,
         acked: [0; 2],
-        sent: [0; 2],
-        kept: Default::default(),
+        sent: Default::default(),
         start_ticks: 0,
         sigchld,
         background: false,
@@ -775,14 +774,6 @@ fn start_ticks_of(pid: i32) -> Option<u64> {
 
 const OUT: usize = 0;
 const ERR: usize = 1;
-
-/// Output kept per stream for a stub that reattaches: about what the relay between the
-/// shepherd and the stub holds in its buffers and queues (allocated as output flows).
-const KEPT: usize = 4 << 20;
-
-/// How often the shepherd tells the stub how much input it has (`Out::Taken`), and the
-/// stub its output (`In::Acked`).
-const ACK_EVERY: u64 = 256 * 1024;
 
 /// The largest piece of kept output sent in one message.
 const RESEND_CHUNK: usize = 64 * 1024;
@@ -877,7 +868,7 @@ impl Shepherd {
         let n = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
         if n > 0 {
             let data = buf[..n as usize].to_vec();
-            self.keep(which, &data);
+            self.sent[which].push(&data);
             self.send(output_msg(which, data));
             true
         } else if n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::WouldBlock
@@ -890,42 +881,26 @@ impl Shepherd {
         }
     }
 
-    /// Counts and keeps relayed output (the last `KEPT` bytes of each stream).
-    fn keep(&mut self, which: usize, data: &[u8]) {
-        self.sent[which] += data.len() as u64;
-        let kept = &mut self.kept[which];
-        if data.len() >= KEPT {
-            kept.clear();
-            kept.extend(&data[data.len() - KEPT..]);
-        } else {
-            let over = (kept.len() + data.len()).saturating_sub(KEPT);
-            kept.drain(..over);
-            kept.extend(data);
-        }
+    /// The stub has each output up to `to`.
+    fn ack(&mut self, to: &pb::ResumeFrom) {
+        self.acked[OUT] = self.acked[OUT].max(to.stdout);
+        self.acked[ERR] = self.acked[ERR].max(to.stderr);
     }
 
     /// A stub's new session: say where each stream goes on from (its offset, or the oldest
     /// byte still kept), resend the kept output from there, and relay again.
     fn resume(&mut self, from: &pb::ResumeFrom) {
         self.attached = true;
-        self.acked[OUT] = self.acked[OUT].max(from.stdout);
-        self.acked[ERR] = self.acked[ERR].max(from.stderr);
-        let mut at = [0u64; 2];
-        for (which, want) in [(OUT, from.stdout), (ERR, from.stderr)] {
-            let oldest = self.sent[which] - self.kept[which].len() as u64;
-            at[which] = want.clamp(oldest, self.sent[which]);
-        }
+        self.ack(from);
         self.send(Out::Resumed(pb::Resumed {
             stdin_taken: self.stdin_taken,
             stdin_eof: self.stdin_eof,
-            stdout: at[OUT],
-            stderr: at[ERR],
+            stdout: self.sent[OUT].clamp(from.stdout),
+            stderr: self.sent[ERR].clamp(from.stderr),
             ..Default::default()
         }));
-        for which in [OUT, ERR] {
-            let oldest = self.sent[which] - self.kept[which].len() as u64;
-            let skip = (at[which] - oldest) as usize;
-            let again: Vec<u8> = self.kept[which].range(skip..).copied().collect();
+        for (which, at) in [(OUT, from.stdout), (ERR, from.stderr)] {
+            let again = self.sent[which].since(at);
             for piece in again.chunks(RESEND_CHUNK) {
                 self.send(output_msg(which, piece.to_vec()));
             }
@@ -1013,16 +988,9 @@ impl Shepherd {
                 let info = self.info();
                 self.send(Out::Info(info));
             }
-            In::Attach(_) => {
-                self.attached = true;
-                if let Some(st) = self.exited {
-                    self.drain_outputs();
-                    self.send(Out::Exited(st.into()));
-                }
-            }
             In::Stdin(data) => {
                 self.stdin_taken += data.len() as u64;
-                if self.stdin_taken - self.stdin_told >= ACK_EVERY {
+                if self.stdin_taken - self.stdin_told >= window::ACK_EVERY {
                     self.stdin_told = self.stdin_taken;
                     self.send(Out::Taken(self.stdin_taken));
                 }
@@ -1056,10 +1024,7 @@ impl Shepherd {
                 }
             }
             In::Resume(from) => self.resume(&from),
-            In::Acked(a) => {
-                self.acked[OUT] = self.acked[OUT].max(a.stdout);
-                self.acked[ERR] = self.acked[ERR].max(a.stderr);
-            }
+            In::Acked(a) => self.ack(&a),
             // Output waits in the pipes (the process blocks when they fill) until a resume.
             In::Hold(_) => self.attached = false,
             // Only meaningful before the fork (see `start`).
@@ -1112,7 +1077,9 @@ impl Shepherd {
             }
             if relay {
                 // Not beyond what can be sent again: the process waits on a full pipe.
-                let room = |w: usize| self.sent[w].saturating_sub(self.acked[w]) < KEPT as u64;
+                let room = |w: usize| {
+                    self.sent[w].total().saturating_sub(self.acked[w]) < window::WINDOW as u64
+                };
                 if let Some(f) = self.output_fd(OUT).filter(|_| room(OUT)) {
                     fds.push((3, f.as_fd(), PollFlags::POLLIN));
                 }

@@ -440,8 +440,6 @@ pub async fn run_spec(c: Client, spec: RunSpec, label: bool) -> ExitCode {
     let mut line_start: HashMap<(Gpid, bool), bool> = HashMap::new();
     let mut stdout_open = true;
     let mut stopped: std::collections::HashSet<Gpid> = std::collections::HashSet::new();
-    // Bytes of stdout and stderr received per process.
-    let mut got: HashMap<Gpid, (u64, u64)> = HashMap::new();
     while ends.len() < gpids.len() {
         let o = match rd.next().await {
             Ok(Some(o)) => o,
@@ -457,28 +455,16 @@ pub async fn run_spec(c: Client, spec: RunSpec, label: bool) -> ExitCode {
         let Some(g) = Gpid::from_raw(o.gpid) else {
             continue;
         };
-        let had = got.entry(g).or_default();
-        match &o.output {
-            Some(Output::Stdout(d)) => had.0 += d.len() as u64,
-            Some(Output::Stderr(d)) => had.1 += d.len() as u64,
-            Some(Output::Resumed(r)) if r.stdin_lost > 0 => {
-                crate::fail(&format!(
-                    "warning: {} bytes of input to process {g} were lost in a restart of cland",
-                    r.stdin_lost
-                ));
-            }
-            Some(Output::Resumed(r)) => {
-                // The session broke (a cland restarted) and was taken up again; the process's
-                // side resends what it kept, which may not reach back to what we had.
-                let lost = r.stdout.saturating_sub(had.0) + r.stderr.saturating_sub(had.1);
-                if lost > 0 {
+        // The session broke (a cland restarted) and was taken up again, perhaps short of
+        // what was in flight.
+        if let Some(Output::Resumed(r)) = &o.output {
+            for (n, what) in [(r.stdin_lost, "input to"), (r.output_lost, "output of")] {
+                if n > 0 {
                     crate::fail(&format!(
-                        "warning: {lost} bytes of output of process {g} were lost in a restart of cland"
+                        "warning: {n} bytes of {what} process {g} were lost in a restart of cland"
                     ));
                 }
-                *had = (r.stdout, r.stderr);
             }
-            _ => {}
         }
         match o.output {
             Some(Output::Stdout(d)) if stdout_open => {

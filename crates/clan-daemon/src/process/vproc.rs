@@ -89,10 +89,6 @@ impl VProc {
         true
     }
 
-    pub fn detach_subscriber(&self) {
-        *self.subscriber.lock() = None;
-    }
-
     /// A stub's new session takes the output of the parked process from now on; returns
     /// its number, or why not (hung up, or a session still has it: not parked yet)
     /// and has its shepherd resend from `from` (sent with the lock held, so that it can not
