@@ -1169,3 +1169,195 @@ fn a_stopped_shepherd_zygote_does_not_hang_spawns() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The state letter of host process `pid` (R, S, T, Z, ...), `None` once it is gone.
+fn state_of(pid: u32) -> Option<char> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    s.rsplit_once(')')?.1.trim_start().chars().next()
+}
+
+/// Kills node `n`'s cland with SIGKILL (its processes live on under their shepherds) and
+/// waits until it is gone.
+fn kill_cland(c: &Cluster, n: u32) {
+    let pid = c.cland_pid(n);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    eventually("cland gone", Duration::from_secs(5), || {
+        matches!(state_of(pid as u32), None | Some('Z')).then_some(())
+    });
+}
+
+/// A stub on node 1 of `script` on node 2 (which prints "ready" first), and its stdout.
+fn short_window_stub(
+    c: &Cluster,
+    script: &str,
+) -> (std::process::Child, BufReader<std::process::ChildStdout>) {
+    let mut stub = c
+        .cmd()
+        .args([
+            "--from", "1", "run", "--node", "2", "--", "sh", "-c", script,
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(stub.stdout.take().unwrap());
+    let mut l = String::new();
+    out.read_line(&mut l).unwrap();
+    assert_eq!(l, "ready\n");
+    (stub, out)
+}
+
+/// A reattach window short enough to wait past in a test (2 s), and a failure detector slow
+/// enough (5 s) that a cland stopped or restarting is not declared dead meanwhile.
+const SHORT_WINDOW: &[&str] = &[
+    "--heartbeat-ms",
+    "200",
+    "--dead-after-ms",
+    "5000",
+    "--reattach-ms",
+    "2000",
+];
+
+/// A stub stopped by its shell (^Z) can not reattach before it is continued: its process,
+/// parked when its node's cland restarts, waits for it beyond the reattach window, and
+/// the run goes on once the stub is continued (fg).
+#[test]
+fn a_stopped_stub_is_waited_for_beyond_the_reattach_window() {
+    root_or_skip!("a_stopped_stub_is_waited_for_beyond_the_reattach_window");
+    let c = Cluster::up_with(2, SHORT_WINDOW);
+    let (mut stub, mut out) = short_window_stub(&c, "echo ready; read l; echo \"got $l\"; exit 4");
+    let stub_pid = stub.id();
+    // ^Z: the stub forwards SIGTSTP, the process stops, the stub stops itself.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(stub_pid as i32),
+        nix::sys::signal::Signal::SIGTSTP,
+    )
+    .unwrap();
+    eventually("stub stopped", Duration::from_secs(10), || {
+        (state_of(stub_pid) == Some('T')).then_some(())
+    });
+    kill_cland(&c, 2);
+    let mut daemon = c.restart_cland(2);
+    // Past the window (2 s), node 2 found the stub stopped and keeps waiting.
+    eventually("kept parked", Duration::from_secs(15), || {
+        c.log(2)
+            .contains("its stub is stopped: parked")
+            .then_some(())
+    });
+    assert!(!c.log(2).contains("hung up"), "{}", c.log(2));
+    // fg: the stub runs, reattaches, and its SIGCONT reaches the process.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(stub_pid as i32),
+        nix::sys::signal::Signal::SIGCONT,
+    )
+    .unwrap();
+    let mut input = stub.stdin.take().unwrap();
+    writeln!(input, "back").unwrap();
+    let mut l = String::new();
+    out.read_line(&mut l).unwrap();
+    assert_eq!(l, "got back\n");
+    let st = stub.wait().unwrap();
+    assert_eq!(st.code(), Some(4), "{}", c.log(2));
+    drop(c);
+    let _ = daemon.wait();
+}
+
+/// A process that stops while its session is broken: the stub learns it when the session
+/// is taken up again, and stops too (its shell sees the job stopped).
+#[test]
+fn a_stop_during_a_break_reaches_the_stub() {
+    root_or_skip!("a_stop_during_a_break_reaches_the_stub");
+    let c = Cluster::up_with(2, SHORT_WINDOW);
+    let mark = c.dir.join("stop-now");
+    let script = format!(
+        "echo ready; while [ ! -e {m} ]; do sleep 0.05; done; kill -STOP $$; echo continued; exit 3",
+        m = mark.display()
+    );
+    let (mut stub, mut out) = short_window_stub(&c, &script);
+    let stub_pid = stub.id();
+    kill_cland(&c, 2);
+    std::fs::write(&mark, "").unwrap();
+    // The process (found by its script in the host's /proc) stops with no cland to tell.
+    let needle = format!("while [ ! -e {}", mark.display());
+    eventually("process stopped", Duration::from_secs(10), || {
+        std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            (String::from_utf8_lossy(&cmd).contains(&needle) && state_of(pid) == Some('T'))
+                .then_some(())
+        })
+    });
+    assert_eq!(state_of(stub_pid), Some('S'), "the stub runs on meanwhile");
+    let mut daemon = c.restart_cland(2);
+    eventually("stub stopped too", Duration::from_secs(10), || {
+        (state_of(stub_pid) == Some('T')).then_some(())
+    });
+    // fg: the process goes on to its end.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(stub_pid as i32),
+        nix::sys::signal::Signal::SIGCONT,
+    )
+    .unwrap();
+    let mut l = String::new();
+    out.read_line(&mut l).unwrap();
+    assert_eq!(l, "continued\n");
+    assert_eq!(stub.wait().unwrap().code(), Some(3));
+    drop(c);
+    let _ = daemon.wait();
+}
+
+/// A signal the stub forwards as its process's node's cland goes away reaches the process
+/// once, after the restart: the stub sends again what the shepherd says it did not get.
+#[test]
+fn a_signal_sent_into_a_break_arrives_once() {
+    root_or_skip!("a_signal_sent_into_a_break_arrives_once");
+    let c = Cluster::up_with(2, SHORT_WINDOW);
+    let script = "n=0; trap 'n=$((n+1))' USR1; trap 'echo usr1 $n; exit 0' TERM; \
+                  echo ready; while :; do sleep 0.05; done";
+    let (mut stub, mut out) = short_window_stub(&c, script);
+    let stub_pid = nix::unistd::Pid::from_raw(stub.id() as i32);
+    // cland 2 stopped: what node 1 relays to it waits unread in its socket, and is lost
+    // when it is killed.
+    let cland2 = nix::unistd::Pid::from_raw(c.cland_pid(2));
+    nix::sys::signal::kill(cland2, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    eventually("cland 2 stopped", Duration::from_secs(5), || {
+        (state_of(cland2.as_raw() as u32) == Some('T')).then_some(())
+    });
+    nix::sys::signal::kill(stub_pid, nix::sys::signal::Signal::SIGUSR1).unwrap();
+    // The relay's write lands in cland 2's receive queue (or, if the stub was slower, the
+    // stub still has it): either way it must arrive once.
+    let port = format!(":{:04X} ", c.base_port + 2);
+    eventually("relayed to node 2", Duration::from_secs(5), || {
+        let t = std::fs::read_to_string("/proc/net/tcp").ok()?;
+        t.lines()
+            .filter(|l| {
+                l.split_whitespace()
+                    .nth(1)
+                    .is_some_and(|a| a.ends_with(&port[..port.len() - 1]))
+            })
+            .any(|l| {
+                l.split_whitespace()
+                    .nth(4)
+                    .and_then(|q| q.split_once(':'))
+                    .is_some_and(|(_, rx)| rx != "00000000")
+            })
+            .then_some(())
+    });
+    kill_cland(&c, 2);
+    let mut daemon = c.restart_cland(2);
+    eventually("stub reattached", Duration::from_secs(10), || {
+        c.log(2).contains("stub reattached").then_some(())
+    });
+    nix::sys::signal::kill(stub_pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let mut l = String::new();
+    out.read_line(&mut l).unwrap();
+    assert_eq!(l, "usr1 1\n", "{}", c.log(2));
+    assert_eq!(stub.wait().unwrap().code(), Some(0));
+    drop(c);
+    let _ = daemon.wait();
+}

@@ -71,6 +71,9 @@ pub struct SessionReader {
     released: std::sync::Arc<std::sync::Mutex<HashSet<Gpid>>>,
     /// Output counts last acknowledged to each process's shepherd.
     acked: HashMap<Gpid, (u64, u64)>,
+    /// Processes whose last news returned was a stop (told to the shepherd at a resume,
+    /// which repeats a stop or continue this reader missed).
+    stopped: HashSet<Gpid>,
     path: PathBuf,
     reattach: Duration,
 }
@@ -132,6 +135,7 @@ impl Session {
                 done: HashSet::new(),
                 released: released.clone(),
                 acked: HashMap::new(),
+                stopped: HashSet::new(),
                 path,
                 reattach: Duration::from_millis(reattach_ms),
             },
@@ -163,6 +167,10 @@ async fn send_input(wr: &mut WriteHalf, gpid: Gpid, input: Input) -> std::io::Re
     .await
 }
 
+/// Signals, window sizes and background changes kept per process to send again after a
+/// break (the shepherd counts those it got: `Resumed.controls_taken`).
+const CONTROLS_KEPT: usize = 64;
+
 /// The input the writer sent to one process.
 #[derive(Default)]
 struct Sent {
@@ -171,6 +179,17 @@ struct Sent {
     eof: bool,
     /// Input the shepherd said it has.
     taken: u64,
+    /// Controls written in all, and the last `CONTROLS_KEPT` of them.
+    controls: u64,
+    recent: std::collections::VecDeque<Input>,
+}
+
+/// What the shepherd counts as a control (`Resumed.controls_taken`).
+fn is_control(i: &Input) -> bool {
+    matches!(
+        i,
+        Input::Signal(_) | Input::Resize(_) | Input::Background(_)
+    )
 }
 
 /// The task that writes to cland.
@@ -180,7 +199,8 @@ struct Writer {
     procs: HashMap<Gpid, Sent>,
     interrupted: HashSet<Gpid>,
     lost: HashSet<Gpid>,
-    /// Inputs other than stdin that a broken connection lost, to go again after `Resumed`.
+    /// Inputs other than stdin and controls that a broken connection lost, to go again
+    /// after `Resumed`.
     held: HashMap<Gpid, Vec<Input>>,
     /// Input that waits for the window (its process has a window of input in flight).
     waiting: Option<(Gpid, Input)>,
@@ -232,10 +252,11 @@ impl Writer {
     }
 
     async fn write(&mut self, gpid: Gpid, input: Input) {
-        let again = !matches!(
-            input,
-            Input::Stdin(_) | Input::StdinEof(_) | Input::Reattach(_) | Input::Ack(_)
-        );
+        let again = !is_control(&input)
+            && !matches!(
+                input,
+                Input::Stdin(_) | Input::StdinEof(_) | Input::Reattach(_) | Input::Ack(_)
+            );
         let keep = again.then(|| input.clone());
         let written = match &mut self.wr {
             Some(wr) => send_input(wr, gpid, input).await.is_ok(),
@@ -270,6 +291,13 @@ impl Writer {
         match &input {
             Input::Stdin(d) => p.stdin.push(d),
             Input::StdinEof(_) => p.eof = true,
+            i if is_control(i) => {
+                p.controls += 1;
+                if p.recent.len() == CONTROLS_KEPT {
+                    p.recent.pop_front();
+                }
+                p.recent.push_back(i.clone());
+            }
             _ => {}
         }
         self.write(gpid, input).await;
@@ -332,6 +360,10 @@ impl Writer {
                 if p.eof && !r.stdin_eof {
                     again.push(Input::StdinEof(true));
                 }
+                // The controls the shepherd lacks (a signal sent just as the session broke).
+                let first = p.controls - p.recent.len() as u64;
+                let skip = r.controls_taken.saturating_sub(first) as usize;
+                again.extend(p.recent.iter().skip(skip).cloned());
                 again.extend(self.held.remove(&g).unwrap_or_default());
                 for i in again {
                     self.write(g, i).await;
@@ -421,6 +453,7 @@ impl SessionReader {
                         gpid: gpid.raw(),
                         stdout: counts.0,
                         stderr: counts.1,
+                        stopped: self.stopped.contains(&gpid),
                     }));
                     continue;
                 }
@@ -447,6 +480,12 @@ impl SessionReader {
                 Some(Output::Exited(_)) => {
                     self.done.insert(gpid);
                 }
+                Some(Output::Stopped(_)) => {
+                    self.stopped.insert(gpid);
+                }
+                Some(Output::Continued(_)) => {
+                    self.stopped.remove(&gpid);
+                }
                 _ => {}
             }
             // Every `ACK_EVERY` bytes returned, the shepherd may read on.
@@ -458,6 +497,7 @@ impl SessionReader {
                     gpid: gpid.raw(),
                     stdout: now.0,
                     stderr: now.1,
+                    ..Default::default()
                 }));
             }
             return Ok(Some(o));
@@ -478,6 +518,7 @@ impl SessionReader {
                 gpid: g.raw(),
                 stdout: c.0,
                 stderr: c.1,
+                stopped: self.stopped.contains(g),
             })
             .collect();
         if items.is_empty() || self.reattach.is_zero() {

@@ -69,6 +69,7 @@ impl Node {
             node: self.id.get(),
             pgid: self.cluster_id(Kind::Group, ids.pgid),
             sid: self.cluster_id(Kind::Session, ids.sid),
+            start: 0,
         };
         // Watched for reading only (see clan_core::unixconn).
         let Ok(s) = s.into_std().and_then(UnixConn::from_std) else {
@@ -359,6 +360,9 @@ impl Node {
             }
         };
         let size = if r.count > 1 { targets.len() as u32 } else { 0 };
+        // Who the stub is, for a node that parks its process and waits for it to come back.
+        let mut creds = creds;
+        creds.start = crate::session::host_stat(creds.pid).map_or(0, |(t, _)| t);
         // The stub stands in for the process where it was started: it is the parent.
         let parent_gpid = self.gpid_of_host(creds.pid).map_or(0, |g| g.raw());
         let (out_tx, out_rx) = mpsc::channel(64);

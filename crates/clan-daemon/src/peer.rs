@@ -398,6 +398,8 @@ impl Node {
 
     async fn serve_inbound(self: Arc<Self>, s: TcpStream, from: SocketAddr) {
         let _ = s.set_nodelay(true);
+        // Session connections may be silent for hours (control ones have heartbeats).
+        crate::session::keep_alive(&s, self.cfg.dead_after());
         let (r, w) = s.into_split();
         let r = tokio::io::BufReader::new(r);
         // A connection that never says who it is does not hold a task for ever.
@@ -626,6 +628,7 @@ impl Node {
                     .map_err(|e| Error::Internal(format!("children of node {from}: {e}")))?;
                 Ok(Reply::Children(children))
             }
+            Op::Stub(p) => Ok(Reply::Stub(self.stub_here(p.pid, p.start))),
             Op::Reattach(_) => Err(Error::Invalid(
                 "reattach is not supported on a control connection".into(),
             )),

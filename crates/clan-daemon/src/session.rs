@@ -322,8 +322,20 @@ impl Node {
                     None => std::future::pending().await,
                 }
             };
+            // A stub that is stopped (^Z) can not come back before it is continued: the
+            // process waits for it as long as it lives stopped, asked once per window.
+            let waited = async {
+                tokio::time::sleep(window).await;
+                let mut told = false;
+                while node.stub_stopped_far(&vp).await {
+                    if !std::mem::replace(&mut told, true) {
+                        info!(gpid = %vp.gpid, "its stub is stopped: parked until it comes back");
+                    }
+                    tokio::time::sleep(window).await;
+                }
+            };
             let why = tokio::select! {
-                _ = tokio::time::sleep(window) => format!("no stub reattached within {} ms", window.as_millis()),
+                _ = waited => format!("no stub reattached within {} ms", window.as_millis()),
                 _ = gone.wait_for(|g| *g) => return,
                 _ = stub_lost => format!("node {stub_node} of its stub died"),
             };
@@ -332,6 +344,18 @@ impl Node {
             }
         });
     }
+}
+
+/// TCP keepalive on a session connection, which may carry nothing for hours: a connection
+/// whose other end vanished without a word (its machine reset) is noticed about three
+/// seconds after twice `dead_after` of silence, and its process parked or its stub told.
+pub fn keep_alive(s: &TcpStream, dead_after: std::time::Duration) {
+    use nix::sys::socket::{setsockopt, sockopt};
+    let idle = (dead_after.as_secs() * 2).clamp(1, 3600) as u32;
+    let _ = setsockopt(s, sockopt::KeepAlive, &true);
+    let _ = setsockopt(s, sockopt::TcpKeepIdle, &idle);
+    let _ = setsockopt(s, sockopt::TcpKeepInterval, &1);
+    let _ = setsockopt(s, sockopt::TcpKeepCount, &3);
 }
 
 /// How often a reattach tries a node that does not answer yet.
@@ -370,6 +394,7 @@ impl Node {
             .map_err(|_| Error::NodeDown(format!("node {} does not answer", peer.id)))?
             .map_err(|e| Error::NodeDown(format!("node {}: {e}", peer.id)))?;
         let _ = stream.set_nodelay(true);
+        keep_alive(&stream, self.cfg.dead_after());
         let (r, w) = stream.into_split();
         // Bounded like the connect: a peer cut off mid-handshake never answers.
         let (_, rd, wr) = tokio::time::timeout(
@@ -631,15 +656,52 @@ enum Ended {
     Broken,
 }
 
+/// Start time (clock ticks after boot) and state of a host process, from /proc/PID/stat.
+pub fn host_stat(pid: u32) -> Option<(u64, char)> {
+    use procfs_core::FromRead;
+    let b = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
+    let st = procfs_core::process::Stat::from_read(b.as_slice()).ok()?;
+    Some((st.starttime, st.state))
+}
+
 /// Whether a local process is stopped (state T in /proc/PID/stat).
 fn stub_stopped(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| {
-            s.rsplit_once(')')
-                .map(|(_, rest)| rest.trim_start().starts_with('T'))
-        })
-        .unwrap_or(false)
+    host_stat(pid).is_some_and(|(_, state)| state == 'T')
+}
+
+impl Node {
+    /// The state of stub `pid` (started at `start`) on this node: `None` when it is gone.
+    pub fn stub_here(&self, pid: u32, start: u64) -> pb::StubState {
+        match host_stat(pid) {
+            Some((t, state)) if t == start && state != 'Z' && state != 'X' => pb::StubState {
+                alive: true,
+                stopped: matches!(state, 'T' | 't'),
+            },
+            _ => pb::StubState::default(),
+        }
+    }
+
+    /// Whether the stub of parked process `vp` lives, stopped (it can not reattach until
+    /// something continues it). False when it is gone, running, unknown, or its node does
+    /// not answer.
+    async fn stub_stopped_far(&self, vp: &VProc) -> bool {
+        let Some((pid, start)) = vp.stub else {
+            return false;
+        };
+        if vp.parent_node == self.id {
+            return self.stub_here(pid, start).stopped;
+        }
+        let op = pb::peer_request::Op::Stub(pb::StubProbe { pid, start });
+        let limit = self.cfg.dead_after();
+        matches!(
+            self.call_within(vp.parent_node, self.own_creds(), op, limit)
+                .await,
+            Ok(pb::peer_reply::Reply::Stub(pb::StubState {
+                alive: true,
+                stopped: true
+            }))
+        )
+    }
 }
 
 /// The stub's side of a run with every process attached: relay until all are released.

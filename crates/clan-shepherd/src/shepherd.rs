@@ -382,6 +382,11 @@ struct Shepherd {
     ttin_sent: bool,
     /// The job-control signal a SIGSTOP we sent stands for (see `stop_group`).
     stop_as: Option<i32>,
+    /// The signal the process is stopped by, as last reported (`None`: running).
+    stopped: Option<i32>,
+    /// Signals, window sizes and background changes received from cland, in all: a
+    /// resumed stub sends again those of its own beyond it.
+    controls_taken: u64,
 }
 
 fn is_tty_stop(sig: i32) -> bool {
@@ -753,6 +758,8 @@ fn start(
         background: false,
         ttin_sent: false,
         stop_as: None,
+        stopped: None,
+        controls_taken: 0,
     })
 }
 
@@ -888,7 +895,8 @@ impl Shepherd {
     }
 
     /// A stub's new session: say where each stream goes on from (its offset, or the oldest
-    /// byte still kept), resend the kept output from there, and relay again.
+    /// byte still kept), resend the kept output from there, tell a stop or continue the
+    /// stub missed, and relay again.
     fn resume(&mut self, from: &pb::ResumeFrom) {
         self.attached = true;
         self.ack(from);
@@ -897,8 +905,16 @@ impl Shepherd {
             stdin_eof: self.stdin_eof,
             stdout: self.sent[OUT].clamp(from.stdout),
             stderr: self.sent[ERR].clamp(from.stderr),
+            controls_taken: self.controls_taken,
             ..Default::default()
         }));
+        if self.exited.is_none() {
+            match (self.stopped, from.stopped) {
+                (Some(sig), false) => self.send(Out::Stopped(sig)),
+                (None, true) => self.send(Out::Continued(true)),
+                _ => {}
+            }
+        }
         for (which, at) in [(OUT, from.stdout), (ERR, from.stderr)] {
             let again = self.sent[which].since(at);
             for piece in again.chunks(RESEND_CHUNK) {
@@ -1007,6 +1023,7 @@ impl Shepherd {
                 self.flush_stdin();
             }
             In::Signal(sig) => {
+                self.controls_taken += 1;
                 if self.exited.is_none() {
                     // What a terminal sends goes to the process's group (its job), as the
                     // terminal would send it; the rest to the process, as kill(1) would.
@@ -1030,10 +1047,12 @@ impl Shepherd {
             // Only meaningful before the fork (see `start`).
             In::Start(_) => {}
             In::Background(b) => {
+                self.controls_taken += 1;
                 self.background = b;
                 self.ttin_sent = false;
             }
             In::Resize(ws) => {
+                self.controls_taken += 1;
                 if let Stdio::Pty { master: Some(m) } = &self.stdio {
                     let w = libc::winsize {
                         ws_row: ws.rows as u16,
@@ -1192,12 +1211,14 @@ impl Shepherd {
                         Some(s) if sig == libc::SIGSTOP => s,
                         _ => sig,
                     };
+                    self.stopped = Some(sig);
                     self.send(Out::Stopped(sig))
                 }
                 ChildEvent::Continued => {
                     // ttin_sent stays: the stub re-arms with Background(true) if it is
                     // continued while still in the background.
                     self.stop_as = None;
+                    self.stopped = None;
                     self.send(Out::Continued(true));
                 }
                 ChildEvent::Exited(_) => {}

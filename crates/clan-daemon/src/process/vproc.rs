@@ -36,6 +36,8 @@ pub struct VProc {
     pub parent_node: NodeId,
     /// Gpid of its parent in the cluster (0: none).
     pub parent: u64,
+    /// Its stub (attached processes): host pid on `parent_node` and start time.
+    pub stub: Option<(u32, u64)>,
     pub detached: bool,
     pub argv0: String,
     tx: mpsc::UnboundedSender<pb::ShepherdIn>,
@@ -634,6 +636,11 @@ impl Node {
             job: spec.job,
             parent_node: NodeId::new(spec.parent_node).unwrap_or(self.id),
             parent: spec.parent,
+            stub: spec
+                .creds
+                .as_ref()
+                .filter(|c| c.start != 0 && !ps.detached)
+                .map(|c| (c.pid, c.start)),
             detached: ps.detached,
             argv0: ps
                 .argv
