@@ -112,7 +112,7 @@ fn the_stub_forwards_signals() {
     let c = Cluster::up(2);
     let mut child = c
         .cmd()
-        .args(["run", "--node", "2", "--", "sh", "-c", "trap 'echo usr1' USR1; trap 'echo int; exit 9' INT; echo ready; while :; do sleep 0.05; done"])
+        .args(["run", "--node", "2", "--", "bash", "-c", "trap 'echo usr1' USR1; trap 'echo pwr' PWR; trap 'echo rt1' RTMIN+1; trap 'echo int; exit 9' INT; echo ready; while :; do sleep 0.05; done"])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .spawn()
@@ -126,6 +126,14 @@ fn the_stub_forwards_signals() {
     l.clear();
     out.read_line(&mut l).unwrap();
     assert_eq!(l, "usr1\n");
+    // Every signal it can catch, real-time ones too.
+    for (sig, seen) in [(libc::SIGPWR, "pwr\n"), (libc::SIGRTMIN() + 1, "rt1\n")] {
+        // SAFETY: kill(2) of our own child with a plain signal number.
+        assert_eq!(unsafe { libc::kill(stub.as_raw(), sig) }, 0);
+        l.clear();
+        out.read_line(&mut l).unwrap();
+        assert_eq!(l, seen);
+    }
     nix::sys::signal::kill(stub, nix::sys::signal::Signal::SIGINT).unwrap();
     l.clear();
     out.read_line(&mut l).unwrap();
@@ -423,6 +431,98 @@ fn permissions_follow_posix_between_users() {
             .code(),
         Some(4)
     );
+    // The working directory is entered as the caller: one the caller may no longer enter
+    // (its parent closed since) is refused, not entered as root.
+    let closed = c.dir.join("closed");
+    std::fs::create_dir_all(closed.join("inside")).unwrap();
+    std::fs::write(closed.join("inside/secret"), "secret\n").unwrap();
+    let mut cmd = std::process::Command::new("setpriv");
+    cmd.args([
+        &format!("--reuid={a}"),
+        &format!("--regid={a}"),
+        "--clear-groups",
+    ])
+    .arg(bin("clan"))
+    .args(["run", "--node", "2", "--", "cat", "secret"])
+    .env("CLAN_DIR", &c.dir)
+    .current_dir(closed.join("inside"))
+    .stdin(Stdio::null());
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let o = cmd.output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        o.stdout.is_empty(),
+        "read as root: {}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+    assert!(err.contains("cannot enter working directory"), "{err}");
+    // The cluster /proc's API does not follow a process's links (`root/`, `cwd/`) into
+    // what the reader may not enter: root, reading for the user, would.
+    let o = as_user(a, &["run", "-d", "--node", "2", "--", "sleep", "100"]);
+    let g: Gpid = String::from_utf8_lossy(&o.stdout).trim().parse().unwrap();
+    let o = as_user(a, &["proc", "cat", &g.to_string(), "status"]);
+    assert!(String::from_utf8_lossy(&o.stdout).contains(&format!("Pid:\t{g}")));
+    let secret = format!("root{}/inside/secret", closed.display());
+    for path in [secret.as_str(), "root/etc/shadow", "cwd/secret"] {
+        let o = as_user(a, &["proc", "cat", &g.to_string(), path]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && o.stdout.is_empty(), "{path}: {err}");
+        assert!(err.contains("does not follow links"), "{path}: {err}");
+    }
+    c.clan_ok(&["kill", "-9", &g.to_string()]);
+    // A job's process limit is lowered by anyone of it, raised by root only.
+    let o = as_user(
+        a,
+        &[
+            "run",
+            "-d",
+            "--max-procs",
+            "5",
+            "--node",
+            "2",
+            "--",
+            "sleep",
+            "100",
+        ],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let job = String::from_utf8_lossy(&o.stderr)
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .to_string();
+    let raise = [
+        "run",
+        "--job",
+        &job,
+        "--max-procs",
+        "100",
+        "--node",
+        "2",
+        "--",
+        "true",
+    ];
+    let o = as_user(a, &raise);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("only root raises"),
+        "{err}"
+    );
+    let lower = [
+        "run",
+        "--job",
+        &job,
+        "--max-procs",
+        "4",
+        "--node",
+        "2",
+        "--",
+        "true",
+    ];
+    assert!(as_user(a, &lower).status.success());
+    c.clan_ok(&raise);
+    c.clan_ok(&["job", "kill", &job]);
 }
 
 #[test]
@@ -612,11 +712,13 @@ fn an_attached_run_survives_a_restart_of_either_cland() {
 }
 
 /// A stub on node 1 of a process on node 2 that writes "hup" to the returned file when it
-/// gets SIGHUP, once the process runs.
+/// gets SIGHUP, once the process runs; it has a child `sleep 3007` in its group. (Its
+/// stderr goes nowhere: the shell's "Hangup" for its foreground `sleep`, written to a pipe
+/// closed by the hang-up, would kill it with SIGPIPE before its trap, as after an ssh drop.)
 fn hup_marking_stub(c: &Cluster) -> (std::process::Child, std::path::PathBuf) {
     let mark = c.dir.join("hup");
     let script = format!(
-        "trap 'echo hup > {}; exit 0' HUP; echo ready; while :; do sleep 0.05; done",
+        "exec 2>/dev/null; sleep 3007 & trap 'echo hup > {}; exit 0' HUP; echo ready; while :; do sleep 0.05; done",
         mark.display()
     );
     let mut stub = c
@@ -1046,7 +1148,7 @@ fn a_parked_process_whose_stub_node_dies_is_hung_up_then() {
     let c = Cluster::up_with(3, &["--reattach-ms", "600000"]);
     let mark = c.dir.join("hup");
     let script = format!(
-        "trap 'echo hup > {}; exit 0' HUP; echo ready; while :; do sleep 0.05; done",
+        "exec 2>/dev/null; sleep 3007 & trap 'echo hup > {}; exit 0' HUP; echo ready; while :; do sleep 0.05; done",
         mark.display()
     );
     // The stub runs inside node 1 (a process of node 1 that runs `clan run`).
@@ -1117,12 +1219,19 @@ fn a_killed_stub_hangs_up_its_process() {
     eventually("SIGHUP delivered", Duration::from_secs(10), || {
         std::fs::read_to_string(&mark).ok().filter(|s| s == "hup\n")
     });
-    eventually("process gone", Duration::from_secs(10), || {
-        (!c.ps(&["--node", "2"])
-            .iter()
-            .any(|p| p["cmd"].as_str().is_some_and(|s| s.contains("trap"))))
-        .then_some(())
-    });
+    // The hang-up reaches the whole group, as a terminal's does: its child too.
+    eventually(
+        "process and its child gone",
+        Duration::from_secs(10),
+        || {
+            (!c.ps(&["--node", "2"]).iter().any(|p| {
+                p["cmd"]
+                    .as_str()
+                    .is_some_and(|s| s.contains("trap") || s == "sleep 3007")
+            }))
+            .then_some(())
+        },
+    );
 }
 
 /// A node's shepherd zygote that stops (SIGSTOP) or hangs does not hang spawns: a waiting

@@ -134,7 +134,7 @@ pub fn main() -> ExitCode {
             Cmd::Logs(a) => with(client(), |c| cmd::logs::run(c, a)).await,
             Cmd::Stats(a) => with(client(), |c| cmd::stats::run(c, a)).await,
             Cmd::Loadmgr(a) => with(client(), |c| cmd::loadmgr::run(c, a)).await,
-            Cmd::Proc(a) => cmd::proc::run(a, cli.dir.clone(), cli.from),
+            Cmd::Proc(a) => cmd::proc::run(a, cli.dir.clone(), cli.from).await,
             Cmd::Shell(a) => match client() {
                 Ok(c) => cmd::shell::run(c, a).await,
                 Err(e) => {

@@ -67,3 +67,15 @@ impl From<pb::Error> for Error {
         }
     }
 }
+
+/// An answer too large for one frame (a listing of a huge directory, a snapshot of huge
+/// files): the error to send instead, so that the asker hears something and the
+/// connection stays usable (a frame above the limit would make its reader drop the link).
+pub fn too_large(n: usize) -> Option<Error> {
+    (n + 4096 > clan_proto::MAX_FRAME).then(|| {
+        Error::Invalid(format!(
+            "the answer is too large to send ({n} bytes, at most {})",
+            clan_proto::MAX_FRAME
+        ))
+    })
+}

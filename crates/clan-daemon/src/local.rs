@@ -125,7 +125,10 @@ impl Node {
                         handled.await
                     };
                     let reply = match res {
-                        Ok(r) => r,
+                        Ok(r) => match crate::error::too_large(r.encoded_len()) {
+                            Some(e) => Reply::Error(e.into()),
+                            None => r,
+                        },
                         Err(e) => Reply::Error(e.into()),
                     };
                     if write_frame(

@@ -461,7 +461,10 @@ impl Node {
                         let serve = async move {
                             let id = req.id;
                             let reply = match node.handle_peer(peer, req).await {
-                                Ok(r) => r,
+                                Ok(r) => match crate::error::too_large(r.encoded_len()) {
+                                    Some(e) => Reply::Error(e.into()),
+                                    None => r,
+                                },
                                 Err(e) => Reply::Error(e.into()),
                             };
                             let f = pb::PeerFrame {

@@ -16,7 +16,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// The most of one file a read returns (cmdline and environ can be large).
-const MAX_FILE: u64 = 16 << 20;
+const MAX_FILE: u64 = 4 << 20;
+
+/// Bytes of file contents in one snapshot answer (a frame holds 16 MiB).
+const SNAPSHOT_BUDGET: usize = 8 << 20;
 
 /// How long a listing or cluster file waits for a node before leaving it out.
 const NODE_TIMEOUT: Duration = Duration::from_millis(1000);
@@ -505,12 +508,30 @@ impl Node {
             } else {
                 out.push_str(p);
             }
+            // Never through a link: the daemon (root) would follow `root/`, `cwd/` or
+            // `fd/N/` into directories the reader may not enter. Only the last part may
+            // be one (read as the kernel reads it, or its target given).
+            if i + 1 < parts.len() {
+                self.require_dir(&out)?;
+            }
         }
         Ok(out)
     }
 
-    /// May `reader` see what `rel` (a path of the view, under process `pid`) holds?
-    fn check_read(&self, reader: &Reader, pid: u32, parts: &[&str], rel: &str) -> Result<()> {
+    /// `rel` is a directory of the view itself, not a link to one.
+    fn require_dir(&self, rel: &str) -> Result<()> {
+        let (mode, _, _) = self.view.stat_entry(rel).map_err(|e| io_err(e, rel))?;
+        if mode & libc::S_IFMT != libc::S_IFDIR {
+            return Err(Error::NotFound(format!(
+                "no such directory: /proc/{rel} (the cluster /proc does not follow links)"
+            )));
+        }
+        Ok(())
+    }
+
+    /// May `reader` see what `rel` (a path of the view, under process `pid`) holds? Says
+    /// whether it is a link.
+    fn check_read(&self, reader: &Reader, pid: u32, parts: &[&str], rel: &str) -> Result<bool> {
         let (mode, uid, gid) = self.view.stat_entry(rel).map_err(|e| io_err(e, rel))?;
         let is_dir = mode & libc::S_IFMT == libc::S_IFDIR;
         let is_link = mode & libc::S_IFMT == libc::S_IFLNK;
@@ -541,7 +562,7 @@ impl Node {
                 return Err(Error::Permission(format!("permission denied: /proc/{rel}")));
             }
         }
-        Ok(())
+        Ok(is_link)
     }
 
     fn rewrite(&self, pid: u32, file: &str, data: Vec<u8>, shepherds: &ShepherdCache) -> Vec<u8> {
@@ -570,7 +591,13 @@ impl Node {
         shepherds: &ShepherdCache,
     ) -> Result<Vec<u8>> {
         let rel = self.local_path(pid, parts)?;
-        self.check_read(reader, pid, parts, &rel)?;
+        if self.check_read(reader, pid, parts, &rel)? {
+            // `fd/N`, `cwd`, `exe`, `root`: the kernel would open what they point at
+            // with the opener's rights on the file itself; served as links only.
+            return Err(Error::Invalid(format!(
+                "/proc/{rel} is a link: the cluster /proc does not follow links (read its target)"
+            )));
+        }
         let data = self
             .view
             .read_file(&rel, MAX_FILE)
@@ -615,6 +642,10 @@ impl Node {
     fn proc_local_inner(&self, req: &pb::ProcRequest) -> Result<pb::ProcReply> {
         use pb::ProcOp as P;
         let reader = Reader::from_creds(req.reader.as_ref().unwrap_or(&self.own_creds()));
+        // Everything below reads as the reader: what the kernel shows depends on who asks
+        // (a `stat`'s addresses, `wchan`, `stack`, `kallsyms`), not only whether it opens.
+        let _as = clan_core::sys::ActingAs::user(reader.uid, reader.gid, &reader.groups)
+            .map_err(|e| Error::Internal(format!("reading as uid {}: {e}", reader.uid)))?;
         let op = P::try_from(req.op)
             .map_err(|_| Error::Invalid(format!("unknown /proc operation {}", req.op)))?;
         let mut reply = pb::ProcReply::default();
@@ -626,14 +657,22 @@ impl Node {
                 let mut pids = self.view.pids();
                 pids.sort_unstable();
                 let cache = ShepherdCache::default();
+                // One answer, one frame: files beyond the budget are left out (the view
+                // asks for each of those alone), so that huge command lines can not make
+                // the answer, and with it the node, go missing.
+                let mut budget = SNAPSHOT_BUDGET;
                 for pid in pids {
                     let Some(mut e) = self.proc_entry(pid) else {
                         continue; // gone, or a shepherd
                     };
                     for f in &req.files {
                         let parts: Vec<&str> = f.split('/').collect();
-                        e.files
-                            .push(proc_file(f, self.read_one(&reader, pid, &parts, &cache)));
+                        let file = proc_file(f, self.read_one(&reader, pid, &parts, &cache));
+                        let size = file.data.len() + 64;
+                        if size <= budget {
+                            budget -= size;
+                            e.files.push(file);
+                        }
                     }
                     reply.procs.push(e);
                 }
@@ -661,6 +700,7 @@ impl Node {
                 let pid = self.proc_pid(req.gpid)?;
                 let rel = self.local_path(pid, &parts)?;
                 if !parts.is_empty() {
+                    self.require_dir(&rel)?;
                     self.check_read(&reader, pid, &parts, &rel)?;
                 }
                 let tasks = parts == ["task"];

@@ -167,13 +167,24 @@ impl<S: Source> Filesystem for ProcFs<S> {
         };
         match &*c {
             Contents::Data(d) => reply.data(slice(d, offset, size)),
-            Contents::File(_) => {
-                // A local file may block (or be slow): read it off the loop.
+            Contents::File(..) => {
+                // A local file may block (or be slow): read it off the loop, as the reader.
                 self.rt.spawn_blocking(move || {
-                    let Contents::File(f) = &*c else { return };
-                    let mut buf = vec![0u8; size as usize];
-                    match f.read_at(&mut buf, offset) {
-                        Ok(n) => reply.data(&buf[..n]),
+                    let Contents::File(_, reader, switch) = &*c else {
+                        return;
+                    };
+                    let c2 = c.clone();
+                    let read = crate::pass::as_reader(reader, *switch, move || {
+                        let Contents::File(f, ..) = &*c2 else {
+                            return Ok(Vec::new());
+                        };
+                        let mut buf = vec![0u8; size as usize];
+                        let n = f.read_at(&mut buf, offset)?;
+                        buf.truncate(n);
+                        Ok(buf)
+                    });
+                    match read {
+                        Ok(buf) => reply.data(&buf),
                         Err(e) => reply.error(errno(e.raw_os_error().unwrap_or(libc::EIO))),
                     }
                 });

@@ -124,8 +124,10 @@ pub struct Dirent {
 pub enum Contents {
     /// Fetched at open, read by offset.
     Data(Vec<u8>),
-    /// A passed-through file, opened as the reader, read by offset.
-    File(std::fs::File),
+    /// A passed-through file, opened as the reader, read by offset as the reader too (the
+    /// kernel decides some contents at read time by who reads: a `stat`'s addresses,
+    /// `wchan`), with the identity switch when it is on.
+    File(std::fs::File, Reader, bool),
 }
 
 struct Snapshot {
@@ -968,9 +970,10 @@ impl<S: Source> View<S> {
             Node::Pass(p) if p == "sys/kernel/pid_max" => Ok(Contents::Data(PID_MAX.to_vec())),
             Node::Pass(p) => {
                 let path = self.pass_path(&p);
+                let (reader, switch) = (self.reader(who), self.opts.switch_identity);
                 self.pass_io(who, move || std::fs::File::open(path))
                     .await
-                    .map(Contents::File)
+                    .map(|f| Contents::File(f, reader, switch))
             }
             Node::Walk(i) => self.walk(who, i).await.map(Contents::Data),
             Node::Root | Node::Nodes | Node::NodeDir(_) | Node::Proc(_) | Node::WalkDir => {
@@ -1294,7 +1297,7 @@ mod tests {
     async fn read(v: &View<Arc<Fake>>, who: &Who, ino: u64) -> Result<Vec<u8>, Errno> {
         match v.open(who, ino).await? {
             Contents::Data(d) => Ok(d),
-            Contents::File(f) => {
+            Contents::File(f, _, _) => {
                 let mut out = Vec::new();
                 std::io::Read::read_to_end(&mut &f, &mut out).map_err(|e| io_errno(&e))?;
                 Ok(out)

@@ -163,17 +163,6 @@ pub fn child(plan: ChildPlan, err_fd: RawFd) -> ! {
         }
     }
     let _ = sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None);
-    // SAFETY: chdir takes a NUL-terminated path we own.
-    if unsafe { libc::chdir(plan.cwd.as_ptr()) } < 0 {
-        fail(
-            err_fd,
-            Errno::last(),
-            &format!(
-                "cannot enter working directory {}",
-                plan.cwd.to_string_lossy()
-            ),
-        );
-    }
     if Uid::current().is_root() {
         let groups: Vec<Gid> = plan.groups.iter().map(|&g| Gid::from_raw(g)).collect();
         if let Err(e) = setgroups(&groups) {
@@ -185,6 +174,18 @@ pub fn child(plan: ChildPlan, err_fd: RawFd) -> ! {
         if let Err(e) = setuid(Uid::from_raw(plan.uid)) {
             fail(err_fd, e, "setuid");
         }
+    }
+    // Entered as the caller, not as root: a directory the caller may not enter is refused.
+    // SAFETY: chdir takes a NUL-terminated path we own.
+    if unsafe { libc::chdir(plan.cwd.as_ptr()) } < 0 {
+        fail(
+            err_fd,
+            Errno::last(),
+            &format!(
+                "cannot enter working directory {}",
+                plan.cwd.to_string_lossy()
+            ),
+        );
     }
     let mut last = Errno::ENOENT;
     let mut seen_eacces = false;

@@ -1026,10 +1026,11 @@ impl Shepherd {
                 self.controls_taken += 1;
                 if self.exited.is_none() {
                     // What a terminal sends goes to the process's group (its job), as the
-                    // terminal would send it; the rest to the process, as kill(1) would.
+                    // terminal would send it (a hang-up too: the stub's, or the stub gone);
+                    // the rest to the process, as kill(1) would.
                     let to_group = matches!(
                         sig,
-                        libc::SIGINT | libc::SIGQUIT | libc::SIGTSTP | libc::SIGCONT
+                        libc::SIGINT | libc::SIGQUIT | libc::SIGTSTP | libc::SIGCONT | libc::SIGHUP
                     );
                     if is_tty_stop(sig) {
                         self.stop_group(self.pid, sig);

@@ -26,13 +26,48 @@ pub enum Args {
         #[arg(value_name = "DIR")]
         mountpoint: PathBuf,
     },
+    /// Print a file of a process of any node, as the mount shows it (gpids in its pid
+    /// fields), read with your rights by the node that holds it: `clan proc cat GPID status`.
+    Cat {
+        gpid: String,
+        /// A path under the process's directory: `status`, `stat`, `task/TID/stat`, ...
+        file: String,
+    },
 }
 
-pub fn run(a: Args, dir: Option<PathBuf>, from: Option<NodeId>) -> ExitCode {
+pub async fn run(a: Args, dir: Option<PathBuf>, from: Option<NodeId>) -> ExitCode {
     match a {
         // (The positionals are not named `dir`: that is the id of the global --dir.)
         Args::Mount { mountpoint } => mount(&mountpoint, dir, from),
         Args::Umount { mountpoint } => umount(&mountpoint),
+        Args::Cat { gpid, file } => match clan_client::Client::locate(dir.as_deref(), from) {
+            Ok(c) => cat(c, &gpid, file).await,
+            Err(e) => crate::client_error(&e),
+        },
+    }
+}
+
+async fn cat(c: clan_client::Client, gpid: &str, path: String) -> ExitCode {
+    use std::io::Write;
+    let g: clan_core::Gpid = match gpid.parse() {
+        Ok(g) => g,
+        Err(e) => {
+            crate::fail(&e);
+            return ExitCode::from(X::NOT_FOUND);
+        }
+    };
+    let req = clan_client::pb::ProcRequest {
+        op: clan_client::pb::ProcOp::ProcRead as i32,
+        gpid: g.raw(),
+        path,
+        ..Default::default()
+    };
+    match c.proc(req).await {
+        Ok(r) => {
+            let _ = std::io::stdout().write_all(&r.data);
+            ExitCode::SUCCESS
+        }
+        Err(e) => crate::client_error(&e),
     }
 }
 

@@ -59,20 +59,38 @@ pub struct Args {
     command: Vec<OsString>,
 }
 
-/// Signals the stub passes on to the remote process. SIGTSTP stops the remote process first;
-/// the stub stops itself once the remote process reports the stop (`mirror_stop`), so the
+/// Signals the stub passes on to the remote process: every one a process can catch but
+/// those that concern the stub itself (SIGCHLD; SIGTTIN and SIGTTOU, which its terminal
+/// sends it; SIGPIPE, which it handles as a closed output; the faults SIGSEGV, SIGBUS,
+/// SIGFPE, SIGILL, SIGTRAP, SIGSYS and SIGABRT), and SIGWINCH with -t (a window size is
+/// sent instead); the real-time signals too. SIGTSTP stops the remote process first; the
+/// stub stops itself once the remote process reports the stop (`mirror_stop`), so the
 /// shell sees its job stopped; the shell's SIGCONT (bg, fg) goes on to the remote process.
-const FORWARD: &[i32] = &[
-    libc::SIGTSTP,
-    libc::SIGCONT,
-    libc::SIGINT,
-    libc::SIGTERM,
-    libc::SIGHUP,
-    libc::SIGQUIT,
-    libc::SIGUSR1,
-    libc::SIGUSR2,
-    libc::SIGALRM,
-];
+fn forwarded(tty: bool) -> Vec<i32> {
+    let mut v = vec![
+        libc::SIGTSTP,
+        libc::SIGCONT,
+        libc::SIGINT,
+        libc::SIGTERM,
+        libc::SIGHUP,
+        libc::SIGQUIT,
+        libc::SIGUSR1,
+        libc::SIGUSR2,
+        libc::SIGALRM,
+        libc::SIGPWR,
+        libc::SIGXCPU,
+        libc::SIGXFSZ,
+        libc::SIGVTALRM,
+        libc::SIGPROF,
+        libc::SIGURG,
+        libc::SIGSTKFLT,
+    ];
+    if !tty {
+        v.push(libc::SIGWINCH);
+    }
+    v.extend(libc::SIGRTMIN()..=libc::SIGRTMAX());
+    v
+}
 
 fn start_error(e: &ClientError) -> ExitCode {
     crate::fail(e);
@@ -307,9 +325,9 @@ pub async fn run_spec(c: Client, spec: RunSpec, label: bool) -> ExitCode {
     }
     // The stub's own setup (its signal handlers) overlaps the wait for the process to start.
     let setup = async {
-        FORWARD
-            .iter()
-            .filter_map(|&sig| signal(SignalKind::from_raw(sig)).ok().map(|s| (sig, s)))
+        forwarded(tty)
+            .into_iter()
+            .filter_map(|sig| signal(SignalKind::from_raw(sig)).ok().map(|s| (sig, s)))
             .collect::<Vec<_>>()
     };
     let (session, handlers) = tokio::join!(c.run(spec), setup);

@@ -160,7 +160,7 @@ impl ProcView {
     pub fn read(&self, pid: u32) -> Option<RawProc> {
         let stat_bytes = self.read_at(&format!("{pid}/stat"), 4096)?;
         let stat = Stat::from_read(stat_bytes.as_slice()).ok()?;
-        if is_shepherd(pid, &stat.comm) {
+        if is_shepherd(pid, &stat.comm) && self.owned_by_root(pid) {
             return None;
         }
         let st = fstatat(
@@ -237,6 +237,18 @@ impl ProcView {
                 .read_at(&format!("{pid}/stat"), 4096)
                 .and_then(|b| Stat::from_read(b.as_slice()).ok())
                 .is_some_and(|st| is_shepherd(pid, &st.comm))
+            && self.owned_by_root(pid)
+    }
+
+    /// Whether process `pid` runs as root (its /proc directory's owner): a shepherd does,
+    /// so a user's process named `clan-shepherd` is not taken for one (and hidden).
+    fn owned_by_root(&self, pid: u32) -> bool {
+        fstatat(
+            Some(self.root.as_raw_fd()),
+            pid.to_string().as_str(),
+            nix::fcntl::AtFlags::empty(),
+        )
+        .is_ok_and(|st| st.st_uid == 0)
     }
 
     /// Group, session, owner and (when `job`) job of one process; `None` once it is gone,
@@ -271,7 +283,7 @@ impl ProcView {
             state: stat.state,
             ppid: u32::try_from(stat.ppid).unwrap_or(0),
             start_ticks: stat.starttime,
-            shepherd: is_shepherd(pid, &stat.comm),
+            shepherd: is_shepherd(pid, &stat.comm) && st.st_uid == 0,
         })
     }
 

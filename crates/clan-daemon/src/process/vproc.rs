@@ -364,6 +364,16 @@ impl Node {
                 .map_err(|e| Error::internal("create task cgroup", e))?;
             debug_assert_eq!(dir.display().to_string(), spec.cgroup);
             if req.spec.max_procs > 0 {
+                // Only root raises a limit a task has: a process of the job could lift it.
+                let now = cg.max_procs(req.job);
+                if req.creds.uid != 0 && now.is_some_and(|n| req.spec.max_procs > n) {
+                    return Err(Error::Permission(format!(
+                        "permission denied: only root raises job {}'s process limit ({} on node {})",
+                        req.job,
+                        now.unwrap_or(0),
+                        self.id
+                    )));
+                }
                 cg.set_max_procs(req.job, req.spec.max_procs).map_err(|e| {
                     Error::Invalid(format!(
                         "node {} can not limit job {}'s processes: {e}",
