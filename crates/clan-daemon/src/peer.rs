@@ -419,6 +419,10 @@ impl Node {
                 return;
             }
         };
+        // `accept` returned only after the peer proved the cluster key over this side's fresh
+        // nonce and over its Hello (node, incarnation, kind): everything below, the fencing
+        // check and `heard` (which counts the peer alive), rests on a proven Hello, never on
+        // a replayed one.
         let Some(peer) = NodeId::new(hello.node).filter(|n| self.peers.contains_key(n)) else {
             warn!(peer = %from, node = hello.node, "refused: not a node of this cluster");
             return;

@@ -1,13 +1,29 @@
 //! Peer authentication with the cluster key (DESIGN.md 18).
 //!
-//! The handshake: the initiator sends `Hello{nonce: Ni, proof: HMAC(key, "i"|Ni|node|cluster)}`;
-//! the responder checks it and answers `Hello{nonce: Nr, proof: HMAC(key, "r"|Ni|Nr|node)}`.
-//! Both then derive a session key `HMAC(key, "s"|Ni|Nr)` and every later frame carries
-//! `HMAC(session, direction|sequence|body)`: a peer without the key is refused at its Hello,
-//! and a replayed, reordered or reflected frame fails its MAC. Frames are not encrypted;
+//! The handshake has three messages, each a `Hello` frame:
+//!
+//! 1. initiator -> responder: `Hello{version, node, incarnation, kind, cluster, nonce: Ni}`,
+//!    with no proof;
+//! 2. responder -> initiator: its own `Hello{..., nonce: Nr, proof: HMAC(key, "r"|T)}`;
+//! 3. initiator -> responder: `Hello{version, proof: HMAC(key, "i"|T)}`;
+//!
+//! where `T` (the transcript) is every field but the proof of the first two Hellos: both
+//! nonces and both sides' version, node, incarnation, kind and cluster. Each side's proof
+//! covers the other's fresh nonce, so a recorded message proves nothing on a new connection:
+//! a replayed initiator Hello draws a new `Nr`, which the replayer cannot prove. The
+//! responder's proof comes first, so an initiator never proves the key to a responder that
+//! has not; one that finds the responder's proof wrong sends an empty proof instead (the
+//! responder then logs the failed authentication, not a hang-up). [`accept`] returns only
+//! once the initiator's proof over `Nr` checked: nothing the caller does with the peer's
+//! Hello (counting it alive, fencing its incarnation) rests on an unproven claim.
+//!
+//! Both sides then derive a session key `HMAC(key, "s"|Ni|Nr)` and every later frame carries
+//! `HMAC(session, direction|sequence|body)`: a replayed, reordered or reflected frame fails
+//! its MAC. Frames read before the proof are limited to [`MAX_HANDSHAKE_FRAME`] bytes, so an
+//! unauthenticated connection makes cland allocate little. Frames are not encrypted;
 //! deployments that need confidentiality run clan over WireGuard or IPsec.
 
-use crate::frame::{read_frame, read_raw, write_frame, FrameError};
+use crate::frame::{read_raw, read_raw_max, write_frame, FrameError};
 use crate::pb::{self, peer_frame::Frame, PeerFrame};
 use hmac::{Hmac, Mac};
 use prost::Message;
@@ -17,6 +33,11 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
 type HmacSha256 = Hmac<Sha256>;
 const TAG: usize = 32;
+const NONCE: usize = 16;
+
+/// Largest frame read from a peer before it proved the cluster key (64 KiB; a Hello is some
+/// hundred bytes and the cluster's name).
+pub const MAX_HANDSHAKE_FRAME: usize = 64 << 10;
 
 /// Why a peer was refused.
 #[derive(Debug, thiserror::Error)]
@@ -31,6 +52,13 @@ pub enum AuthError {
     WrongCluster(String),
     #[error("peer speaks protocol version {0}, this node {v}", v = crate::VERSION)]
     Version(u32),
+    #[error("peer sent a nonce of {0} bytes, not {NONCE}")]
+    BadNonce(usize),
+    #[error(
+        "handshake frame of {0} bytes exceeds the limit of {MAX_HANDSHAKE_FRAME} bytes \
+         before authentication"
+    )]
+    TooLarge(usize),
     #[error("handshake: {0}")]
     Frame(#[from] FrameError),
 }
@@ -54,7 +82,7 @@ fn verify(key: &[u8], parts: &[&[u8]], tag: &[u8]) -> bool {
 }
 
 fn nonce() -> Vec<u8> {
-    let mut n = vec![0u8; 16];
+    let mut n = vec![0u8; NONCE];
     getrandom::getrandom(&mut n).expect("kernel random");
     n
 }
@@ -135,41 +163,139 @@ impl<W: AsyncWrite + Unpin> PeerWriter<W> {
     }
 }
 
-fn check_hello(f: Option<PeerFrame>, cluster: &str) -> Result<pb::Hello, AuthError> {
-    let h = match f {
-        None => return Err(AuthError::Closed),
-        Some(PeerFrame {
+/// The HMAC of `label` and the transcript: every field but the proof of the initiator's
+/// Hello `i` and the responder's `r`.
+fn transcript(key: &[u8], label: &[u8], i: &pb::Hello, r: &pb::Hello) -> HmacSha256 {
+    let mut m = HmacSha256::new_from_slice(key).expect("hmac takes any key length");
+    let mut put = |p: &[u8]| {
+        m.update(&(p.len() as u32).to_be_bytes());
+        m.update(p);
+    };
+    put(label);
+    for h in [i, r] {
+        put(&h.version.to_be_bytes());
+        put(&h.node.to_be_bytes());
+        put(&h.incarnation.to_be_bytes());
+        put(&h.kind.to_be_bytes());
+        put(h.cluster.as_bytes());
+        put(&h.nonce);
+    }
+    m
+}
+
+fn prove(key: &[u8], label: &[u8], i: &pb::Hello, r: &pb::Hello) -> Vec<u8> {
+    transcript(key, label, i, r)
+        .finalize()
+        .into_bytes()
+        .to_vec()
+}
+
+fn proven(key: &[u8], label: &[u8], i: &pb::Hello, r: &pb::Hello, proof: &[u8]) -> bool {
+    transcript(key, label, i, r).verify_slice(proof).is_ok()
+}
+
+/// The next handshake frame, a Hello of this protocol version, read with the pre-auth limit.
+async fn read_hello<R: AsyncRead + Unpin>(r: &mut R) -> Result<pb::Hello, AuthError> {
+    let raw = match read_raw_max(r, MAX_HANDSHAKE_FRAME).await {
+        Ok(Some(raw)) => raw,
+        Ok(None) => return Err(AuthError::Closed),
+        Err(FrameError::TooLarge(n)) => return Err(AuthError::TooLarge(n)),
+        Err(e) => return Err(e.into()),
+    };
+    let h = match PeerFrame::decode(raw.as_slice()).map_err(FrameError::from)? {
+        PeerFrame {
             frame: Some(Frame::Hello(h)),
-        }) => h,
-        Some(_) => return Err(AuthError::NoHello),
+        } => h,
+        _ => return Err(AuthError::NoHello),
     };
     if h.version != crate::VERSION {
         return Err(AuthError::Version(h.version));
     }
+    Ok(h)
+}
+
+/// The peer's Hello: of our cluster, with a nonce of the right size.
+async fn read_peer_hello<R: AsyncRead + Unpin>(
+    r: &mut R,
+    cluster: &str,
+) -> Result<pb::Hello, AuthError> {
+    let h = read_hello(r).await?;
     if h.cluster != cluster {
         return Err(AuthError::WrongCluster(h.cluster));
+    }
+    if h.nonce.len() != NONCE {
+        return Err(AuthError::BadNonce(h.nonce.len()));
     }
     Ok(h)
 }
 
-fn hello(me: &Identity, nonce: Vec<u8>, proof: [u8; TAG]) -> PeerFrame {
+fn hello(me: &Identity, nonce: Vec<u8>) -> pb::Hello {
+    pb::Hello {
+        version: crate::VERSION,
+        node: me.node,
+        incarnation: me.incarnation,
+        nonce,
+        proof: Vec::new(),
+        kind: me.kind as i32,
+        cluster: me.cluster.clone(),
+    }
+}
+
+/// The third message: the initiator's proof alone.
+fn proof_frame(proof: Vec<u8>) -> PeerFrame {
     PeerFrame {
         frame: Some(Frame::Hello(pb::Hello {
             version: crate::VERSION,
-            node: me.node,
-            incarnation: me.incarnation,
-            nonce,
-            proof: proof.to_vec(),
-            kind: me.kind as i32,
-            cluster: me.cluster.clone(),
+            proof,
+            ..Default::default()
         })),
+    }
+}
+
+async fn send<W: AsyncWrite + Unpin>(w: &mut W, f: PeerFrame) -> Result<(), AuthError> {
+    write_frame(w, &f).await.map_err(FrameError::Io)?;
+    Ok(())
+}
+
+fn as_frame(h: &pb::Hello) -> PeerFrame {
+    PeerFrame {
+        frame: Some(Frame::Hello(h.clone())),
     }
 }
 
 /// An authenticated connection: the peer's Hello and both directions.
 pub type Authenticated<R, W> = (pb::Hello, PeerReader<R>, PeerWriter<W>);
 
-/// Runs the initiator's side of the handshake.
+/// Both directions of a connection whose handshake took nonces `ni` and `nr`: the session
+/// key is `HMAC(key, "s"|Ni|Nr)`; the initiator writes direction 0, the responder 1.
+fn session<R, W>(
+    r: R,
+    w: W,
+    key: &[u8],
+    ni: &[u8],
+    nr: &[u8],
+    initiator: bool,
+) -> (PeerReader<R>, PeerWriter<W>) {
+    let session = mac(key, &[b"s", ni, nr]);
+    let (mine, theirs) = if initiator { (0, 1) } else { (1, 0) };
+    (
+        PeerReader {
+            inner: r,
+            key: session,
+            dir: theirs,
+            seq: 0,
+        },
+        PeerWriter {
+            inner: w,
+            key: session,
+            dir: mine,
+            seq: 0,
+        },
+    )
+}
+
+/// Runs the initiator's side of the handshake; returns the responder's Hello once the
+/// responder proved the key over this side's fresh nonce.
 pub async fn connect<R, W>(
     mut r: R,
     mut w: W,
@@ -180,43 +306,23 @@ where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
-    let ni = nonce();
-    let proof = mac(
-        key,
-        &[
-            b"i",
-            &ni,
-            &me.node.to_be_bytes(),
-            me.cluster.as_bytes(),
-            &[me.kind as u8],
-        ],
-    );
-    write_frame(&mut w, &hello(me, ni.clone(), proof))
-        .await
-        .map_err(FrameError::Io)?;
-    let h = check_hello(read_frame(&mut r).await?, &me.cluster)?;
-    if !verify(key, &[b"r", &ni, &h.nonce, &h.node.to_be_bytes()], &h.proof) {
-        return Err(AuthError::BadProof { node: h.node });
+    let hi = hello(me, nonce());
+    send(&mut w, as_frame(&hi)).await?;
+    let hr = read_peer_hello(&mut r, &me.cluster).await?;
+    if !proven(key, b"r", &hi, &hr, &hr.proof) {
+        // No proof of ours to a responder that gave none; the empty one tells it why we
+        // hang up (it logs a failed authentication). Best effort: we are refusing anyway.
+        let _ = send(&mut w, proof_frame(Vec::new())).await;
+        return Err(AuthError::BadProof { node: hr.node });
     }
-    let session = mac(key, &[b"s", &ni, &h.nonce]);
-    Ok((
-        h,
-        PeerReader {
-            inner: r,
-            key: session,
-            dir: 1,
-            seq: 0,
-        },
-        PeerWriter {
-            inner: w,
-            key: session,
-            dir: 0,
-            seq: 0,
-        },
-    ))
+    send(&mut w, proof_frame(prove(key, b"i", &hi, &hr))).await?;
+    let (rd, wr) = session(r, w, key, &hi.nonce, &hr.nonce, true);
+    Ok((hr, rd, wr))
 }
 
-/// Runs the responder's side of the handshake.
+/// Runs the responder's side of the handshake; returns the initiator's Hello only once the
+/// initiator proved the key over this side's fresh nonce (a replayed Hello never gets
+/// that far).
 pub async fn accept<R, W>(
     mut r: R,
     mut w: W,
@@ -227,117 +333,340 @@ where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
-    let h = check_hello(read_frame(&mut r).await?, &me.cluster)?;
-    let kind = u8::try_from(h.kind).unwrap_or(u8::MAX);
-    if !verify(
-        key,
-        &[
-            b"i",
-            &h.nonce,
-            &h.node.to_be_bytes(),
-            h.cluster.as_bytes(),
-            &[kind],
-        ],
-        &h.proof,
-    ) {
-        return Err(AuthError::BadProof { node: h.node });
-    }
-    let nr = nonce();
-    let proof = mac(key, &[b"r", &h.nonce, &nr, &me.node.to_be_bytes()]);
+    let hi = read_peer_hello(&mut r, &me.cluster).await?;
+    // The connection's kind is the initiator's: answer with it.
     let mut me = me.clone();
-    me.kind = pb::ConnKind::try_from(h.kind).unwrap_or(pb::ConnKind::Control);
-    write_frame(&mut w, &hello(&me, nr.clone(), proof))
-        .await
-        .map_err(FrameError::Io)?;
-    let session = mac(key, &[b"s", &h.nonce, &nr]);
-    Ok((
-        h,
-        PeerReader {
-            inner: r,
-            key: session,
-            dir: 0,
-            seq: 0,
-        },
-        PeerWriter {
-            inner: w,
-            key: session,
-            dir: 1,
-            seq: 0,
-        },
-    ))
+    me.kind = pb::ConnKind::try_from(hi.kind).unwrap_or(pb::ConnKind::Control);
+    let mut hr = hello(&me, nonce());
+    hr.proof = prove(key, b"r", &hi, &hr);
+    send(&mut w, as_frame(&hr)).await?;
+    let p = read_hello(&mut r).await?;
+    if !proven(key, b"i", &hi, &hr, &p.proof) {
+        return Err(AuthError::BadProof { node: hi.node });
+    }
+    let (rd, wr) = session(r, w, key, &hi.nonce, &hr.nonce, false);
+    Ok((hi, rd, wr))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::alloc::{GlobalAlloc, Layout, System};
+    use std::cell::Cell;
+    use std::pin::Pin;
+    use std::sync::{Arc, Mutex};
+    use std::task::{Context, Poll};
+    use std::time::Duration;
+    use tokio::io::{duplex, split, AsyncWriteExt};
+
+    const KEY: &[u8] = b"0123456789abcdef";
+
+    /// Records the largest allocation each thread made, for the test that an oversized frame
+    /// is refused without being allocated.
+    struct Counting;
+
+    thread_local! {
+        static LARGEST: Cell<usize> = const { Cell::new(0) };
+    }
+
+    fn note(size: usize) {
+        let _ = LARGEST.try_with(|c| c.set(c.get().max(size)));
+    }
+
+    // SAFETY: every method forwards to `System` with the caller's arguments unchanged, so
+    // `System`'s guarantees hold; `note` touches only a const-initialized thread local,
+    // which never allocates.
+    unsafe impl GlobalAlloc for Counting {
+        unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+            note(layout.size());
+            // SAFETY: the caller's contract for `alloc` is `System.alloc`'s.
+            unsafe { System.alloc(layout) }
+        }
+        unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+            note(layout.size());
+            // SAFETY: as for `alloc`.
+            unsafe { System.alloc_zeroed(layout) }
+        }
+        unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+            note(new_size);
+            // SAFETY: `ptr` was allocated by `System` (every allocation here is), with `layout`.
+            unsafe { System.realloc(ptr, layout, new_size) }
+        }
+        unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+            // SAFETY: as for `realloc`.
+            unsafe { System.dealloc(ptr, layout) }
+        }
+    }
+
+    #[global_allocator]
+    static ALLOC: Counting = Counting;
+
+    /// A writer that keeps a copy of all that went through it: a sniffer on the wire.
+    struct Tap<W> {
+        inner: W,
+        seen: Arc<Mutex<Vec<u8>>>,
+    }
+
+    impl<W: AsyncWrite + Unpin> AsyncWrite for Tap<W> {
+        fn poll_write(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<io::Result<usize>> {
+            let this = &mut *self;
+            let p = Pin::new(&mut this.inner).poll_write(cx, buf);
+            if let Poll::Ready(Ok(n)) = p {
+                this.seen.lock().unwrap().extend_from_slice(&buf[..n]);
+            }
+            p
+        }
+        fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Pin::new(&mut self.inner).poll_flush(cx)
+        }
+        fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Pin::new(&mut self.inner).poll_shutdown(cx)
+        }
+    }
 
     fn id(node: u32) -> Identity {
         Identity {
             node,
-            incarnation: 1,
+            incarnation: 10 + node as u64,
             cluster: "c".into(),
             kind: pb::ConnKind::Control,
         }
     }
 
-    #[tokio::test]
-    async fn peers_with_the_key_talk() {
-        let (a, b) = tokio::io::duplex(1 << 16);
-        let (ar, aw) = tokio::io::split(a);
-        let (br, bw) = tokio::io::split(b);
-        let key = b"0123456789abcdef".to_vec();
-        let k2 = key.clone();
-        let acc = tokio::spawn(async move {
-            accept(br, bw, &k2, &id(2))
-                .await
-                .map(|(h, r, w)| (h.node, r, w))
-        });
-        let (h, _r, mut w) = connect(ar, aw, &key, &id(1)).await.unwrap();
-        assert_eq!(h.node, 2);
-        let (peer, mut r2, _w2) = acc.await.unwrap().unwrap();
-        assert_eq!(peer, 1);
-        let f = PeerFrame {
+    /// The error of a handshake that must fail.
+    fn refused<T>(r: Result<T, AuthError>) -> AuthError {
+        match r {
+            Ok(_) => panic!("the handshake succeeded"),
+            Err(e) => e,
+        }
+    }
+
+    fn goodbye() -> PeerFrame {
+        PeerFrame {
             frame: Some(Frame::Goodbye(true)),
-        };
-        w.write(&f).await.unwrap();
-        w.write(&f).await.unwrap();
-        assert_eq!(r2.read().await.unwrap().unwrap(), f);
-        assert_eq!(r2.read().await.unwrap().unwrap(), f);
+        }
+    }
+
+    /// Runs both sides with their keys; returns what each returned (the peer's node and
+    /// incarnation, or the error).
+    async fn both(
+        ki: &'static [u8],
+        kr: &'static [u8],
+    ) -> (Result<u32, AuthError>, Result<u32, AuthError>) {
+        let (a, b) = duplex(1 << 16);
+        let (ar, aw) = split(a);
+        let (br, bw) = split(b);
+        let acc = tokio::spawn(async move { accept(br, bw, kr, &id(2)).await.map(|x| x.0.node) });
+        let con = tokio::time::timeout(Duration::from_secs(5), connect(ar, aw, ki, &id(1)))
+            .await
+            .expect("connect hangs")
+            .map(|x| x.0.node);
+        let acc = tokio::time::timeout(Duration::from_secs(5), acc)
+            .await
+            .expect("accept hangs")
+            .unwrap();
+        (con, acc)
     }
 
     #[tokio::test]
-    async fn wrong_key_is_refused() {
-        let (a, b) = tokio::io::duplex(1 << 16);
-        let (ar, aw) = tokio::io::split(a);
-        let (br, bw) = tokio::io::split(b);
-        let acc = tokio::spawn(async move {
-            accept(br, bw, b"the-right-key-000", &id(2))
-                .await
-                .map(|_| ())
-        });
-        let _ = tokio::time::timeout(
-            std::time::Duration::from_secs(5),
-            connect(ar, aw, b"a-wrong-key-00000", &id(1)),
-        )
-        .await;
+    async fn peers_with_the_key_talk() {
+        let (a, b) = duplex(1 << 16);
+        let (ar, aw) = split(a);
+        let (br, bw) = split(b);
+        let acc = tokio::spawn(async move { accept(br, bw, KEY, &id(2)).await });
+        let (h, mut r1, mut w1) = connect(ar, aw, KEY, &id(1)).await.unwrap();
+        assert_eq!((h.node, h.incarnation), (2, 12));
+        let (h, mut r2, mut w2) = acc.await.unwrap().unwrap();
+        assert_eq!(
+            (h.node, h.incarnation, h.kind),
+            (1, 11, pb::ConnKind::Control as i32)
+        );
+        let f = goodbye();
+        w1.write(&f).await.unwrap();
+        w1.write(&f).await.unwrap();
+        assert_eq!(r2.read().await.unwrap().unwrap(), f);
+        assert_eq!(r2.read().await.unwrap().unwrap(), f);
+        w2.write(&f).await.unwrap();
+        assert_eq!(r1.read().await.unwrap().unwrap(), f);
+        // A frame reflected back to its sender fails: the directions have their own MACs.
+        let sealed = w1.seal(&f);
+        let mut reflected = sealed.as_slice();
+        let mut back = PeerReader {
+            inner: &mut reflected,
+            key: r1.key,
+            dir: r1.dir,
+            seq: 0,
+        };
+        assert!(matches!(back.read().await.unwrap_err(), FrameError::BadMac));
+    }
+
+    #[tokio::test]
+    async fn a_session_connection_says_so() {
+        let (a, b) = duplex(1 << 16);
+        let (ar, aw) = split(a);
+        let (br, bw) = split(b);
+        let acc = tokio::spawn(async move { accept(br, bw, KEY, &id(2)).await });
+        let mut me = id(1);
+        me.kind = pb::ConnKind::Session;
+        let (h, _, _) = connect(ar, aw, KEY, &me).await.unwrap();
+        assert_eq!(h.kind, pb::ConnKind::Session as i32);
+        let (h, _, _) = acc.await.unwrap().unwrap();
+        assert_eq!(h.kind, pb::ConnKind::Session as i32);
+    }
+
+    #[tokio::test]
+    async fn a_wrong_key_is_refused_both_ways() {
+        for (ki, kr) in [
+            (b"a-wrong-key-00000" as &[u8], b"the-right-key-000" as &[u8]),
+            (b"the-right-key-000", b"a-wrong-key-00000"),
+        ] {
+            let (con, acc) = both(ki, kr).await;
+            // The initiator refuses the responder's proof (and gives none of its own)...
+            let e = con.unwrap_err();
+            assert!(matches!(e, AuthError::BadProof { node: 2 }), "{e}");
+            // ... and the responder refuses the initiator, saying why.
+            let e = acc.unwrap_err();
+            assert!(matches!(e, AuthError::BadProof { node: 1 }), "{e}");
+            assert!(e.to_string().contains("failed authentication"), "{e}");
+        }
+        let (con, acc) = both(KEY, KEY).await;
+        assert_eq!((con.unwrap(), acc.unwrap()), (2, 1));
+    }
+
+    /// Guards the review finding "a replayed Hello is accepted without the cluster key": a
+    /// sniffed handshake, replayed to a new connection, is refused.
+    #[tokio::test]
+    async fn a_replayed_handshake_is_refused() {
+        // A real handshake, sniffed both ways.
+        let (a, b) = duplex(1 << 16);
+        let (ar, aw) = split(a);
+        let (br, bw) = split(b);
+        let (by_i, by_r) = (Arc::default(), Arc::default());
+        let tap_r = Tap {
+            inner: bw,
+            seen: Arc::clone(&by_r),
+        };
+        let acc = tokio::spawn(async move { accept(br, tap_r, KEY, &id(2)).await.map(|_| ()) });
+        let tap_i = Tap {
+            inner: aw,
+            seen: Arc::clone(&by_i),
+        };
+        connect(ar, tap_i, KEY, &id(1)).await.unwrap();
+        acc.await.unwrap().unwrap();
+        let by_i = by_i.lock().unwrap().clone();
+        let by_r = by_r.lock().unwrap().clone();
+
+        // All the initiator sent (its Hello and its proof) to a new responder: the proof is
+        // over the old responder's nonce, not the new one's.
+        let (a, b) = duplex(1 << 16);
+        let (_ar, mut aw) = split(a);
+        let (br, bw) = split(b);
+        aw.write_all(&by_i).await.unwrap();
+        let e = refused(accept(br, bw, KEY, &id(2)).await);
+        assert!(matches!(e, AuthError::BadProof { node: 1 }), "{e}");
+
+        // Its Hello alone: the responder waits for the proof and accepts nothing without it.
+        let hello_len = 4 + u32::from_be_bytes(by_i[..4].try_into().unwrap()) as usize;
+        let (a, b) = duplex(1 << 16);
+        let (_ar, mut aw) = split(a);
+        let (br, bw) = split(b);
+        aw.write_all(&by_i[..hello_len]).await.unwrap();
+        let acc = tokio::spawn(async move { accept(br, bw, KEY, &id(2)).await.map(|_| ()) });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!acc.is_finished(), "accepted a Hello without its proof");
+        aw.shutdown().await.unwrap();
+        let e = acc.await.unwrap().unwrap_err();
+        assert!(matches!(e, AuthError::Closed), "{e}");
+
+        // The responder's answer to a new initiator: its proof is over the old nonce.
+        let (a, b) = duplex(1 << 16);
+        let (ar, aw) = split(a);
+        let (_br, mut bw) = split(b);
+        bw.write_all(&by_r).await.unwrap();
+        let e = refused(connect(ar, aw, KEY, &id(1)).await);
+        assert!(matches!(e, AuthError::BadProof { node: 2 }), "{e}");
+    }
+
+    /// Rewrites the incarnation in the initiator's Hello on its way, then relays.
+    async fn rewriting_relay(from_i: tokio::io::DuplexStream, to_r: tokio::io::DuplexStream) {
+        let (mut ir, mut iw) = split(from_i);
+        let (mut rr, mut rw) = split(to_r);
+        let mut f: PeerFrame = crate::frame::read_frame(&mut ir).await.unwrap().unwrap();
+        if let Some(Frame::Hello(h)) = f.frame.as_mut() {
+            h.incarnation += 1;
+        }
+        write_frame(&mut rw, &f).await.unwrap();
+        let _ = tokio::join!(
+            tokio::io::copy(&mut ir, &mut rw),
+            tokio::io::copy(&mut rr, &mut iw)
+        );
+    }
+
+    #[tokio::test]
+    async fn an_altered_identity_is_refused() {
+        let (a, a2) = duplex(1 << 16);
+        let (b2, b) = duplex(1 << 16);
+        tokio::spawn(rewriting_relay(a2, b2));
+        let (ar, aw) = split(a);
+        let (br, bw) = split(b);
+        let acc = tokio::spawn(async move { accept(br, bw, KEY, &id(2)).await.map(|_| ()) });
+        let e = refused(connect(ar, aw, KEY, &id(1)).await);
+        assert!(matches!(e, AuthError::BadProof { node: 2 }), "{e}");
         let e = acc.await.unwrap().unwrap_err();
         assert!(matches!(e, AuthError::BadProof { node: 1 }), "{e}");
     }
 
+    /// Guards the review finding "before authenticating, each connection may make cland
+    /// allocate up to 16 MiB": a handshake frame over the limit is refused from its length,
+    /// with the connection still open, before its body is allocated or awaited.
+    #[tokio::test]
+    async fn an_oversized_handshake_frame_is_refused_unallocated() {
+        let big = (crate::MAX_FRAME as u32).to_be_bytes();
+        for initiator in [false, true] {
+            let (a, b) = duplex(1 << 16);
+            let (_pr, mut pw) = split(a);
+            let (r, w) = split(b);
+            pw.write_all(&big).await.unwrap();
+            LARGEST.with(|c| c.set(0));
+            let res = if initiator {
+                tokio::time::timeout(Duration::from_secs(5), connect(r, w, KEY, &id(1))).await
+            } else {
+                tokio::time::timeout(Duration::from_secs(5), accept(r, w, KEY, &id(2))).await
+            };
+            let e = refused(res.expect("waited for the body"));
+            let largest = LARGEST.with(Cell::get);
+            assert!(
+                matches!(e, AuthError::TooLarge(n) if n == crate::MAX_FRAME),
+                "{e}"
+            );
+            assert!(e.to_string().contains("before authentication"), "{e}");
+            assert!(largest < MAX_HANDSHAKE_FRAME, "allocated {largest} bytes");
+        }
+        // A frame at the limit is read (and, not being a Hello, refused as such).
+        let (a, b) = duplex(MAX_HANDSHAKE_FRAME + 4);
+        let (_pr, mut pw) = split(a);
+        let (r, w) = split(b);
+        let mut at_limit = (MAX_HANDSHAKE_FRAME as u32).to_be_bytes().to_vec();
+        at_limit.resize(4 + MAX_HANDSHAKE_FRAME, 0);
+        pw.write_all(&at_limit).await.unwrap();
+        let e = refused(accept(r, w, KEY, &id(2)).await);
+        assert!(!matches!(e, AuthError::TooLarge(_)), "{e}");
+    }
+
     #[tokio::test]
     async fn tampered_and_replayed_frames_fail() {
-        let (a, b) = tokio::io::duplex(1 << 16);
-        let (ar, aw) = tokio::io::split(a);
-        let (br, bw) = tokio::io::split(b);
-        let key = b"0123456789abcdef".to_vec();
-        let k2 = key.clone();
+        let (a, b) = duplex(1 << 16);
+        let (ar, aw) = split(a);
+        let (br, bw) = split(b);
         let acc =
-            tokio::spawn(async move { accept(br, bw, &k2, &id(2)).await.map(|(_, r, _w)| r) });
-        let (_, _r, mut w) = connect(ar, aw, &key, &id(1)).await.unwrap();
+            tokio::spawn(async move { accept(br, bw, KEY, &id(2)).await.map(|(_, r, _w)| r) });
+        let (_, _r, mut w) = connect(ar, aw, KEY, &id(1)).await.unwrap();
         let mut r2 = acc.await.unwrap().unwrap();
-        let f = PeerFrame {
-            frame: Some(Frame::Goodbye(true)),
-        };
+        let f = goodbye();
         let sealed = w.seal(&f);
         w.write_raw(&sealed).await.unwrap();
         w.write_raw(&sealed).await.unwrap(); // replay: wrong sequence number

@@ -1,7 +1,8 @@
 //! Length-prefixed frames: a 4-byte big-endian length, then the encoded message.
 //!
-//! Readers reject lengths above [`crate::MAX_FRAME`] before allocating and turn every decode
-//! failure into [`FrameError`]; nothing here panics on malformed bytes.
+//! Readers reject lengths above [`crate::MAX_FRAME`] (or a smaller limit given to
+//! [`read_raw_max`]) before allocating and turn every decode failure into [`FrameError`];
+//! nothing here panics on malformed bytes.
 
 use prost::Message;
 use std::io::{self, Read, Write};
@@ -41,7 +42,11 @@ pub fn encode<M: Message>(msg: &M) -> Vec<u8> {
 }
 
 fn check_len(len: usize) -> Result<(), FrameError> {
-    if len > crate::MAX_FRAME {
+    check_len_max(len, crate::MAX_FRAME)
+}
+
+fn check_len_max(len: usize, max: usize) -> Result<(), FrameError> {
+    if len > max {
         Err(FrameError::TooLarge(len))
     } else {
         Ok(())
@@ -50,6 +55,16 @@ fn check_len(len: usize) -> Result<(), FrameError> {
 
 /// Reads the raw body of one frame; `None` on a clean end of stream.
 pub async fn read_raw<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<Vec<u8>>, FrameError> {
+    read_raw_max(r, crate::MAX_FRAME).await
+}
+
+/// [`read_raw`] with a limit of `max` bytes (at most [`crate::MAX_FRAME`]): a longer frame is
+/// [`FrameError::TooLarge`], refused from its length prefix before anything is allocated
+/// for its body or the body is read.
+pub async fn read_raw_max<R: AsyncRead + Unpin>(
+    r: &mut R,
+    max: usize,
+) -> Result<Option<Vec<u8>>, FrameError> {
     let mut len = [0u8; 4];
     let mut got = 0;
     while got < 4 {
@@ -64,7 +79,7 @@ pub async fn read_raw<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<Vec<u8>>
         got += n;
     }
     let len = u32::from_be_bytes(len) as usize;
-    check_len(len)?;
+    check_len_max(len, max.min(crate::MAX_FRAME))?;
     let mut body = vec![0u8; len];
     r.read_exact(&mut body).await.map_err(|e| {
         if e.kind() == io::ErrorKind::UnexpectedEof {

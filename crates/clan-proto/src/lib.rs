@@ -20,8 +20,9 @@ pub mod pb {
 /// waits (cland takes no shepherd that has not said so).
 pub const SHEPHERD_WAITING: u8 = b'w';
 
-/// Protocol version carried in every Hello.
-pub const VERSION: u32 = 1;
+/// Protocol version carried in every Hello: a peer of another version is refused at its
+/// Hello. 2: the three-message handshake whose proofs cover both nonces and identities.
+pub const VERSION: u32 = 2;
 
 /// Largest frame accepted from anyone (16 MiB): a bigger length is malformed input.
 pub const MAX_FRAME: usize = 16 << 20;
