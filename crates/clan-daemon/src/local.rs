@@ -60,6 +60,24 @@ impl Node {
     async fn serve_client(self: Arc<Self>, s: UnixStream) {
         let Ok(cred) = s.peer_cred() else { return };
         let pid = cred.pid().unwrap_or(0);
+        // The caller's job is read now, while its process is known to be the one that
+        // connected (a pidfd taken from the socket, checked alive after the read): a
+        // process of a job that hands its connection on and exits can not start
+        // processes outside the job through it.
+        let pinned = peer_pidfd(&s).or_else(|| clan_core::sys::pidfd_open(pid).ok());
+        let job = self.job_of_caller(pid as u32);
+        let alive = pinned.as_ref().is_some_and(|fd| {
+            use std::os::fd::AsFd;
+            let mut p = [nix::poll::PollFd::new(
+                fd.as_fd(),
+                nix::poll::PollFlags::POLLIN,
+            )];
+            nix::poll::poll(&mut p, nix::poll::PollTimeout::ZERO) == Ok(0)
+        });
+        if !alive && cred.uid() != 0 {
+            debug!(pid, "client gone before it was identified: refused");
+            return;
+        }
         let ids = self.caller_ids(pid);
         let creds = pb::Creds {
             uid: cred.uid(),
@@ -70,6 +88,7 @@ impl Node {
             pgid: self.cluster_id(Kind::Group, ids.pgid),
             sid: self.cluster_id(Kind::Session, ids.sid),
             start: 0,
+            job: job.unwrap_or(0),
         };
         // Watched for reading only (see clan_core::unixconn).
         let Ok(s) = s.into_std().and_then(UnixConn::from_std) else {
@@ -174,7 +193,7 @@ impl Node {
     /// job, whatever its environment says. Otherwise `--job J` names an existing job that
     /// the caller owns (root may use any), and no job makes a new one.
     async fn job_for(self: &Arc<Self>, job: u64, creds: &pb::Creds) -> Result<u64> {
-        let own = self.job_of_caller(creds.pid);
+        let own = Some(creds.job).filter(|&j| j != 0);
         if job == 0 {
             return match own {
                 Some(j) => Ok(j),
@@ -850,4 +869,25 @@ fn read_range(path: &Path, offset: u64, limit: u64) -> std::io::Result<Vec<u8>> 
     let mut buf = Vec::new();
     f.take(limit).read_to_end(&mut buf)?;
     Ok(buf)
+}
+
+/// A pidfd of the process at the other end of a Unix socket (SO_PEERPIDFD, Linux 6.5);
+/// `None` on older kernels.
+fn peer_pidfd(s: &tokio::net::UnixStream) -> Option<std::os::fd::OwnedFd> {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    const SO_PEERPIDFD: libc::c_int = 77;
+    let mut fd: libc::c_int = -1;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into the int we pass.
+    let r = unsafe {
+        libc::getsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            SO_PEERPIDFD,
+            (&mut fd as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    // SAFETY: on success the kernel gave us a new descriptor that we now own.
+    (r == 0 && fd >= 0).then(|| unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
 }
