@@ -1192,7 +1192,9 @@ fn bash_through_suspension(method: &str, mark: &str) -> String {
     eventually("bash's end", LIMIT, || {
         read().contains("end\n").then_some(())
     });
-    c.clan_ok(&["job", "kill", &job]);
+    // Bash has ended, or is about to: the job has finished (no such job) or is killed now.
+    let o = c.clan(&["job", "kill", &job]);
+    assert!(matches!(o.status.code(), Some(0 | 3)), "{}", describe(&o));
     assert!(host_processes_mentioning(&child).is_empty());
     read()
 }
@@ -1503,4 +1505,75 @@ fn a_suspended_job_uses_no_cpu() {
     c.clan_ok(&["job", "kill", &job]);
     assert!(host_processes_mentioning("yes 3301").is_empty());
     assert!(host_processes_mentioning("sleep 3301").is_empty());
+}
+
+/// `clan job adopt` is no way out of a job either, nor out of any cgroup its caller could
+/// not leave by itself: cland (root) moves the processes, so for a caller that is not root
+/// it refuses a process of a clan task, and one whose cgroup the caller could not move it
+/// out of under the kernel's delegation rule (write access to `cgroup.procs` of the common
+/// ancestor of the process's cgroup and the new task's), such as a service's. Refused with
+/// exit 4, `permission denied`, nothing moved.
+#[test]
+fn adopt_takes_no_process_out_of_its_job_or_cgroup() {
+    root_or_skip!("adopt_takes_no_process_out_of_its_job_or_cgroup");
+    let c = Cluster::up(2);
+    let a = user("clanesc1");
+    let (_, job) = started(
+        &clan_as(&c, a, &["run", "-d", "--node", "1", "--", "sleep", "3231"]),
+        "the owner's job",
+    );
+    let p = eventually("the job's sleep", LIMIT, || {
+        live_with_mark("3231").into_iter().next()
+    });
+    let in_task = task_cgroup_path(&c, 1, &job);
+    assert_eq!(p.cgroup, in_task, "{p:?}");
+    let o = clan_as(&c, a, &["job", "adopt", &p.pid.to_string()]);
+    let now = host_proc(p.pid).map(|p| p.cgroup).unwrap_or_default();
+    assert!(
+        o.status.code() == Some(4)
+            && String::from_utf8_lossy(&o.stderr).contains("permission denied")
+            && now == in_task,
+        "the owner of job {job} adopted its process {} out of it ({}): now in {now:?}",
+        p.pid,
+        describe(&o)
+    );
+    let kill = clan_as(&c, a, &["job", "kill", &job]);
+    assert!(
+        kill.status.success() && live_with_mark("3231").is_empty(),
+        "`clan job kill {job}`: {}",
+        describe(&kill)
+    );
+
+    // A process of the user in a cgroup of root's (a service's): not the user's to move.
+    let mount = cgroup2().expect("cgroup2");
+    let svc = mount.join(format!("clan-test-svc-{}", std::process::id()));
+    std::fs::create_dir_all(&svc).expect("a service cgroup");
+    let mut outside = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "echo $$ > {}/cgroup.procs && exec setpriv --reuid={} --regid={} --clear-groups \
+             sleep 3232",
+            svc.display(),
+            a.uid,
+            a.gid
+        ))
+        .spawn()
+        .expect("a service's process");
+    let q = eventually("the service's sleep", LIMIT, || {
+        live_with_mark("3232").into_iter().next()
+    });
+    let svc_path = format!("/{}", svc.strip_prefix(&mount).unwrap().display());
+    let o = clan_as(&c, a, &["job", "adopt", &q.pid.to_string()]);
+    let now = host_proc(q.pid).map(|p| p.cgroup).unwrap_or_default();
+    let _ = outside.kill();
+    let _ = outside.wait();
+    let _ = std::fs::remove_dir(&svc);
+    assert!(
+        o.status.code() == Some(4)
+            && String::from_utf8_lossy(&o.stderr).contains("permission denied")
+            && now == svc_path,
+        "a user adopted its process {} out of root's cgroup {svc_path} ({}): now in {now:?}",
+        q.pid,
+        describe(&o)
+    );
 }

@@ -583,3 +583,240 @@ fn either_method_resumes_what_the_other_suspended() {
     c.clan_ok(&["job", "kill", &job]);
     assert!(host_processes_mentioning("sleep 1046").is_empty());
 }
+
+/// `clan job kill -s 0 J` is kill(1)'s signal 0: it checks that the job exists and that the
+/// caller may signal it, and sends nothing. A job whose processes are all gone (killed, its
+/// zombies still known to cland) is no such job for every action (exit 3), not a job with
+/// no process left, and `clan job ls` no longer lists it.
+#[test]
+fn signal_0_sends_nothing_and_a_finished_job_is_no_such_job() {
+    root_or_skip!("signal_0_sends_nothing_and_a_finished_job_is_no_such_job");
+    let c = Cluster::up(2);
+    let o = c.clan(&["run", "-N", "2", "-d", "--", "sleep", "1081"]);
+    assert!(o.status.success(), "{o:?}");
+    let job = job_of(&o);
+    eventually("the job's sleeps", Duration::from_secs(20), || {
+        (host_processes_mentioning("sleep 1081").len() == 2).then_some(())
+    });
+    let out = c.clan_ok(&["job", "kill", "-s", "0", &job]);
+    assert_eq!(out.matches("signal 0: none sent").count(), 2, "{out}");
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        host_processes_mentioning("sleep 1081").len(),
+        2,
+        "`clan job kill -s 0` killed the job: {out}"
+    );
+    let user = test_user("clantesta");
+    let o = std::process::Command::new("setpriv")
+        .args([
+            &format!("--reuid={user}"),
+            &format!("--regid={user}"),
+            "--clear-groups",
+        ])
+        .arg(bin("clan"))
+        .args(["job", "kill", "-s", "0", &job])
+        .env("CLAN_DIR", &c.dir)
+        .current_dir("/tmp")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(4), "{o:?}");
+
+    let out = c.clan_ok(&["job", "kill", &job]);
+    assert_eq!(out.matches("killed (1 process)").count(), 2, "{out}");
+    // cland still knows the zombies of the processes it started (for `clan wait`).
+    assert!(c.ps(&["--job", &job]).iter().all(|p| p["state"] == "Z"));
+    for args in [
+        vec!["job", "kill", &job],
+        vec!["job", "kill", "-s", "0", &job],
+        vec!["job", "kill", "--method", "signals", &job],
+        vec!["job", "suspend", &job],
+        vec!["job", "resume", &job],
+        vec!["job", "show", &job],
+        vec!["job", "tree", &job],
+    ] {
+        let o = c.clan(&args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            o.status.code() == Some(3)
+                && err.contains(&format!("no such job {job}"))
+                && err.lines().count() == 1,
+            "clan {args:?} on a finished job: {o:?}"
+        );
+    }
+    let ls = c.clan_ok(&["job", "ls"]);
+    assert!(!ls.contains(&job), "{ls}");
+}
+
+/// Subtree operations report the subtree (its processes, its state): a second suspend says
+/// it is suspended already; a subtree of a task frozen as a whole is not resumed alone
+/// (refused, exit 2), since the freezer would hold it still.
+#[test]
+fn subtree_operations_report_the_subtree() {
+    root_or_skip!("subtree_operations_report_the_subtree");
+    let c = Cluster::up(2);
+    let o = c.clan(&[
+        "run",
+        "-d",
+        "--node",
+        "2",
+        "--",
+        "sh",
+        "-c",
+        "sh -c 'sleep 3841 & exec sleep 3842' & exec sleep 3843",
+    ]);
+    let job = job_of(&o);
+    let sub = eventually("the subtree", Duration::from_secs(20), || {
+        let ps = c.ps(&["--job", &job]);
+        let sub = ps.iter().find(|p| p["cmd"] == "sleep 3842")?;
+        ps.iter()
+            .any(|p| p["cmd"] == "sleep 3841")
+            .then(|| sub["gpid"].to_string())
+    });
+    let out = c.clan_ok(&["job", "suspend", &job, "--subtree", &sub]);
+    assert!(out.contains("suspended (2 processes)"), "{out}");
+    let out = c.clan_ok(&["job", "suspend", &job, "--subtree", &sub]);
+    assert!(out.contains("already suspended (2 processes)"), "{out}");
+    let out = c.clan_ok(&["job", "resume", &job, "--subtree", &sub]);
+    assert!(out.contains("resumed (2 processes)"), "{out}");
+    let out = c.clan_ok(&["job", "resume", &job, "--subtree", &sub]);
+    assert!(out.contains("not suspended (2 processes)"), "{out}");
+
+    c.clan_ok(&["job", "suspend", &job]);
+    let o = c.clan(&["job", "resume", &job, "--subtree", &sub]);
+    assert!(
+        o.status.code() == Some(2) && String::from_utf8_lossy(&o.stderr).contains("frozen"),
+        "a subtree resume of a frozen task: {o:?}"
+    );
+    assert_eq!(task_event(&c, 2, &job, "frozen").as_deref(), Some("1"));
+    c.clan_ok(&["job", "resume", &job]);
+    let out = c.clan_ok(&["job", "kill", &job, "--subtree", &sub]);
+    assert!(out.contains("killed (2 processes)"), "{out}");
+    assert!(host_processes_mentioning("sleep 3841").is_empty());
+    assert!(host_processes_mentioning("sleep 3842").is_empty());
+    assert_eq!(host_processes_mentioning("sleep 3843").len(), 1);
+    c.clan_ok(&["job", "kill", &job]);
+}
+
+/// A subtree kill leaves no descendant alive, also of a subtree that forks all the time:
+/// stopped top-down first, then killed, and verified.
+#[test]
+fn a_subtree_kill_leaves_no_descendant_of_a_forking_subtree() {
+    root_or_skip!("a_subtree_kill_leaves_no_descendant_of_a_forking_subtree");
+    let c = Cluster::up(1);
+    let o = c.clan(&[
+        "run",
+        "-d",
+        "--",
+        "sh",
+        "-c",
+        "sh -c 'for i in $(seq 3000); do sleep 3851 & done; wait' & exec sleep 3852",
+    ]);
+    let job = job_of(&o);
+    let sub = eventually("the forking shell", Duration::from_secs(20), || {
+        c.ps(&["--job", &job])
+            .into_iter()
+            .find(|p| p["cmd"].as_str().is_some_and(|s| s.contains("seq 3000")))
+            .map(|p| p["gpid"].to_string())
+    });
+    eventually("the shell forking", Duration::from_secs(20), || {
+        (host_processes_mentioning("sleep 3851").len() >= 100).then_some(())
+    });
+    let o = c.clan(&["job", "kill", &job, "--subtree", &sub]);
+    let left = host_processes_mentioning("sleep 3851");
+    assert!(
+        o.status.success() && left.is_empty(),
+        "{} left alive by {o:?}",
+        left.len()
+    );
+    assert_eq!(host_processes_mentioning("sleep 3852").len(), 1);
+    c.clan_ok(&["job", "kill", &job]);
+}
+
+/// The host pid of the process whose command line is exactly `cmd` (words by spaces).
+fn host_pid_of(cmd: &str) -> Option<u32> {
+    let want: Vec<u8> = cmd.split(' ').flat_map(|w| w.bytes().chain([0])).collect();
+    std::fs::read_dir("/proc")
+        .ok()?
+        .flatten()
+        .filter_map(|e| e.file_name().to_string_lossy().parse::<u32>().ok())
+        .find(|p| std::fs::read(format!("/proc/{p}/cmdline")).is_ok_and(|c| c == want))
+}
+
+/// Holds host process `pid` (ptrace) when the next signal reaches it, for `secs` seconds,
+/// then lets the signal through: a SIGSTOP takes that long to stop it.
+const HOLD: &str = r#"
+import ctypes, os, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+pid, secs, ready = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
+libc.ptrace(16, pid, 0, 0)   # PTRACE_ATTACH
+os.waitpid(pid, 0)
+libc.ptrace(7, pid, 0, 0)    # PTRACE_CONT, the attach's stop dropped
+open(ready, "w").close()
+_, st = os.waitpid(pid, 0)
+time.sleep(secs)
+libc.ptrace(17, pid, 0, os.WSTOPSIG(st))   # PTRACE_DETACH with the signal
+"#;
+
+/// A subtree operation on another node may take as long as the signal method does (its
+/// processes stop one after the other, up to 120 s), not only the freezer's 10 s: two
+/// processes of the subtree that take 7 and 14 s to stop are suspended, asked from node 1.
+#[test]
+fn a_slow_subtree_suspend_on_another_node_is_waited_for() {
+    root_or_skip!("a_slow_subtree_suspend_on_another_node_is_waited_for");
+    let c = Cluster::up(2);
+    let dir = std::env::temp_dir().join(format!("clan-jobs-hold-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let o = c.clan(&[
+        "run",
+        "-d",
+        "--node",
+        "2",
+        "--",
+        "sh",
+        "-c",
+        "sh -c 'sleep 3861 & sleep 3862 & wait' & exec sleep 3863",
+    ]);
+    let job = job_of(&o);
+    let sub = eventually("the subtree", Duration::from_secs(20), || {
+        let ps = c.ps(&["--job", &job]);
+        let sh = ps.iter().find(|p| {
+            p["cmd"]
+                .as_str()
+                .is_some_and(|s| s.starts_with("sh -c sleep"))
+        })?;
+        (host_pid_of("sleep 3861").is_some() && host_pid_of("sleep 3862").is_some())
+            .then(|| sh["gpid"].to_string())
+    });
+    let host_pid = |cmd: &str| host_pid_of(cmd).unwrap().to_string();
+    let mut holders = Vec::new();
+    for (needle, secs) in [("sleep 3861", "7"), ("sleep 3862", "14")] {
+        let ready = dir.join(needle.replace(' ', "-"));
+        holders.push(
+            std::process::Command::new("python3")
+                .args(["-c", HOLD, &host_pid(needle), secs])
+                .arg(&ready)
+                .spawn()
+                .unwrap(),
+        );
+        eventually("the holder attached", Duration::from_secs(20), || {
+            ready.exists().then_some(())
+        });
+    }
+    let started = std::time::Instant::now();
+    let o = c.clan(&["--from", "1", "job", "suspend", &job, "--subtree", &sub]);
+    let took = started.elapsed();
+    for mut h in holders {
+        let _ = h.wait();
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        o.status.success() && String::from_utf8_lossy(&o.stdout).contains("suspended"),
+        "after {took:?}: {o:?}"
+    );
+    assert!(
+        took > Duration::from_secs(12),
+        "{took:?}: the holders did not hold"
+    );
+    c.clan_ok(&["job", "kill", &job]);
+    assert!(host_processes_mentioning("sleep 386").is_empty());
+}

@@ -555,7 +555,9 @@ impl Client {
     }
 
     /// A job operation (list, suspend, resume, kill) on the tasks of a job on `nodes`
-    /// (empty: every node), answered per node.
+    /// (empty: every node), answered per node. A kill sends `signal` (give SIGKILL
+    /// explicitly: 0 is kill(1)'s signal 0, which checks that the job exists and may be
+    /// signalled, and sends nothing).
     pub async fn job(
         &self,
         action: pb::JobAction,

@@ -174,6 +174,105 @@ fn send(pid: u32, sig: nix::sys::signal::Signal) {
     let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), sig);
 }
 
+/// Sends signal number `sig` (any, real-time ones too) to a host process.
+fn send_raw(pid: u32, sig: i32) {
+    // SAFETY: kill(2) takes plain integers and touches no memory of ours.
+    unsafe {
+        libc::kill(pid as libc::pid_t, sig);
+    }
+}
+
+/// The signal a kill request names, checked (1 to SIGRTMAX; 0 is handled before).
+fn signal_number(sig: i32) -> Result<i32> {
+    if (1..=libc::SIGRTMAX()).contains(&sig) {
+        Ok(sig)
+    } else {
+        Err(Error::Invalid(format!("invalid signal {sig}")))
+    }
+}
+
+/// The state letter and start time (clock ticks after boot) of a host process: with the
+/// pid, what tells it from a later process given the same pid.
+fn state_and_start(pid: u32) -> Option<(char, u64)> {
+    let s = clan_core::sys::read_small(format!("/proc/{pid}/stat")).ok()?;
+    let f: Vec<&str> = s.rsplit_once(')')?.1.split_whitespace().collect();
+    Some((f.first()?.chars().next()?, f.get(19)?.parse().ok()?))
+}
+
+/// Whether a process known by pid and start time still lives (not a zombie, not gone, not
+/// replaced by a later process with its pid).
+fn lives(pid: u32, start: u64) -> bool {
+    matches!(state_and_start(pid), Some((st, t)) if t == start && !matches!(st, 'Z' | 'X'))
+}
+
+/// The children of a host process, forked by any of its threads (the kernel's list).
+fn kernel_children(pid: u32) -> Vec<u32> {
+    let Ok(threads) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    threads
+        .flatten()
+        .flat_map(|t| {
+            clan_core::sys::read_small(t.path().join("children"))
+                .unwrap_or_default()
+                .split_whitespace()
+                .filter_map(|k| k.parse::<u32>().ok())
+                .collect::<Vec<u32>>()
+        })
+        .collect()
+}
+
+/// The cgroup v2 directory of a host process (`None`: it is gone).
+fn cgroup_dir_of(pid: u32) -> Option<PathBuf> {
+    let text = clan_core::sys::read_small(format!("/proc/{pid}/cgroup")).ok()?;
+    let rel = text.lines().find_map(|l| l.strip_prefix("0::"))?;
+    Some(crate::cgroup::cgroup2_mount()?.join(rel.trim().trim_start_matches('/')))
+}
+
+/// Where a host process is, for putting it back: its v2 directory, then its directories
+/// in the v1 hierarchies of the node's controllers.
+fn places_of(cg: &crate::cgroup::NodeCgroup, pid: u32) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = cgroup_dir_of(pid).into_iter().collect();
+    let text = clan_core::sys::read_small(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+    for c in cg.ctls.iter().filter(|c| c.v1) {
+        let rel = text.lines().find_map(|l| {
+            let mut f = l.splitn(3, ':');
+            let (_, ctls, path) = (f.next()?, f.next()?, f.next()?);
+            ctls.split(',').any(|x| x == c.name).then_some(path)
+        });
+        if let (Some(rel), Some(mount)) = (rel, crate::cgroup::v1_mount(c.name)) {
+            out.push(mount.join(rel.trim().trim_start_matches('/')));
+        }
+    }
+    out
+}
+
+/// Whether `creds` may write `file` by its owner, group and mode (access(2) for the caller,
+/// who is not root).
+fn may_write(creds: &pb::Creds, file: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(m) = std::fs::metadata(file) else {
+        return false;
+    };
+    let mode = m.mode();
+    if m.uid() == creds.uid {
+        mode & 0o200 != 0
+    } else if m.gid() == creds.gid || creds.groups.contains(&m.gid()) {
+        mode & 0o020 != 0
+    } else {
+        mode & 0o002 != 0
+    }
+}
+
+/// The deepest directory both paths are in.
+fn common_ancestor(a: &Path, b: &Path) -> PathBuf {
+    a.components()
+        .zip(b.components())
+        .take_while(|(x, y)| x == y)
+        .map(|(x, _)| x)
+        .collect()
+}
+
 /// How long the signal method may go without progress for a task of `n` processes (each
 /// must be scheduled to take its signal, so a big busy task on few CPUs needs more than the
 /// freezer's limit); a suspend that keeps stopping processes goes on up to [`SIGNALS_MAX`].
@@ -216,10 +315,58 @@ impl Node {
         order
     }
 
+    /// Why a caller that is not root may not have process `p` moved into a new task of this
+    /// node (`None`: it may). cland moves it as root, so it checks what the kernel would
+    /// check of the caller itself: the process is the caller's, it is in no clan task (a
+    /// process can not leave its job, M2), and the caller could move it out of its cgroup
+    /// into the new task (the cgroup v2 delegation rule: write access to `cgroup.procs` of
+    /// the deepest cgroup that holds both, which excludes, say, a systemd service's).
+    fn adopt_refusal(
+        &self,
+        cg: &crate::cgroup::NodeCgroup,
+        creds: &pb::Creds,
+        p: u32,
+        into: u64,
+    ) -> Option<String> {
+        let task = cg.task_of(p, true);
+        if into != 0 && task == Some(into) {
+            return None; // forked meanwhile by a process already moved: in the task already
+        }
+        match uid_of(p) {
+            None => return None, // gone: nothing to move
+            Some(u) if u != creds.uid => {
+                return Some(format!("process {p} is not yours (uid {u})"))
+            }
+            Some(_) => {}
+        }
+        if let Some(j) = task {
+            return Some(format!(
+                "process {p} is in job {j}'s task, and a process can not leave its job"
+            ));
+        }
+        let from = cgroup_dir_of(p)?; // gone: nothing to move
+                                      // The new task is a directory of the node's cgroup: both are in their common part.
+        let both = common_ancestor(&from, &cg.root.join("job"));
+        if may_write(creds, &both.join("cgroup.procs")) {
+            return None;
+        }
+        let mount = crate::cgroup::cgroup2_mount().unwrap_or_default();
+        let show = |d: &Path| format!("/{}", d.strip_prefix(&mount).unwrap_or(d).display());
+        Some(format!(
+            "you could not move process {p} out of cgroup {} yourself (no write access to \
+             {}/cgroup.procs)",
+            show(&from),
+            show(&both).trim_end_matches('/')
+        ))
+    }
+
     /// `clan job adopt PID`: a process started outside clan and all its descendants become a
     /// new job's task on this node (M1). They are moved into the task's cgroup parents
     /// first; the walk repeats until it finds no process it has not moved, so children
-    /// forked meanwhile (born in their parent's cgroup, old or new) are caught.
+    /// forked meanwhile (born in their parent's cgroup, old or new) are caught. A caller
+    /// that is not root may only adopt what it could move itself ([`Node::adopt_refusal`]):
+    /// the whole tree is checked before anything moves, and a process found refused during
+    /// the move (forked meanwhile) puts back every process moved so far.
     fn adopt_into_task(&self, pid: u32, creds: &pb::Creds) -> Result<pb::TaskInfo> {
         let Some(cg) = &self.cgroup else {
             return Err(Error::Invalid(format!(
@@ -231,13 +378,26 @@ impl Node {
             return Err(Error::Invalid(format!("can not adopt process {pid}")));
         }
         let owner = uid_of(pid).ok_or_else(|| Error::NotFound(format!("no such process {pid}")))?;
-        if creds.uid != 0 && creds.uid != owner {
-            return Err(Error::Permission(format!(
-                "permission denied to adopt process {pid} (uid {owner})"
-            )));
+        let refused = |why: String| {
+            Error::Permission(format!("permission denied to adopt process {pid}: {why}"))
+        };
+        if creds.uid != 0 {
+            let mut todo = vec![pid];
+            let mut seen = std::collections::HashSet::new();
+            while let Some(p) = todo.pop() {
+                if !seen.insert(p) {
+                    continue;
+                }
+                if let Some(why) = self.adopt_refusal(cg, creds, p, 0) {
+                    return Err(refused(why));
+                }
+                todo.extend(kernel_children(p));
+            }
         }
         let job = self.new_job_for(owner)?.raw();
         *self.spawning.lock().entry(job).or_insert(0) += 1;
+        // Where each moved process was, to put it back if the adoption is refused midway.
+        let mut was: Vec<(u32, Vec<PathBuf>)> = Vec::new();
         let res = (|| -> Result<PathBuf> {
             let dir = cg
                 .job(job)
@@ -250,16 +410,18 @@ impl Node {
                 let mut progress = false;
                 while let Some((p, parent)) = todo.pop() {
                     if !moved.contains(&p) {
-                        if creds.uid != 0 && uid_of(p).is_some_and(|u| u != creds.uid) {
-                            return Err(Error::Permission(format!(
-                                "permission denied to adopt process {p}, a descendant of {pid}"
-                            )));
+                        if creds.uid != 0 {
+                            if let Some(why) = self.adopt_refusal(cg, creds, p, job) {
+                                return Err(refused(why));
+                            }
                         }
+                        let places = places_of(cg, p);
                         match std::fs::write(&procs_file, p.to_string()) {
                             Ok(()) => {}
                             Err(e) if e.raw_os_error() == Some(libc::ESRCH) => continue,
                             Err(e) => return Err(Error::internal(&format!("move {p}"), e)),
                         }
+                        was.push((p, places));
                         for d in cg.v1_job_dirs(job) {
                             let _ = std::fs::write(d.join("cgroup.procs"), p.to_string());
                         }
@@ -267,13 +429,7 @@ impl Node {
                         genealogy.push((p, parent));
                         progress = true;
                     }
-                    let kids = clan_core::sys::read_small(format!("/proc/{p}/task/{p}/children"))
-                        .unwrap_or_default();
-                    todo.extend(
-                        kids.split_whitespace()
-                            .filter_map(|k| k.parse::<u32>().ok())
-                            .map(|k| (k, p)),
-                    );
+                    todo.extend(kernel_children(p).into_iter().map(|k| (k, p)));
                 }
                 if !progress {
                     break;
@@ -291,6 +447,41 @@ impl Node {
             }
             Ok(dir)
         })();
+        if res.is_err() {
+            // Put back, parents first (what they fork from then on is born where they were);
+            // what was forked into the task meanwhile goes where its parent is.
+            for (p, places) in &was {
+                for d in places {
+                    let _ = std::fs::write(d.join("cgroup.procs"), p.to_string());
+                }
+            }
+            for _ in 0..100 {
+                let rest = procs(&cg.job_dir(job));
+                if rest.is_empty() {
+                    break;
+                }
+                for p in rest {
+                    let parent = clan_core::sys::read_small(format!("/proc/{p}/stat"))
+                        .ok()
+                        .and_then(|s| {
+                            s.rsplit_once(')')?
+                                .1
+                                .split_whitespace()
+                                .nth(1)?
+                                .parse()
+                                .ok()
+                        });
+                    for d in parent.map(|pp| places_of(cg, pp)).unwrap_or_default() {
+                        let _ = std::fs::write(d.join("cgroup.procs"), p.to_string());
+                    }
+                }
+                std::thread::sleep(RETRY);
+            }
+            for d in cg.v1_job_dirs(job) {
+                let _ = std::fs::remove_dir(d);
+            }
+            let _ = std::fs::remove_dir(cg.job_dir(job));
+        }
         {
             let mut sp = self.spawning.lock();
             if let Some(n) = sp.get_mut(&job) {
@@ -301,10 +492,9 @@ impl Node {
             }
         }
         res?;
-        let task = self
-            .task(job)
-            .ok_or_else(|| Error::NotFound(format!("job {job}'s task is gone")))?;
-        Ok(self.task_info(job, &task))
+        self.task(job)
+            .and_then(|task| self.task_info(job, &task))
+            .ok_or_else(|| Error::NotFound(format!("process {pid} exited while adopted")))
     }
 
     /// The task's processes top-down, or only the subtree rooted at the process whose
@@ -461,15 +651,18 @@ impl Node {
         }
     }
 
-    /// Job `job`'s task here, if the node has cgroups and the task exists: its control
-    /// files from the last request when they still answer (the cgroup was not removed
-    /// since), else opened now.
+    /// Job `job`'s task here, if the node has cgroups and the task has a process: its
+    /// control files from the last request when they still answer (the cgroup was not
+    /// removed since), else opened now. A task whose processes are all gone is no task,
+    /// for every action and listing, although its cgroup stays while cland still knows a
+    /// process of the job (a zombie waiting for `clan wait`, up to `exit_retention_ms`):
+    /// the job has finished here.
     pub fn task(&self, job: u64) -> Option<Task> {
         let dir = self.cgroup.as_ref()?.job_dir(job);
         let kept = self.task_files.lock().get(&job).cloned();
         if let Some(files) = kept {
             if let Ok(pids) = files.procs() {
-                return Some(Task { dir, files, pids });
+                return (!pids.is_empty()).then_some(Task { dir, files, pids });
             }
             self.task_files.lock().remove(&job);
         }
@@ -480,7 +673,7 @@ impl Node {
             kept.clear();
         }
         kept.insert(job, files.clone());
-        Some(Task { dir, files, pids })
+        (!pids.is_empty()).then_some(Task { dir, files, pids })
     }
 
     /// Every task of this node (or only `job`'s), with what the kernel says of it.
@@ -497,7 +690,7 @@ impl Node {
                 let name = e.file_name().to_string_lossy().into_owned();
                 let j: u64 = name.strip_prefix("job")?.parse().ok()?;
                 let t = (job == 0 || j == job).then(|| self.task(j))??;
-                Some(self.task_info(j, &t))
+                self.task_info(j, &t)
             })
             .collect();
         out.sort_by_key(|t| t.job);
@@ -536,8 +729,11 @@ impl Node {
 
     /// What the kernel says of a task, for listings (its owner reads every process's
     /// status: too slow for a suspend or resume of a big task, which use `task_brief`).
-    fn task_info(&self, job: u64, task: &Task) -> pb::TaskInfo {
+    /// `None` when its processes have all exited since its `cgroup.procs` was read.
+    fn task_info(&self, job: u64, task: &Task) -> Option<pb::TaskInfo> {
         let (dir, pids) = (&task.dir, &task.pids);
+        // The owner: the lowest uid among its processes (none left: no task, not root's).
+        let uid = pids.iter().filter_map(|p| uid_of(*p)).min()?;
         let state = Self::task_state(&task.files, pids);
         let peak = self.task_peaks.lock().get(&job).copied().unwrap_or(0);
         let (mem, mem_peak) = self
@@ -545,7 +741,7 @@ impl Node {
             .as_ref()
             .map(|cg| cg.memory(job))
             .unwrap_or((0, 0));
-        pb::TaskInfo {
+        Some(pb::TaskInfo {
             job,
             node: self.id.get(),
             procs: pids.len() as u32,
@@ -559,9 +755,9 @@ impl Node {
                 .as_ref()
                 .and_then(|cg| cg.max_procs(job))
                 .unwrap_or(0),
-            uid: pids.iter().filter_map(|p| uid_of(*p)).min().unwrap_or(0),
+            uid,
             ..Default::default()
-        }
+        })
     }
 
     /// Records each task's process count for its peak (the sampler calls this).
@@ -660,7 +856,8 @@ impl Node {
     }
 
     /// Suspend, resume or kill (`action`) job `job`'s task (or the subtree `req` names),
-    /// verified; reports the task after.
+    /// verified; reports the task (or the subtree) after. A kill with signal 0 is kill(1)'s:
+    /// the task exists and the caller may signal it, and nothing is sent.
     fn act_on_task(
         &self,
         action: pb::JobAction,
@@ -685,10 +882,20 @@ impl Node {
             }
             _ => return Err(Error::Invalid(format!("invalid subtree {}", req.subtree))),
         };
-        let pids = &task.pids;
-        self.may_act(creds, job, pids)?;
-        let before = self.task_brief(job, files, pids);
-        let changed;
+        self.may_act(creds, job, &task.pids)?;
+        // What the action reaches: the subtree's processes, or the task's.
+        let reached = |me: &Self| match subtree {
+            Some(_) => me.order(job, dir, subtree),
+            None => files.procs().unwrap_or_default(),
+        };
+        let members = match subtree {
+            Some(_) => reached(self),
+            None => task.pids.clone(),
+        };
+        let before = self.task_brief(job, files, &members);
+        let frozen = || files.event("frozen") == Some(true) || files.freezing();
+        let mut changed;
+        let mut left = Vec::new();
         match action {
             A::JobSuspend if signals || subtree.is_some() => {
                 changed = before.state != "suspended";
@@ -698,30 +905,54 @@ impl Node {
                     self.suspend_by_signals(job, dir, subtree)?;
                 }
             }
-            A::JobResume if signals || subtree.is_some() => {
-                changed = before.state != "running";
-                // A resume undoes a suspension by either method (a subtree is never frozen
-                // alone: the freezer holds the whole task, which a subtree resume leaves).
-                if subtree.is_none() && files.freezing() {
-                    files.set_frozen(dir, false)?;
+            A::JobResume if subtree.is_some() => {
+                // The freezer holds the whole task: the subtree would stay frozen.
+                if frozen() {
+                    return Err(Error::Invalid(format!(
+                        "job {job} on node {} is frozen as a whole (suspended with the freezer): \
+                         resume the job, not a subtree",
+                        self.id
+                    )));
                 }
+                changed = members.iter().any(|p| proc_state(*p) == Some('T'));
                 self.resume_by_signals(job, dir, subtree)?;
             }
-            A::JobKill if signals || subtree.is_some() => {
+            A::JobResume if signals => {
+                changed = before.state != "running";
+                // A resume undoes a suspension by either method.
+                if files.freezing() {
+                    files.set_frozen(dir, false)?;
+                }
+                self.resume_by_signals(job, dir, None)?;
+            }
+            A::JobKill if req.signal == 0 => {
+                // kill(1)'s signal 0: the job is there and the caller may signal it.
+                changed = false;
+            }
+            A::JobKill if subtree.is_some() => {
+                let sig = signal_number(req.signal)?;
+                let root = subtree.unwrap_or_default();
+                let (killed, alive) = self.kill_subtree(job, dir, files, root, sig);
+                changed = !killed.is_empty();
+                left = alive;
+                let mut after = self.task_brief(job, files, &reached(self));
+                after.procs = killed.len() as u32; // how many it reached
+                after.changed = changed;
+                after.pids = left
+                    .into_iter()
+                    .map(|h| clan_core::sys::ns_pid_of_host(h).unwrap_or(h))
+                    .collect();
+                return Ok(after);
+            }
+            A::JobKill if signals => {
                 // Top-down, as the paper's task kill: a parent dies before its children
                 // can be reparented and reported to it.
-                let sig = nix::sys::signal::Signal::try_from(if req.signal == 0 {
-                    libc::SIGKILL
-                } else {
-                    req.signal
-                })
-                .map_err(|_| Error::Invalid(format!("invalid signal {}", req.signal)))?;
-                let order = self.order(job, dir, subtree);
-                changed = !order.is_empty();
-                for p in order {
-                    send(p, sig);
+                let sig = signal_number(req.signal)?;
+                changed = !members.is_empty();
+                for p in self.order(job, dir, None) {
+                    send_raw(p, sig);
                 }
-                if sig == nix::sys::signal::Signal::SIGKILL && subtree.is_none() {
+                if sig == libc::SIGKILL {
                     self.kill_rest_by_signals(job, dir, files)?;
                 }
             }
@@ -734,20 +965,14 @@ impl Node {
                 files.set_frozen(dir, false)?;
             }
             A::JobKill => {
-                let sig = if req.signal == 0 {
-                    libc::SIGKILL
-                } else {
-                    req.signal
-                };
+                let sig = signal_number(req.signal)?;
                 if sig == libc::SIGKILL {
                     std::fs::write(dir.join("cgroup.kill"), "1")
                         .map_err(|e| Error::internal("cgroup.kill", e))?;
                     files.wait(dir, "populated", false, SETTLE)?;
                 } else {
-                    let sig = nix::sys::signal::Signal::try_from(sig)
-                        .map_err(|_| Error::Invalid(format!("invalid signal {sig}")))?;
                     for p in files.procs().unwrap_or_default() {
-                        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(p as i32), sig);
+                        send_raw(p, sig);
                     }
                 }
                 changed = before.procs > 0;
@@ -756,26 +981,24 @@ impl Node {
                 unreachable!("handled above")
             }
         }
-        let mut after = self.task_brief(job, files, &files.procs().unwrap_or_default());
+        let mut after = self.task_brief(job, files, &reached(self));
         if action == A::JobResume && !signals && subtree.is_none() && after.state == "suspended" {
             // Thawed, yet every process stopped: suspended by signals; continued the same way.
+            changed = true;
             self.resume_by_signals(job, dir, None)?;
-            after = self.task_brief(job, files, &files.procs().unwrap_or_default());
+            after = self.task_brief(job, files, &reached(self));
         }
         after.changed = changed;
         if action == A::JobKill {
             after.procs = before.procs; // how many it reached
         }
-        if action == A::JobKill
-            && subtree.is_none()
-            && (req.signal == 0 || req.signal == libc::SIGKILL)
-        {
+        if action == A::JobKill && subtree.is_none() && req.signal == libc::SIGKILL {
             // Verified, not assumed: no process of the node's view is still in the job.
             // A task leaves its cgroup a moment before it becomes a zombie, so processes
             // seen dying right after the cgroup emptied get a little time to finish.
             let deadline = Instant::now() + Duration::from_secs(2);
             loop {
-                after.pids = self
+                left = self
                     .view
                     .pids()
                     .into_iter()
@@ -786,13 +1009,108 @@ impl Node {
                             .is_some_and(|a| a.job == job && a.state != 'Z' && a.state != 'X')
                     })
                     .collect();
-                if after.pids.is_empty() || Instant::now() > deadline {
+                if left.is_empty() || Instant::now() > deadline {
                     break;
                 }
                 std::thread::sleep(Duration::from_millis(5));
             }
         }
+        after.pids = left;
         Ok(after)
+    }
+
+    /// `kill --subtree`: signal `sig` to the subtree of the process numbered `root` in the
+    /// node's namespace. SIGKILL reaches every descendant, also ones forked while it acts:
+    /// the subtree is first stopped top-down (the signal method's suspend, unless the
+    /// freezer holds the task), then the kernel's children of every stopped process are
+    /// added and stopped until none is missing (forks the genealogy has not seen yet), then
+    /// each is killed, and the kill is repeated until every one of them is verified dead
+    /// (by pid and start time, so no later process with a reused pid is signalled).
+    /// Another signal goes once to each process of the subtree, top-down. Returns the
+    /// processes signalled and those still alive after [`SETTLE`].
+    fn kill_subtree(
+        &self,
+        job: u64,
+        dir: &Path,
+        files: &TaskFiles,
+        root: u32,
+        sig: i32,
+    ) -> (Vec<u32>, Vec<u32>) {
+        use nix::sys::signal::Signal;
+        if sig != libc::SIGKILL {
+            let order = self.order(job, dir, Some(root));
+            for &p in &order {
+                send_raw(p, sig);
+            }
+            return (order, Vec::new());
+        }
+        // Frozen processes can not fork (nor take a SIGSTOP before they are thawed).
+        let frozen = files.event("frozen") == Some(true);
+        if !frozen {
+            if let Err(e) = self.suspend_by_signals(job, dir, Some(root)) {
+                tracing::debug!("job {job}: subtree kill: {e}; killing what is stopped");
+            }
+        }
+        let mut members: Vec<(u32, u64)> = Vec::new();
+        let mut known = std::collections::HashSet::new();
+        let add =
+            |p: u32, members: &mut Vec<(u32, u64)>, known: &mut std::collections::HashSet<u32>| {
+                if let Some((_, start)) = state_and_start(p) {
+                    if known.insert(p) {
+                        members.push((p, start));
+                    }
+                }
+            };
+        for p in self.order(job, dir, Some(root)) {
+            add(p, &mut members, &mut known);
+        }
+        let mut stop_sent = std::collections::HashSet::new();
+        let deadline = Instant::now() + SETTLE;
+        loop {
+            let in_task: std::collections::HashSet<u32> = procs(dir).into_iter().collect();
+            let mut complete = true;
+            let mut i = 0;
+            while i < members.len() {
+                let (p, start) = members[i];
+                i += 1;
+                if !lives(p, start) {
+                    continue;
+                }
+                if !frozen && proc_state(p) != Some('T') {
+                    // Its list of children is final only once it is stopped.
+                    complete = false;
+                    if stop_sent.insert(p) {
+                        send(p, Signal::SIGSTOP);
+                    }
+                    continue;
+                }
+                for k in kernel_children(p) {
+                    if in_task.contains(&k) && !known.contains(&k) {
+                        complete = false;
+                        add(k, &mut members, &mut known);
+                    }
+                }
+            }
+            if complete || Instant::now() > deadline {
+                break;
+            }
+            std::thread::sleep(RETRY);
+        }
+        let deadline = Instant::now() + SETTLE;
+        loop {
+            let alive: Vec<u32> = members
+                .iter()
+                .filter(|(p, start)| lives(*p, *start))
+                .map(|(p, _)| *p)
+                .collect();
+            if alive.is_empty() || Instant::now() > deadline {
+                return (members.into_iter().map(|(p, _)| p).collect(), alive);
+            }
+            for p in alive {
+                send(p, Signal::SIGKILL);
+            }
+            std::thread::sleep(RETRY);
+        }
     }
 
     /// This node's part of a job request, off the workers' loop (cgroup files, waits for
@@ -829,9 +1147,11 @@ impl Node {
                 let res = if n == node.id {
                     node.job_here(req, creds).await
                 } else {
-                    // The signal method's own limit grows with the task (signals_limit).
-                    let settle = if req.method == "signals" {
-                        SIGNALS_MAX
+                    // The signal method's own limit grows with the task (signals_limit), and
+                    // a subtree is always acted on with signals (a kill: stopped, then
+                    // killed and verified, each bounded by SETTLE).
+                    let settle = if req.method == "signals" || req.subtree != 0 {
+                        SIGNALS_MAX + 2 * SETTLE
                     } else {
                         SETTLE
                     };

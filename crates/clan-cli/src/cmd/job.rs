@@ -23,7 +23,8 @@ pub enum Args {
     /// Suspend job OLD, then resume job NEW, on each node in one request (a gang
     /// scheduler's row switch): NEW runs only once every process of OLD is stopped.
     Switch(SwitchArgs),
-    /// Send a signal to every process of the job (SIGKILL by default: none is left).
+    /// Send a signal to every process of the job (SIGKILL by default: none is left; 0, as
+    /// kill(1)'s: check that the job exists and may be signalled, send nothing).
     Kill(KillArgs),
     /// Make a process started outside clan, with its descendants, a new job's task on this
     /// node (they can not leave it afterwards).
@@ -73,7 +74,7 @@ pub struct SwitchArgs {
 
 #[derive(clap::Args)]
 pub struct KillArgs {
-    /// Signal name or number.
+    /// Signal name or number (0: none, only check).
     #[arg(short, long, default_value = "KILL")]
     signal: String,
     #[command(flatten)]
@@ -246,8 +247,20 @@ async fn act_on(c: &Client, action: A, t: &Target, sig: i32, resume: u64) -> Exi
     };
     let mut code = node_errors(&answers);
     let mut any = false;
+    let subtree = t
+        .subtree
+        .map(|g| format!(", subtree {g}"))
+        .unwrap_or_default();
     for task in answers.iter().flat_map(|n| n.tasks.iter()) {
         any = true;
+        let plural = if task.procs == 1 { "" } else { "es" };
+        if action == A::JobKill && sig == 0 {
+            println!(
+                "job {} on node {}{subtree}: {} process{plural} (signal 0: none sent)",
+                task.job, task.node, task.procs
+            );
+            continue;
+        }
         // A switch reports the task it suspended and the one it resumed.
         let action = match action {
             A::JobSwitch if task.job == t.job.raw() => A::JobSuspend,
@@ -263,15 +276,14 @@ async fn act_on(c: &Client, action: A, t: &Target, sig: i32, resume: u64) -> Exi
             _ => ("signalled", "had no process"),
         };
         if task.procs == 0 {
-            println!("job {} on node {}: {already}", task.job, task.node);
+            println!("job {} on node {}{subtree}: {already}", task.job, task.node);
         } else {
             println!(
-                "job {} on node {}: {} ({} process{})",
+                "job {} on node {}{subtree}: {} ({} process{plural})",
                 task.job,
                 task.node,
                 if task.changed { done } else { already },
                 task.procs,
-                if task.procs == 1 { "" } else { "es" }
             );
         }
         if !task.pids.is_empty() {
