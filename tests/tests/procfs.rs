@@ -559,6 +559,34 @@ fn environ_of_another_user_is_refused() {
             String::from_utf8_lossy(&o.stderr)
         );
     }
+    // What the kernel shows by who reads is what the reader would see natively: root's
+    // process's code and stack addresses and wait channel are hidden from a user.
+    let stat = as_user(
+        a,
+        &["cat", m.path(&format!("{root_g}/stat")).to_str().unwrap()],
+    );
+    let stat = String::from_utf8_lossy(&stat.stdout).to_string();
+    let after_comm: Vec<&str> = stat
+        .rsplit_once(')')
+        .unwrap()
+        .1
+        .split_whitespace()
+        .collect();
+    // Fields 26 to 28 (startcode, endcode, startstack): the 24th to 26th after the comm.
+    assert_eq!(&after_comm[23..26], &["1", "1", "0"], "{stat}");
+    let wchan = as_user(
+        a,
+        &["cat", m.path(&format!("{root_g}/wchan")).to_str().unwrap()],
+    );
+    assert_eq!(String::from_utf8_lossy(&wchan.stdout), "0");
+    let root_stat = std::fs::read_to_string(m.path(&format!("{root_g}/stat"))).unwrap();
+    let root_fields: Vec<&str> = root_stat
+        .rsplit_once(')')
+        .unwrap()
+        .1
+        .split_whitespace()
+        .collect();
+    assert_ne!(root_fields[23], "1", "root sees the addresses: {root_stat}");
     // Files everyone may read stay readable; the owner shows in the directory.
     let st = as_user(
         b,

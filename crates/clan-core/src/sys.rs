@@ -399,3 +399,67 @@ mod status_tests {
         assert!(status_numbers::<u32>("garbage", "NSpid").is_empty());
     }
 }
+/// The calling thread (only) acting as another user until dropped: its effective uid and
+/// gid and its groups become the user's, with raw syscalls (glibc's wrappers would change
+/// every thread). Taking a non-zero effective uid clears the thread's effective
+/// capabilities, so the kernel applies its own rules (modes, ptrace checks, what `stat`,
+/// `wchan` or `kallsyms` show) as if the user had asked; the real and saved uids stay 0,
+/// so dropping the guard takes the daemon's identity back. Use it only around code that
+/// does not yield to other tasks (no `.await`): the thread must be the one that drops it.
+pub struct ActingAs {
+    gid: u32,
+    groups: Vec<libc::gid_t>,
+}
+
+impl ActingAs {
+    /// Acts as `uid`/`gid`/`groups`; `Ok(None)` when the caller is not root or the user is
+    /// root (nothing to change).
+    pub fn user(uid: u32, gid: u32, groups: &[u32]) -> io::Result<Option<ActingAs>> {
+        // SAFETY: geteuid and getegid have no preconditions.
+        if uid == 0 || unsafe { libc::geteuid() } != 0 {
+            return Ok(None);
+        }
+        let mut saved = vec![0 as libc::gid_t; 256];
+        // SAFETY: getgroups writes at most `saved.len()` gids into the buffer we own.
+        let n = unsafe { libc::getgroups(saved.len() as i32, saved.as_mut_ptr()) };
+        saved.truncate(n.max(0) as usize);
+        let undo = ActingAs {
+            // SAFETY: as above.
+            gid: unsafe { libc::getegid() },
+            groups: saved,
+        };
+        let check = |ret: libc::c_long| {
+            if ret == 0 {
+                Ok(())
+            } else {
+                Err(io::Error::last_os_error())
+            }
+        };
+        // SAFETY: raw setgroups with a pointer to `groups.len()` valid gid_t values that
+        // live across the call; it changes only this thread's supplementary groups.
+        check(unsafe { libc::syscall(libc::SYS_setgroups, groups.len(), groups.as_ptr()) })?;
+        // From here on, dropping `undo` puts back what changed (a failed step included).
+        // SAFETY: raw setresgid/setresuid take plain integers (-1: unchanged) and change
+        // only this thread's credentials.
+        check(unsafe { libc::syscall(libc::SYS_setresgid, -1i32, gid, -1i32) })?;
+        // SAFETY: as above.
+        check(unsafe { libc::syscall(libc::SYS_setresuid, -1i32, uid, -1i32) })?;
+        Ok(Some(undo))
+    }
+}
+
+impl Drop for ActingAs {
+    fn drop(&mut self) {
+        // SAFETY: as in `user`; the effective uid first, which gives the capabilities back
+        // that the other two need. Failing here would leave a thread of the daemon with a
+        // user's identity: abort rather than go on.
+        unsafe {
+            if libc::syscall(libc::SYS_setresuid, -1i32, 0u32, -1i32) != 0
+                || libc::syscall(libc::SYS_setresgid, -1i32, self.gid, -1i32) != 0
+                || libc::syscall(libc::SYS_setgroups, self.groups.len(), self.groups.as_ptr()) != 0
+            {
+                std::process::abort();
+            }
+        }
+    }
+}

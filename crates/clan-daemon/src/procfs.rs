@@ -642,6 +642,10 @@ impl Node {
     fn proc_local_inner(&self, req: &pb::ProcRequest) -> Result<pb::ProcReply> {
         use pb::ProcOp as P;
         let reader = Reader::from_creds(req.reader.as_ref().unwrap_or(&self.own_creds()));
+        // Everything below reads as the reader: what the kernel shows depends on who asks
+        // (a `stat`'s addresses, `wchan`, `stack`, `kallsyms`), not only whether it opens.
+        let _as = clan_core::sys::ActingAs::user(reader.uid, reader.gid, &reader.groups)
+            .map_err(|e| Error::Internal(format!("reading as uid {}: {e}", reader.uid)))?;
         let op = P::try_from(req.op)
             .map_err(|_| Error::Invalid(format!("unknown /proc operation {}", req.op)))?;
         let mut reply = pb::ProcReply::default();

@@ -125,20 +125,31 @@ impl ProcView {
 
     /// The names in a directory of the view.
     pub fn list_entry(&self, rel: &str) -> std::io::Result<Vec<String>> {
+        // Opened from the view's descriptor, not by its path: the path goes through the
+        // node init's `root` link, which only root may follow (a reader acting as itself
+        // may not).
+        let mut dir = nix::dir::Dir::openat(
+            Some(self.root.as_raw_fd()),
+            if rel.is_empty() { "." } else { rel },
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )?;
         let mut names = Vec::new();
-        for e in std::fs::read_dir(self.path.join(rel))? {
-            names.push(e?.file_name().to_string_lossy().into_owned());
+        for e in dir.iter() {
+            let name = e?.file_name().to_string_lossy().into_owned();
+            if name != "." && name != ".." {
+                names.push(name);
+            }
         }
         Ok(names)
     }
 
     /// Local numbers of every process in the view.
     pub fn pids(&self) -> Vec<u32> {
-        let Ok(rd) = std::fs::read_dir(&self.path) else {
-            return Vec::new();
-        };
-        rd.flatten()
-            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        self.list_entry("")
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|n| n.parse::<u32>().ok())
             .collect()
     }
 
