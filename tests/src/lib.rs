@@ -597,3 +597,14 @@ impl Drop for Net {
         }
     }
 }
+
+/// A child process killed (SIGKILL, then reaped) when dropped, so that a test that fails
+/// leaves no process behind (a stopped stub among them: SIGKILL ends stopped processes).
+pub struct KillOnDrop(pub std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

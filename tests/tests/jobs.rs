@@ -820,3 +820,61 @@ fn a_slow_subtree_suspend_on_another_node_is_waited_for() {
     c.clan_ok(&["job", "kill", &job]);
     assert!(host_processes_mentioning("sleep 386").is_empty());
 }
+
+/// A job suspended with signals does not look stopped to the stub of its attached process
+/// (nor to a shell running that stub): the suspension's stops and continues are not
+/// reported, as the freezer makes none.
+#[test]
+fn a_signals_suspend_does_not_stop_the_stub() {
+    root_or_skip!("a_signals_suspend_does_not_stop_the_stub");
+    use std::io::{BufRead, BufReader, Write};
+    let c = Cluster::up(2);
+    let mut stub = KillOnDrop(
+        c.cmd()
+            .args([
+                "run",
+                "--node",
+                "2",
+                "--",
+                "sh",
+                "-c",
+                "echo $CLAN_JOB; read l; echo \"got $l\"",
+            ])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut out = BufReader::new(stub.0.stdout.take().unwrap());
+    let mut job = String::new();
+    out.read_line(&mut job).unwrap();
+    let job = job.trim().to_string();
+    let out_s = c.clan_ok(&["job", "suspend", "--method", "signals", &job]);
+    assert!(out_s.contains("suspended"), "{out_s}");
+    assert!(job_states(&c, &job).iter().all(|s| s == "T"));
+    // Had the stop been reported, the stub would mirror it within milliseconds.
+    let state = || {
+        std::fs::read_to_string(format!("/proc/{}/stat", stub.0.id()))
+            .ok()
+            .and_then(|s| {
+                s.rsplit_once(')')
+                    .map(|(_, r)| r.trim_start().chars().next())
+            })
+            .flatten()
+    };
+    for _ in 0..20 {
+        assert_ne!(
+            state(),
+            Some('T'),
+            "the stub mirrored the suspension's stop"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    c.clan_ok(&["job", "resume", "--method", "signals", &job]);
+    let mut input = stub.0.stdin.take().unwrap();
+    writeln!(input, "on").unwrap();
+    let mut l = String::new();
+    out.read_line(&mut l).unwrap();
+    assert_eq!(l, "got on\n");
+    assert!(stub.0.wait().unwrap().success());
+}

@@ -541,6 +541,7 @@ impl Node {
     /// the next pass's tree.
     fn suspend_by_signals(&self, job: u64, dir: &Path, subtree: Option<u32>) -> Result<()> {
         use nix::sys::signal::Signal;
+        self.stopping_jobs.lock().insert(job);
         // A level of a busy tree waits for its slowest process to be scheduled, so a big
         // tree on a loaded machine takes long: it fails only when no process has stopped
         // for the stall limit (or after SIGNALS_MAX in all).
@@ -592,6 +593,9 @@ impl Node {
     /// verified running before its parent is continued.
     fn resume_by_signals(&self, job: u64, dir: &Path, subtree: Option<u32>) -> Result<()> {
         use nix::sys::signal::Signal;
+        // Stops from here on are not the suspension's (the continues that undo it are
+        // hidden process by process: `VProc::hidden_stop`).
+        self.stopping_jobs.lock().remove(&job);
         let limit = signals_limit(procs(dir).len());
         let deadline = Instant::now() + limit;
         loop {
@@ -1104,6 +1108,8 @@ impl Node {
                 .map(|(p, _)| *p)
                 .collect();
             if alive.is_empty() || Instant::now() > deadline {
+                // The stops were the kill's: the job's other processes stop as they will.
+                self.stopping_jobs.lock().remove(&job);
                 return (members.into_iter().map(|(p, _)| p).collect(), alive);
             }
             for p in alive {

@@ -51,6 +51,10 @@ pub struct Node {
     pub peers: HashMap<NodeId, Arc<Peer>>,
     pub vprocs: NamedRwLock<HashMap<Gpid, Arc<VProc>>>,
     pub children: NamedMutex<HashMap<Gpid, ChildRec>>,
+    /// Jobs this node suspends (or suspended) with signals: the stops that causes are not
+    /// reported to stubs and parents, so a suspended job does not look stopped to them
+    /// (the freezer makes no such stops).
+    pub stopping_jobs: NamedMutex<std::collections::HashSet<u64>>,
     /// Parent processes of this node (host pid) and the children they started elsewhere.
     pub parents: NamedMutex<HashMap<u32, crate::process::wait::ParentRec>>,
     /// At a group's home: its local controlling links (parents in the node's numbers and
@@ -134,6 +138,7 @@ impl Node {
             peers,
             vprocs: NamedRwLock::new("vprocs", HashMap::new()),
             children: NamedMutex::new("children", HashMap::new()),
+            stopping_jobs: NamedMutex::new("jobs.stopping", Default::default()),
             parents: NamedMutex::new("parents", HashMap::new()),
             link_holders: NamedMutex::new("group.links", HashMap::new()),
             orphan_deferred: NamedMutex::new("group.orphan_deferred", Default::default()),
