@@ -823,7 +823,7 @@ fn a_slow_subtree_suspend_on_another_node_is_waited_for() {
 
 /// A job suspended with signals does not look stopped to the stub of its attached process
 /// (nor to a shell running that stub): the suspension's stops and continues are not
-/// reported, as the freezer makes none.
+/// reported, as the freezer makes none. A run into a suspended job is refused.
 #[test]
 fn a_signals_suspend_does_not_stop_the_stub() {
     root_or_skip!("a_signals_suspend_does_not_stop_the_stub");
@@ -870,7 +870,20 @@ fn a_signals_suspend_does_not_stop_the_stub() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+    // A run into the suspended job is refused at once (it could not start before a resume).
+    let refused = |c: &Cluster| {
+        let o = c.clan(&["run", "--job", &job, "--node", "2", "--", "true"]);
+        let err = String::from_utf8_lossy(&o.stderr).to_string();
+        assert!(
+            !o.status.success() && err.contains("is suspended on node 2"),
+            "{err}"
+        );
+    };
+    refused(&c);
     c.clan_ok(&["job", "resume", "--method", "signals", &job]);
+    c.clan_ok(&["job", "suspend", &job]);
+    refused(&c);
+    c.clan_ok(&["job", "resume", &job]);
     let mut input = stub.0.stdin.take().unwrap();
     writeln!(input, "on").unwrap();
     let mut l = String::new();

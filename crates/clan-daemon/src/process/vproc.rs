@@ -307,6 +307,18 @@ impl Node {
         if req.spec.argv.is_empty() {
             return Err(Error::Invalid("empty command".into()));
         }
+        // A process started into a suspended task would be born frozen (or run while the
+        // rest is stopped): its start could not finish before a resume.
+        let frozen = self.cgroup.as_ref().is_some_and(|cg| {
+            std::fs::read_to_string(cg.job_dir(req.job).join("cgroup.freeze"))
+                .is_ok_and(|f| f.trim() == "1")
+        });
+        if frozen || self.stopping_jobs.lock().contains(&req.job) {
+            return Err(Error::Invalid(format!(
+                "job {} is suspended on node {}: resume it first (clan job resume {})",
+                req.job, self.id, req.job
+            )));
+        }
         // The task's cgroups are made once the shepherd has its spec (below), while it sets
         // up; here only their names.
         let (cgroup, v1_cgroups) = match &self.cgroup {
