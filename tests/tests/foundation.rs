@@ -1470,3 +1470,34 @@ fn a_signal_sent_into_a_break_arrives_once() {
     drop(c);
     let _ = daemon.wait();
 }
+
+/// When the stub's stdout is a pipe whose reader went away (`clan run ... | head -1`), the
+/// process's stdout closes too: whoever writes to it gets EPIPE, as with a local pipe (a
+/// process that ignores SIGPIPE sees the write fail and can end, rather than run on).
+#[test]
+fn a_closed_stdout_closes_the_remote_one() {
+    root_or_skip!("a_closed_stdout_closes_the_remote_one");
+    let c = Cluster::up(2);
+    let script = "trap '' PIPE; while echo y; do :; done; echo 'write failed' >&2; exit 3";
+    let mut stub = KillOnDrop(
+        c.cmd()
+            .args(["run", "--node", "2", "--", "sh", "-c", script])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut out = BufReader::new(stub.0.stdout.take().unwrap());
+    let mut l = String::new();
+    out.read_line(&mut l).unwrap();
+    assert_eq!(l, "y\n");
+    drop(out); // head -1 is done
+    let st = eventually("the run ends", Duration::from_secs(20), || {
+        stub.0.try_wait().unwrap()
+    });
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut stub.0.stderr.take().unwrap(), &mut err).unwrap();
+    assert_eq!(st.code(), Some(3), "{err}");
+    assert!(err.contains("write failed"), "{err}");
+}

@@ -188,7 +188,7 @@ struct Sent {
 fn is_control(i: &Input) -> bool {
     matches!(
         i,
-        Input::Signal(_) | Input::Resize(_) | Input::Background(_)
+        Input::Signal(_) | Input::Resize(_) | Input::Background(_) | Input::CloseStdout(_)
     )
 }
 

@@ -76,6 +76,7 @@ fn to_shepherd(input: Input) -> Option<In> {
         Input::Release(_) => In::Release(true),
         Input::Background(b) => In::Background(b),
         Input::Ack(a) => In::Acked(a),
+        Input::CloseStdout(_) => In::CloseStdout(true),
         Input::Reattach(_) | Input::HangUp(_) => return None,
     })
 }

@@ -1041,6 +1041,19 @@ impl Shepherd {
                     }
                 }
             }
+            In::CloseStdout(_) => {
+                self.controls_taken += 1;
+                // The stub's reader is gone: whoever writes to the process's stdout gets
+                // EPIPE (SIGPIPE), as with a local pipe whose reader closed. A terminal's
+                // master is not closed (that would hang it up): its process gets SIGPIPE.
+                match self.stdio {
+                    Stdio::Pipes { .. } => self.close_output(OUT),
+                    _ if self.exited.is_none() => {
+                        let _ = sys::pidfd_send_signal(&self.pidfd, libc::SIGPIPE);
+                    }
+                    _ => {}
+                }
+            }
             In::Resume(from) => self.resume(&from),
             In::Acked(a) => self.ack(&a),
             // Output waits in the pipes (the process blocks when they fill) until a resume.

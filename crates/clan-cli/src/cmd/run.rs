@@ -489,9 +489,10 @@ pub async fn run_spec(c: Client, spec: RunSpec, label: bool) -> ExitCode {
                 let label = label.then(|| rank.get(&g).copied()).flatten();
                 let at_start = line_start.entry((g, true)).or_insert(true);
                 if write_out(&mut std::io::stdout(), &d, label, at_start).is_err() {
-                    // Like a local process writing to a closed pipe.
+                    // Like a local process writing to a closed pipe: its stdout closes
+                    // too, and whoever writes to it gets EPIPE (SIGPIPE).
                     stdout_open = false;
-                    let _ = tx.send(Cmd::Input(g, Input::Signal(libc::SIGPIPE)));
+                    let _ = tx.send(Cmd::Input(g, Input::CloseStdout(true)));
                 }
             }
             Some(Output::Stdout(_)) => {}
