@@ -244,12 +244,6 @@ fn remote_calls_answer_as_the_kernel_would() {
         nix::sys::signal::Signal::SIGKILL,
     )
     .expect("kill the view server");
-    let init: u32 = std::fs::read_to_string(c.node_dir(3).join("init.pid"))
-        .expect("init.pid")
-        .trim()
-        .parse()
-        .expect("a pid");
-    let view = c.node_dir(3).join("proc");
     eventually("a new view server on node 3", LIMIT, || {
         let now: i32 = std::fs::read_to_string(&pidfile)
             .ok()?
@@ -258,13 +252,12 @@ fn remote_calls_answer_as_the_kernel_would() {
             .ok()?;
         (now != pid).then_some(())
     });
-    // Exactly one view mounted there in the node's namespace: the new one.
-    let mounts = std::fs::read_to_string(format!("/proc/{init}/mountinfo")).expect("mountinfo");
-    let views = mounts
-        .lines()
-        .filter(|l| l.split_whitespace().nth(4) == view.to_str())
-        .count();
-    assert_eq!(views, 1, "{mounts}");
+    // Exactly one view mounted there in the node's namespace, over its base: the new one.
+    let mounts = mounts_at_view(&c, 3);
+    assert!(
+        mounts.len() == 2 && !mounts[0].starts_with("fuse") && mounts[1] == "fuse.clanproc",
+        "{mounts:?}"
+    );
     let o = shell(&c, 3, None, &format!("ps -eo pid | grep -c {roots}"));
     assert_eq!(
         String::from_utf8_lossy(&o.stdout).trim(),
@@ -475,4 +468,195 @@ PY"#
         text(&o)
     );
     c.clan_ok(&["kill", "-s", "KILL", &g.to_string()]);
+}
+
+/// The pid of node `n`'s view server, from its pid file.
+fn view_server(c: &Cluster, n: u32) -> Option<i32> {
+    let pid: i32 = std::fs::read_to_string(c.node_dir(n).join("procfs.pid"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+    (comm.trim() == "clan-procfs").then_some(pid)
+}
+
+/// The file system types of the mounts at node `n`'s view directory in its mount
+/// namespace, bottom first.
+fn mounts_at_view(c: &Cluster, n: u32) -> Vec<String> {
+    let init = std::fs::read_to_string(c.node_dir(n).join("init.pid")).expect("init.pid");
+    let mounts = std::fs::read_to_string(format!("/proc/{}/mountinfo", init.trim()))
+        .expect("the node's mountinfo");
+    let view = c.node_dir(n).join("proc");
+    mounts
+        .lines()
+        .filter(|l| l.split_whitespace().nth(4) == view.to_str())
+        .filter_map(|l| l.split_once(" - ")?.1.split(' ').next().map(str::to_string))
+        .collect()
+}
+
+/// How many cluster /proc views (FUSE mounts) are at node `n`'s view directory.
+fn views_mounted(c: &Cluster, n: u32) -> usize {
+    mounts_at_view(c, n)
+        .iter()
+        .filter(|t| t.starts_with("fuse"))
+        .count()
+}
+
+/// Writes a line into a fifo once its reader (a shell waiting in `read`) has it open.
+fn tell_fifo(path: &std::path::Path) {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = eventually("the shell to wait on its fifo", LIMIT, || {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(path)
+            .ok()
+    });
+    f.write_all(b"go\n").expect("write the fifo");
+}
+
+/// Sends SIGCONT to a process stopped by the test when dropped, also on a panic.
+struct Stopped(i32);
+
+impl Stopped {
+    fn new(pid: i32) -> Stopped {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGSTOP,
+        )
+        .expect("SIGSTOP");
+        Stopped(pid)
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.0),
+            nix::sys::signal::Signal::SIGCONT,
+        );
+    }
+}
+
+/// A running clan shell keeps a working /proc across a crash of its node's view server:
+/// while no server runs, a read of its /proc fails at once (no hang); once cland has
+/// started a new one, the same shell sees every node's processes again, with its own
+/// /proc/self and /dev/fd.
+#[test]
+fn a_clan_shell_outlives_a_restart_of_its_view_server() {
+    use std::io::BufRead;
+    root_or_skip!("a_clan_shell_outlives_a_restart_of_its_view_server");
+    // Node 1's cland is stopped for a moment below (so that it does not replace its view
+    // server yet): a long failure detector keeps the other nodes from declaring it dead.
+    let c = Cluster::up_with(3, &["--heartbeat-ms", "200", "--dead-after-ms", "30000"]);
+    let a = run_d(&c, 2, &["sleep", "8501"]);
+    let b = run_d(&c, 3, &["sleep", "8502"]);
+    let dir = c.dir.join("restart");
+    std::fs::create_dir_all(&dir).expect("test dir");
+    let (go1, go2) = (dir.join("go1"), dir.join("go2"));
+    for f in [&go1, &go2] {
+        nix::unistd::mkfifo(f, nix::sys::stat::Mode::from_bits_truncate(0o600)).expect("mkfifo");
+    }
+    let down = dir.join("down");
+    let script = format!(
+        "d={d}; ls /proc >/dev/null && echo ready; read x < $d/go1; \
+         t0=$(date +%s%N); timeout 20 ls /proc >/dev/null 2>&1; echo ls=$? > $d/tmp; \
+         timeout 20 cat /proc/self/status >/dev/null 2>&1; echo self=$? >> $d/tmp; \
+         echo ms=$(( ($(date +%s%N) - t0) / 1000000 )) >> $d/tmp; mv $d/tmp $d/down; \
+         read x < $d/go2; \
+         echo ---; ls /proc; echo ---; ps aux; echo ---; head -1 /proc/self/status; \
+         ls /dev/fd/ >/dev/null && echo fd-ok",
+        d = dir.display()
+    );
+    let mut sh = Command::new("timeout")
+        .arg("120")
+        .arg(bin("clan"))
+        .args(["shell", "--node", "1", "--", "bash", "-c", &script])
+        .env("CLAN_DIR", &c.dir)
+        .env_remove("CLAN_NODE")
+        .env("PATH", path_with_bins())
+        .current_dir("/tmp")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("clan shell");
+    let mut out = std::io::BufReader::new(sh.stdout.take().expect("stdout"));
+    let mut line = String::new();
+    out.read_line(&mut line).expect("the shell's first line");
+    if line.trim() != "ready" {
+        let o = sh.wait_with_output().expect("clan shell");
+        panic!("the shell did not start: {line:?}\n{}", text(&o));
+    }
+
+    // Kill -9 node 1's view server while its cland can not start another: the watcher
+    // removes the dead view from the node's namespace.
+    let old = view_server(&c, 1).expect("node 1's view server");
+    let held = Stopped::new(c.cland_pid(1));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(old),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("kill the view server");
+    eventually("the dead view to be removed", LIMIT, || {
+        (views_mounted(&c, 1) == 0).then_some(())
+    });
+    // The shell's reads fail now, and at once.
+    tell_fifo(&go1);
+    let said = eventually("the shell's reads without a server", LIMIT, || {
+        std::fs::read_to_string(&down).ok()
+    });
+    let field = |k: &str| -> i64 {
+        said.lines()
+            .find_map(|l| l.strip_prefix(&format!("{k}=")))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{k} in {said:?}"))
+    };
+    assert_ne!(field("self"), 0, "/proc/self read without a server: {said}");
+    assert!(field("ms") < 5000, "reads without a server hung: {said}");
+
+    // cland starts a new server; the same shell sees the cluster again.
+    drop(held);
+    eventually("a new view server on node 1", LIMIT, || {
+        view_server(&c, 1)
+            .filter(|&p| p != old && views_mounted(&c, 1) == 1)
+            .map(|_| ())
+    });
+    tell_fifo(&go2);
+    let o = sh.wait_with_output().expect("clan shell");
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut out, &mut rest).expect("the shell's output");
+    let all = format!(
+        "{:?}\n--- stdout\n{rest}--- stderr\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(o.status.success(), "{all}");
+    let parts: Vec<&str> = rest.split("---\n").collect();
+    assert_eq!(parts.len(), 4, "{all}");
+    let listed: Vec<&str> = parts[1].lines().collect();
+    for g in [10000001, 20000001, 30000001, a, b] {
+        assert!(
+            listed.contains(&g.to_string().as_str()),
+            "ls /proc does not list {g}: {all}"
+        );
+    }
+    for g in [a, b] {
+        assert!(
+            parts[2]
+                .lines()
+                .any(|l| l.split_whitespace().nth(1) == Some(&g.to_string())
+                    && l.contains("sleep 850")),
+            "ps aux does not list {g}: {all}"
+        );
+    }
+    assert!(
+        parts[3].starts_with("Name:\thead\nfd-ok"),
+        "/proc/self or /dev/fd: {all}"
+    );
+    for g in [a, b] {
+        c.clan_ok(&["kill", "-s", "KILL", &g.to_string()]);
+    }
 }

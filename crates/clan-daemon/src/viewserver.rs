@@ -1,5 +1,7 @@
 //! The node's cluster /proc view for `clan shell`: a `clan-procfs` server mounted at
-//! `<state>/proc` inside the node's mount namespace (the host's on a real node). It is a
+//! `<state>/proc` inside the node's mount namespace (the host's on a real node), on a
+//! shared bind of that directory onto itself (`--for-shells`), through which the view of a
+//! server started after one died reaches the shells already running. It is a
 //! process of its own, a session leader in the node's `procfs/` cgroup, so that a cland
 //! restart leaves the shells reading it undisturbed (it reconnects) and the node's end takes
 //! it with the rest; cland finds it again through `procfs.pid`.
@@ -54,6 +56,7 @@ pub fn ensure(
         .arg("--foreground")
         .arg("--node-proc")
         .arg(state.join("nodeproc"))
+        .arg("--for-shells")
         .arg("--ready-fd")
         .arg(wr.as_raw_fd().to_string());
     if ns_init != 0 {

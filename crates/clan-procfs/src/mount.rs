@@ -37,6 +37,9 @@ pub struct ServeOptions {
     pub mount_ns: Option<u32>,
     /// Where the node's clan shells have its real procfs (`self` points there for them).
     pub node_proc: Option<PathBuf>,
+    /// The node's view for `clan shell`s: mounted on a base kept under it (see
+    /// [`ensure_base`]), through which a restarted server's view reaches running shells.
+    pub for_shells: bool,
 }
 
 /// Why the view could not be mounted.
@@ -72,6 +75,15 @@ impl MountError {
 /// Checks that `dir` is a directory that nothing is mounted on; returns its canonical
 /// path.
 pub fn check_mountpoint(dir: &Path) -> Result<PathBuf, MountError> {
+    let canon = check_dir(dir)?;
+    if mountinfo::top_at(&mountinfo::read(), &canon).is_some() {
+        return Err(MountError::Mounted(dir.to_path_buf()));
+    }
+    Ok(canon)
+}
+
+/// Checks that `dir` is a directory; returns its canonical path.
+fn check_dir(dir: &Path) -> Result<PathBuf, MountError> {
     match std::fs::metadata(dir) {
         Ok(m) if m.is_dir() => {}
         Ok(_) => return Err(MountError::NotDir(dir.to_path_buf())),
@@ -83,13 +95,52 @@ pub fn check_mountpoint(dir: &Path) -> Result<PathBuf, MountError> {
         }
         Err(e) => return Err(MountError::Other(format!("{}: {e}", dir.display()))),
     }
-    let canon = dir
-        .canonicalize()
-        .map_err(|e| MountError::Other(format!("{}: {e}", dir.display())))?;
-    if mountinfo::top_at(&mountinfo::read(), &canon).is_some() {
-        return Err(MountError::Mounted(dir.to_path_buf()));
+    dir.canonicalize()
+        .map_err(|e| MountError::Other(format!("{}: {e}", dir.display())))
+}
+
+/// Detaches a dead view (an earlier server's, answering ENOTCONN) on top at `point`, as
+/// `mountinfo` lists the mounts of its namespace; a live one is an error.
+fn clear_dead_view(point: &Path, mountinfo_path: &Path) -> Result<(), String> {
+    let top = mountinfo::top_at(&mountinfo::read_from(mountinfo_path), point);
+    if top.as_ref().is_some_and(mountinfo::Mount::is_cluster_proc) {
+        match std::fs::metadata(point) {
+            Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
+                let _ = detach(point);
+            }
+            _ => return Err(format!("{} already has a live view", point.display())),
+        }
     }
-    Ok(canon)
+    Ok(())
+}
+
+/// Makes the base of a node's view for `clan shell`s at `point` (a view server's mount
+/// point in the node's mount namespace, as `mountinfo` lists it): `point` bound onto
+/// itself and shared, under the view, kept when the view goes. A shell's /proc is a bind
+/// of the base (a slave of it) with the view of the moment on top (`clan-shepherd`'s
+/// `cluster_proc`): the view's unmount (the watcher's, after a crash) reaches the shell's
+/// copy of it, and the next server's view, mounted on the base, reaches the shell's /proc.
+/// Called with nothing or the base at `point`.
+fn ensure_base(point: &Path, mountinfo_path: &Path) -> Result<(), String> {
+    use nix::mount::{mount, MsFlags};
+    if mountinfo::top_at(&mountinfo::read_from(mountinfo_path), point).is_none() {
+        mount(
+            Some(point),
+            point,
+            None::<&str>,
+            MsFlags::MS_BIND,
+            None::<&str>,
+        )
+        .map_err(|e| format!("bind {} onto itself: {e}", point.display()))?;
+    }
+    mount(
+        None::<&str>,
+        point,
+        None::<&str>,
+        MsFlags::MS_SHARED,
+        None::<&str>,
+    )
+    .map_err(|e| format!("make {} a shared mount: {e}", point.display()))
 }
 
 /// Detaches the mount at `point` (lazily: readers inside it keep what they have open).
@@ -269,17 +320,21 @@ pub fn serve(mut o: ServeOptions) -> Result<(), MountError> {
     r
 }
 
-/// Opens /dev/fuse and forks a child that enters the mount namespace of process `ns_pid`,
-/// mounts the connection at `point` there (replacing the dead view of an earlier server),
-/// reports, closes its copy of the connection and becomes the mount's watcher (as
-/// `spawn_watcher`'s). Returns the watcher's pipe, the connection to serve with
-/// `Session::from_fd`, and the watcher's pid (its mountinfo is the namespace's). Call while
-/// the process has one thread.
 /// The mounts of a node's namespace, read from inside it: our /proc/self is not in the
 /// node's procfs, its init (pid 1 there) is in the namespace.
 const NODE_MOUNTINFO: &str = "/proc/1/mountinfo";
 
-fn mount_in_ns(ns_pid: u32, point: &Path) -> Result<(OwnedFd, OwnedFd, u32), MountError> {
+/// Opens /dev/fuse and forks a child that enters the mount namespace of process `ns_pid`,
+/// mounts the connection at `point` there (replacing the dead view of an earlier server;
+/// on the base of [`ensure_base`] with `base`), reports, closes its copy of the connection
+/// and becomes the mount's watcher (as `spawn_watcher`'s). Returns the watcher's pipe, the
+/// connection to serve with `Session::from_fd`, and the watcher's pid (its mountinfo is the
+/// namespace's). Call while the process has one thread.
+fn mount_in_ns(
+    ns_pid: u32,
+    point: &Path,
+    base: bool,
+) -> Result<(OwnedFd, OwnedFd, u32), MountError> {
     use nix::fcntl::OFlag;
     let other = |what: &str, e: &dyn std::fmt::Display| MountError::Other(format!("{what}: {e}"));
     let fuse: OwnedFd = std::fs::File::options()
@@ -303,22 +358,13 @@ fn mount_in_ns(ns_pid: u32, point: &Path) -> Result<(OwnedFd, OwnedFd, u32), Mou
                 nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNS)
                     .map_err(|e| format!("enter the mount namespace of {ns_pid}: {e}"))?;
                 let _ = std::env::set_current_dir("/");
-                let stale =
-                    mountinfo::top_at(&mountinfo::read_from(Path::new(NODE_MOUNTINFO)), point);
-                if stale
-                    .as_ref()
-                    .is_some_and(mountinfo::Mount::is_cluster_proc)
-                {
-                    // A dead server's view answers ENOTCONN: replace it; a live one stays.
-                    match std::fs::metadata(point) {
-                        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
-                            let _ = detach(point);
-                        }
-                        _ => return Err(format!("{} already has a live view", point.display())),
-                    }
-                }
+                // A dead server's view answers ENOTCONN: replace it; a live one stays.
+                clear_dead_view(point, Path::new(NODE_MOUNTINFO))?;
                 if !point.is_dir() {
                     return Err(format!("{} is not a directory there", point.display()));
+                }
+                if base {
+                    ensure_base(point, Path::new(NODE_MOUNTINFO))?;
                 }
                 let before =
                     mountinfo::top_at(&mountinfo::read_from(Path::new(NODE_MOUNTINFO)), point)
@@ -374,6 +420,22 @@ fn mount_in_ns(ns_pid: u32, point: &Path) -> Result<(OwnedFd, OwnedFd, u32), Mou
 
 fn serve_inner(o: &mut ServeOptions) -> Result<(), MountError> {
     let (point, watcher, ns_mount) = match o.mount_ns {
+        None if o.for_shells => {
+            // A real node's view: in our own namespace, on its base.
+            let own = Path::new("/proc/self/mountinfo");
+            clear_dead_view(&o.mountpoint, own)
+                .map_err(|_| MountError::Mounted(o.mountpoint.clone()))?;
+            let point = check_dir(&o.mountpoint)?;
+            if mountinfo::top_at(&mountinfo::read(), &point)
+                .as_ref()
+                .is_some_and(mountinfo::Mount::is_cluster_proc)
+            {
+                return Err(MountError::Mounted(o.mountpoint.clone()));
+            }
+            ensure_base(&point, own).map_err(MountError::Other)?;
+            let w = spawn_watcher(&point)?;
+            (point, w, None)
+        }
         None => {
             let point = check_mountpoint(&o.mountpoint)?;
             let w = spawn_watcher(&point)?;
@@ -381,7 +443,7 @@ fn serve_inner(o: &mut ServeOptions) -> Result<(), MountError> {
         }
         Some(pid) => {
             let point = o.mountpoint.clone();
-            let (w, fuse, watcher) = mount_in_ns(pid, &point)?;
+            let (w, fuse, watcher) = mount_in_ns(pid, &point, o.for_shells)?;
             (point, w, Some((fuse, watcher)))
         }
     };

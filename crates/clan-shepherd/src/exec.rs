@@ -61,11 +61,104 @@ fn fail(err_fd: RawFd, errno: Errno, what: &str) -> ! {
     }
 }
 
+/// What is on top at a node's view directory (or /proc), as this namespace sees it.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Top {
+    /// A view that answers (a FUSE mount).
+    Live,
+    /// A dead server's view, not yet removed by its watcher (ENOTCONN).
+    Dead,
+    /// Something else: the base of the view, or the bare directory.
+    Other,
+}
+
+fn top_of(st: nix::Result<nix::sys::statfs::Statfs>) -> Result<Top, Errno> {
+    match st {
+        Ok(st) if st.filesystem_type() == nix::sys::statfs::FUSE_SUPER_MAGIC => Ok(Top::Live),
+        Ok(_) => Ok(Top::Other),
+        Err(Errno::ENOTCONN) => Ok(Top::Dead),
+        Err(e) => Err(e),
+    }
+}
+
+fn top_at(path: &std::ffi::CStr) -> Result<Top, Errno> {
+    top_of(nix::sys::statfs::statfs(path))
+}
+
+/// `open_tree(OPEN_TREE_CLONE)`: a detached copy of the mount on top at `path` under
+/// `dirfd` (the mount of `dirfd` itself with an empty path), as a bind would make it.
+fn clone_mount(dirfd: RawFd, path: &std::ffi::CStr) -> Result<OwnedFd, Errno> {
+    use std::os::fd::FromRawFd;
+    const OPEN_TREE_CLONE: libc::c_long = 1;
+    let mut flags = OPEN_TREE_CLONE | libc::c_long::from(libc::O_CLOEXEC);
+    if path.is_empty() {
+        flags |= libc::c_long::from(libc::AT_EMPTY_PATH);
+    }
+    // SAFETY: open_tree reads a NUL-terminated path and returns a new fd or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_open_tree, dirfd, path.as_ptr(), flags) };
+    if fd < 0 {
+        return Err(Errno::last());
+    }
+    // SAFETY: the fd was just made for us and nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// `move_mount`: attaches the detached mount `tree` (from `clone_mount`) on top at `to`.
+fn attach(tree: OwnedFd, to: &std::ffi::CStr) -> Result<(), Errno> {
+    use std::os::fd::AsRawFd;
+    const MOVE_MOUNT_F_EMPTY_PATH: libc::c_long = 4;
+    // SAFETY: move_mount reads two NUL-terminated paths; `tree` stays open across the call.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            tree.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_FDCWD,
+            to.as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH,
+        )
+    };
+    if r < 0 {
+        return Err(Errno::last());
+    }
+    Ok(())
+}
+
+/// The id of the mount of `path` under `dirfd` (of `dirfd` itself with an empty path).
+fn mount_id(dirfd: RawFd, path: &std::ffi::CStr) -> Result<u64, Errno> {
+    let flags = libc::AT_SYMLINK_NOFOLLOW
+        | if path.is_empty() {
+            libc::AT_EMPTY_PATH
+        } else {
+            0
+        };
+    // SAFETY: all-zero bytes are a valid statx (plain integers).
+    let mut st: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: statx fills the struct of ours from a NUL-terminated path.
+    let r = unsafe { libc::statx(dirfd, path.as_ptr(), flags, libc::STATX_MNT_ID, &mut st) };
+    if r < 0 {
+        return Err(Errno::last());
+    }
+    Ok(st.stx_mnt_id)
+}
+
 /// A mount namespace of the process's own, a slave of the node's (new mounts of the node
 /// still arrive, its own never leave): the node's procfs bound at `node_proc` (a real procfs,
-/// for `/proc/self` and its magic links), the cluster view at `view` over `/proc`.
+/// for `/proc/self` and its magic links), and over `/proc` a bind of the base of the node's
+/// view (`view` bound onto itself and shared, under the view: `clan-procfs --for-shells`)
+/// with the view on top. That /proc is a slave of the base: when the view's server dies,
+/// the unmount of its view (by the watcher, in the node's namespace) reaches this /proc
+/// too (it removes what is mounted at the same place: the view here), and the view a
+/// restarted server mounts on the base arrives on it. So the shell keeps a working /proc.
+///
+/// The path `view` leads to the view on top, never to the base under it: the view is
+/// cloned aside and unmounted at `view` (in this namespace only), and the base cloned over
+/// /proc with the view on top. A view that dies or arrives meanwhile (a server restarting
+/// right then) is dealt with at the end.
 fn cluster_proc(view: &CString, node_proc: &CString) -> Result<(), (Errno, &'static str)> {
-    use nix::mount::{mount, MsFlags};
+    use nix::mount::{mount, umount2, MntFlags, MsFlags};
+    use std::os::fd::AsRawFd;
+    const NO_VIEW: &str = "mount the cluster /proc view (is the node's view server running?)";
     nix::sched::unshare(CloneFlags::CLONE_NEWNS).map_err(|e| (e, "unshare a mount namespace"))?;
     crate::slave_root().map_err(|e| (e, "make / a slave mount"))?;
     mount(
@@ -76,19 +169,70 @@ fn cluster_proc(view: &CString, node_proc: &CString) -> Result<(), (Errno, &'sta
         None::<&str>,
     )
     .map_err(|e| (e, "bind the node's /proc"))?;
-    mount(
-        Some(view.as_c_str()),
-        "/proc",
-        None::<&str>,
-        MsFlags::MS_BIND,
-        None::<&str>,
-    )
-    .map_err(|e| {
-        (
-            e,
-            "mount the cluster /proc view (is the node's view server running?)",
+    let no_view = |e| (e, NO_VIEW);
+    // The view of the moment, aside, and what is under it (a server restarting right now
+    // may have put a new view there: then that one is the view, at most twice).
+    let mut shown = None;
+    let mut tries = 0;
+    let under = loop {
+        tries += 1;
+        let top = top_at(view).map_err(no_view)?;
+        if top == Top::Live {
+            shown = Some(clone_mount(libc::AT_FDCWD, view).map_err(no_view)?);
+        }
+        if top != Top::Other {
+            umount2(view.as_c_str(), MntFlags::MNT_DETACH)
+                .map_err(|e| (e, "unmount this namespace's copy of the view"))?;
+        }
+        let fd = nix::fcntl::open(
+            view.as_c_str(),
+            nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_DIRECTORY,
+            nix::sys::stat::Mode::empty(),
         )
-    })?;
+        .map_err(no_view)?;
+        // SAFETY: the fd was just opened for us and nothing else owns it.
+        let fd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        if tries < 3 && top_of(nix::sys::statfs::fstatfs(&fd)).map_err(no_view)? != Top::Other {
+            continue;
+        }
+        break fd;
+    };
+    let base = mount_id(under.as_raw_fd(), c"").map_err(no_view)?
+        != mount_id(under.as_raw_fd(), c"..").map_err(no_view)?;
+    if !base {
+        // A server from before bases mounted its view on the bare directory: the view
+        // alone, which a restarted server's does not replace.
+        let Some(v) = shown else {
+            return Err((Errno::ENOTCONN, NO_VIEW));
+        };
+        return attach(v, c"/proc").map_err(|e| (e, "mount the cluster /proc view"));
+    }
+    attach(
+        clone_mount(under.as_raw_fd(), c"").map_err(no_view)?,
+        c"/proc",
+    )
+    .map_err(|e| (e, "bind the base of the cluster /proc view over /proc"))?;
+    if let Some(v) = shown {
+        // Unless a newer view has arrived on the base meanwhile.
+        if top_at(c"/proc") == Ok(Top::Other) {
+            attach(v, c"/proc").map_err(|e| (e, "mount the cluster /proc view"))?;
+        }
+    }
+    // A view that died before it reached /proc (its unmount could not reach it), or one
+    // that reached the base before /proc was bound to it.
+    if top_at(c"/proc") == Ok(Top::Dead) {
+        let _ = umount2("/proc", MntFlags::MNT_DETACH);
+    }
+    if top_at(c"/proc") == Ok(Top::Other) && top_at(view) == Ok(Top::Live) {
+        mount(
+            Some(view.as_c_str()),
+            "/proc",
+            None::<&str>,
+            MsFlags::MS_BIND,
+            None::<&str>,
+        )
+        .map_err(no_view)?;
+    }
     Ok(())
 }
 

@@ -41,6 +41,11 @@ struct Args {
     /// point there for them, so its magic links (`/proc/self/fd/N`) keep working.
     #[arg(long, value_name = "DIR")]
     node_proc: Option<PathBuf>,
+    /// The node's view for `clan shell`s (how cland mounts it): mount on a shared bind of
+    /// MOUNTPOINT onto itself, kept when the view goes, so that the view of a restarted
+    /// server reaches the shells already running.
+    #[arg(long)]
+    for_shells: bool,
     /// Where to mount.
     mountpoint: PathBuf,
 }
@@ -100,6 +105,7 @@ fn main() -> ExitCode {
         threads: 2,
         mount_ns: a.mount_ns,
         node_proc: a.node_proc,
+        for_shells: a.for_shells,
     };
     match mount::serve(o) {
         Ok(()) => ExitCode::SUCCESS,
