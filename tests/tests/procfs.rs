@@ -211,6 +211,14 @@ fn every_process_is_a_directory_with_gpids_in_status_and_stat() {
         assert_eq!(pid, g);
         assert_eq!(rest[1], want_ppid.to_string(), "ppid field of {g}/stat");
     }
+    // `task/TID/children` names children by gpid too (the stub's parent, a shell on node 1).
+    let shell = ps
+        .iter()
+        .find(|p| p["gpid"].as_u64() == Some(parent))
+        .and_then(|p| p["ppid"].as_u64())
+        .expect("the stub's parent");
+    let kids = m.read(&format!("{shell}/task/{shell}/children"));
+    assert_eq!(kids, format!("{parent} "), "children of {shell}");
     // Parent links cross nodes.
     assert_eq!(Gpid::from_raw(child).map(|g| g.node().get()), Some(2));
     assert_eq!(Gpid::from_raw(parent).map(|g| g.node().get()), Some(1));

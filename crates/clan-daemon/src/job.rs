@@ -305,13 +305,20 @@ impl Node {
         }
         let mut order = Vec::with_capacity(forest.len());
         let mut stack: Vec<u32> = roots.into_iter().rev().collect();
+        // Only what the kernel has in the task now: a tracked pid that left it (exited, and
+        // perhaps reused by a process elsewhere before the genealogy heard) is not signalled.
+        let members: std::collections::HashSet<u32> = procs(dir).into_iter().collect();
         while let Some(p) = stack.pop() {
-            order.push(p);
+            if members.contains(&p) {
+                order.push(p);
+            }
             if let Some(k) = kids.get(&p) {
                 stack.extend(k.iter().rev());
             }
         }
-        order.extend(procs(dir).into_iter().filter(|p| !known.contains(p)));
+        let mut unknown: Vec<u32> = members.into_iter().filter(|p| !known.contains(p)).collect();
+        unknown.sort_unstable();
+        order.extend(unknown);
         order
     }
 

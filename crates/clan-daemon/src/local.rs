@@ -185,6 +185,12 @@ impl Node {
         if spec.argv.is_empty() || spec.argv[0].is_empty() {
             return Err(Error::Invalid("run without a command".into()));
         }
+        // Nothing a process could be given: the kernel takes C strings.
+        if spec.cwd.contains(&0) || spec.argv.iter().any(|a| a.contains(&0)) {
+            return Err(Error::Invalid(
+                "a NUL byte in the command or the working directory".into(),
+            ));
+        }
         Ok(spec)
     }
 

@@ -579,6 +579,16 @@ impl Node {
         match file {
             "stat" => rewrite_stat(&data, &m).unwrap_or(data),
             "status" => rewrite_status(&data, &m),
+            // `task/TID/children`: the children's pids, separated by spaces.
+            "children" => String::from_utf8_lossy(&data)
+                .split_whitespace()
+                .map(|p| {
+                    p.parse::<i64>()
+                        .map_or(p.to_string(), |n| m.pid(n).to_string())
+                })
+                .map(|p| p + " ")
+                .collect::<String>()
+                .into_bytes(),
             _ => data,
         }
     }

@@ -38,7 +38,7 @@ pub struct ServeOptions {
     /// Where the node's clan shells have its real procfs (`self` points there for them).
     pub node_proc: Option<PathBuf>,
     /// The node's view for `clan shell`s: mounted on a base kept under it (see
-    /// [`ensure_base`]), through which a restarted server's view reaches running shells.
+    /// `ensure_base`), through which a restarted server's view reaches running shells.
     pub for_shells: bool,
 }
 

@@ -35,7 +35,7 @@ pub struct Args {
     #[arg(long, value_enum)]
     policy: Option<PolicyArg>,
     /// One copy on each of K nodes, as one job (CLAN_RANK, CLAN_SIZE are set).
-    #[arg(short = 'N', long = "nodes", value_name = "K")]
+    #[arg(short = 'N', long = "nodes", value_name = "K", value_parser = clap::value_parser!(u32).range(1..))]
     count: Option<u32>,
     /// Add the process to this existing job [default: $CLAN_JOB, the job of the process
     /// that runs `clan run` when clan started it, so its remote children stay in its job].
@@ -43,7 +43,7 @@ pub struct Args {
     job: Option<u64>,
     /// Limit the job's task on each node the process starts on to N processes at once
     /// (the cgroup pids controller): forks beyond it fail with EAGAIN, as under ulimit -u.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=4_194_304))]
     max_procs: Option<u32>,
     /// Give the process a pseudo-terminal.
     #[arg(short, long)]
