@@ -992,6 +992,10 @@ impl Node {
                 unreachable!("handled above")
             }
         }
+        if action == A::JobKill && req.signal == libc::SIGKILL {
+            // Nothing of it is left to be stopped.
+            self.stopping_jobs.lock().remove(&job);
+        }
         let mut after = self.task_brief(job, files, &reached(self));
         if action == A::JobResume && !signals && subtree.is_none() && after.state == "suspended" {
             // Thawed, yet every process stopped: suspended by signals; continued the same way.

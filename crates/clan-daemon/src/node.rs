@@ -324,8 +324,14 @@ impl Node {
         drop(spawning);
         // The descriptors of removed tasks would only keep their cgroups' memory.
         let mut files = self.task_files.lock();
+        for j in &removed {
+            files.remove(j);
+        }
+        drop(files);
+        // A task gone is suspended no longer.
+        let mut stopping = self.stopping_jobs.lock();
         for j in removed {
-            files.remove(&j);
+            stopping.remove(&j);
         }
     }
 
