@@ -419,10 +419,18 @@ impl ActingAs {
         if uid == 0 || unsafe { libc::geteuid() } != 0 {
             return Ok(None);
         }
-        let mut saved = vec![0 as libc::gid_t; 256];
+        // SAFETY: getgroups with size 0 only counts the groups.
+        let count = unsafe { libc::getgroups(0, std::ptr::null_mut()) };
+        if count < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let mut saved = vec![0 as libc::gid_t; count as usize];
         // SAFETY: getgroups writes at most `saved.len()` gids into the buffer we own.
-        let n = unsafe { libc::getgroups(saved.len() as i32, saved.as_mut_ptr()) };
-        saved.truncate(n.max(0) as usize);
+        let n = unsafe { libc::getgroups(count, saved.as_mut_ptr()) };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        saved.truncate(n as usize);
         let undo = ActingAs {
             // SAFETY: as above.
             gid: unsafe { libc::getegid() },

@@ -548,7 +548,19 @@ impl Node {
     /// the next pass's tree.
     fn suspend_by_signals(&self, job: u64, dir: &Path, subtree: Option<u32>) -> Result<()> {
         use nix::sys::signal::Signal;
-        self.stopping_jobs.lock().insert(job);
+        // A whole job stopped takes no new process until it is resumed.
+        if subtree.is_none() {
+            self.stopping_jobs.lock().insert(job);
+        }
+        // The job's processes that clan started: their stops from here are the
+        // suspension's, not reported to their stubs and parents.
+        let vps: std::collections::HashMap<u32, std::sync::Arc<crate::process::vproc::VProc>> =
+            self.vprocs
+                .read()
+                .values()
+                .filter(|v| v.job == job)
+                .map(|v| (v.gpid.local(), v.clone()))
+                .collect();
         // A level of a busy tree waits for its slowest process to be scheduled, so a big
         // tree on a loaded machine takes long: it fails only when no process has stopped
         // for the stall limit (or after SIGNALS_MAX in all).
@@ -575,6 +587,14 @@ impl Node {
                 let parent = parents.get(&p).copied().unwrap_or(0);
                 let ready = parent == 0 || !inside.contains(&parent) || verified.contains(&parent);
                 if ready && signalled.insert(p) {
+                    // Those clan started are roots of the task's forest (their parent is a
+                    // shepherd), known by their number in the node's pid namespace.
+                    let root = parent == 0 || !inside.contains(&parent);
+                    let ns = root.then(|| clan_core::sys::ns_pid_of_host(p)).flatten();
+                    if let Some(v) = ns.and_then(|n| vps.get(&n)) {
+                        v.expect_stop
+                            .store(true, std::sync::atomic::Ordering::SeqCst);
+                    }
                     send(p, Signal::SIGSTOP);
                 }
             }
@@ -600,9 +620,11 @@ impl Node {
     /// verified running before its parent is continued.
     fn resume_by_signals(&self, job: u64, dir: &Path, subtree: Option<u32>) -> Result<()> {
         use nix::sys::signal::Signal;
-        // Stops from here on are not the suspension's (the continues that undo it are
-        // hidden process by process: `VProc::hidden_stop`).
-        self.stopping_jobs.lock().remove(&job);
+        // The continues that undo the suspension's stops are hidden process by process
+        // (`VProc::hidden_stop`).
+        if subtree.is_none() {
+            self.stopping_jobs.lock().remove(&job);
+        }
         let limit = signals_limit(procs(dir).len());
         let deadline = Instant::now() + limit;
         loop {
@@ -1119,8 +1141,6 @@ impl Node {
                 .map(|(p, _)| *p)
                 .collect();
             if alive.is_empty() || Instant::now() > deadline {
-                // The stops were the kill's: the job's other processes stop as they will.
-                self.stopping_jobs.lock().remove(&job);
                 return (members.into_iter().map(|(p, _)| p).collect(), alive);
             }
             for p in alive {

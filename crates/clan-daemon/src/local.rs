@@ -13,6 +13,7 @@ use clan_core::{Gpid, NodeId};
 use clan_proto::pb::{self, local_reply::Reply, local_request::Op};
 use clan_proto::{read_frame, write_frame};
 use std::collections::HashMap;
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::Arc;
@@ -64,21 +65,23 @@ impl Node {
         // connected (a pidfd taken from the socket, checked alive after the read): a
         // process of a job that hands its connection on and exits can not start
         // processes outside the job through it.
-        let pinned = peer_pidfd(&s).or_else(|| clan_core::sys::pidfd_open(pid).ok());
+        // (A kernel without SO_PEERPIDFD: a pidfd of the pid, taken now; any other failure
+        // means the caller is gone, and the pid may name another process already.)
+        let pinned = match peer_pidfd(&s) {
+            Ok(fd) => Some(fd),
+            Err(nix::errno::Errno::ENOPROTOOPT) => clan_core::sys::pidfd_open(pid).ok(),
+            Err(_) => None,
+        };
+        // Everything read of the caller's pid is read before the check that it is still
+        // the process that connected.
         let job = self.job_of_caller(pid as u32);
-        let alive = pinned.as_ref().is_some_and(|fd| {
-            use std::os::fd::AsFd;
-            let mut p = [nix::poll::PollFd::new(
-                fd.as_fd(),
-                nix::poll::PollFlags::POLLIN,
-            )];
-            nix::poll::poll(&mut p, nix::poll::PollTimeout::ZERO) == Ok(0)
-        });
+        let ids = self.caller_ids(pid);
+        let start = crate::session::host_stat(pid as u32).map_or(0, |(t, _)| t);
+        let alive = pinned.as_ref().is_some_and(pidfd_alive);
         if !alive && cred.uid() != 0 {
             debug!(pid, "client gone before it was identified: refused");
             return;
         }
-        let ids = self.caller_ids(pid);
         let creds = pb::Creds {
             uid: cred.uid(),
             gid: cred.gid(),
@@ -87,7 +90,7 @@ impl Node {
             node: self.id.get(),
             pgid: self.cluster_id(Kind::Group, ids.pgid),
             sid: self.cluster_id(Kind::Session, ids.sid),
-            start: 0,
+            start,
             job: job.unwrap_or(0),
         };
         // Watched for reading only (see clan_core::unixconn).
@@ -116,11 +119,11 @@ impl Node {
             let id = req.id;
             match req.op {
                 Some(Op::Run(r)) if !r.spec.as_ref().is_some_and(|s| s.detached) => {
-                    self.run_attached(id, r, creds, rd, wr).await;
+                    self.run_attached(id, r, creds, pinned, rd, wr).await;
                     return;
                 }
                 Some(Op::Reattach(r)) => {
-                    self.run_reattached(id, r, creds, rd, wr).await;
+                    self.run_reattached(id, r, creds, pinned, rd, wr).await;
                     return;
                 }
                 Some(op) => {
@@ -364,6 +367,7 @@ impl Node {
         id: u64,
         r: pb::RunRequest,
         creds: pb::Creds,
+        stub: Option<OwnedFd>,
         rd: BufReader<OwnedReadHalf>,
         mut wr: OwnedWriteHalf,
     ) {
@@ -388,9 +392,6 @@ impl Node {
             }
         };
         let size = if r.count > 1 { targets.len() as u32 } else { 0 };
-        // Who the stub is, for a node that parks its process and waits for it to come back.
-        let mut creds = creds;
-        creds.start = crate::session::host_stat(creds.pid).map_or(0, |(t, _)| t);
         // The stub stands in for the process where it was started: it is the parent.
         let parent_gpid = self.gpid_of_host(creds.pid).map_or(0, |g| g.raw());
         let (out_tx, out_rx) = mpsc::channel(64);
@@ -435,6 +436,7 @@ impl Node {
             endpoints,
             (out_tx, out_rx),
             creds,
+            stub,
             rd,
             wr,
         )
@@ -448,6 +450,7 @@ impl Node {
         id: u64,
         r: pb::ReattachRequest,
         creds: pb::Creds,
+        stub: Option<OwnedFd>,
         rd: BufReader<OwnedReadHalf>,
         wr: OwnedWriteHalf,
     ) {
@@ -496,6 +499,7 @@ impl Node {
             endpoints,
             (out_tx, out_rx),
             creds,
+            stub,
             rd,
             wr,
         )
@@ -516,6 +520,7 @@ impl Node {
             mpsc::Receiver<pb::SessionOutput>,
         ),
         creds: pb::Creds,
+        stub: Option<OwnedFd>,
         mut rd: BufReader<OwnedReadHalf>,
         mut wr: OwnedWriteHalf,
     ) {
@@ -566,8 +571,9 @@ impl Node {
             let _ = to_stub.send(o).await;
         }
         // The stub, to wake it when its process is continued by someone else (a stopped
-        // stub can not read that news); a pidfd, so a reused pid is never signalled.
-        let stub = clan_core::sys::pidfd_open(creds.pid as i32).ok();
+        // stub can not read that news): the pidfd taken when it connected, so a reused pid
+        // is never signalled (root's clients without one: taken now).
+        let stub = stub.or_else(|| clan_core::sys::pidfd_open(creds.pid as i32).ok());
         let stub_pid = creds.pid;
         StubRelay {
             node: self,
@@ -877,9 +883,9 @@ fn read_range(path: &Path, offset: u64, limit: u64) -> std::io::Result<Vec<u8>> 
     Ok(buf)
 }
 
-/// A pidfd of the process at the other end of a Unix socket (SO_PEERPIDFD, Linux 6.5);
-/// `None` on older kernels.
-fn peer_pidfd(s: &tokio::net::UnixStream) -> Option<std::os::fd::OwnedFd> {
+/// A pidfd of the process at the other end of a Unix socket (SO_PEERPIDFD, Linux 6.5;
+/// ENOPROTOOPT on older kernels).
+fn peer_pidfd(s: &tokio::net::UnixStream) -> nix::Result<OwnedFd> {
     use std::os::fd::{AsRawFd, FromRawFd};
     const SO_PEERPIDFD: libc::c_int = 77;
     let mut fd: libc::c_int = -1;
@@ -894,6 +900,19 @@ fn peer_pidfd(s: &tokio::net::UnixStream) -> Option<std::os::fd::OwnedFd> {
             &mut len,
         )
     };
+    if r != 0 || fd < 0 {
+        return Err(nix::errno::Errno::last());
+    }
     // SAFETY: on success the kernel gave us a new descriptor that we now own.
-    (r == 0 && fd >= 0).then(|| unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Whether the process of `fd` still runs (a pidfd turns readable when it exits).
+fn pidfd_alive(fd: &OwnedFd) -> bool {
+    use std::os::fd::AsFd;
+    let mut p = [nix::poll::PollFd::new(
+        fd.as_fd(),
+        nix::poll::PollFlags::POLLIN,
+    )];
+    nix::poll::poll(&mut p, nix::poll::PollTimeout::ZERO) == Ok(0)
 }

@@ -51,9 +51,8 @@ pub struct Node {
     pub peers: HashMap<NodeId, Arc<Peer>>,
     pub vprocs: NamedRwLock<HashMap<Gpid, Arc<VProc>>>,
     pub children: NamedMutex<HashMap<Gpid, ChildRec>>,
-    /// Jobs this node suspends (or suspended) with signals: the stops that causes are not
-    /// reported to stubs and parents, so a suspended job does not look stopped to them
-    /// (the freezer makes no such stops).
+    /// Jobs this node suspended as a whole with signals: a new process is not started into
+    /// one before it is resumed (the freezer's suspension is seen in the task's cgroup).
     pub stopping_jobs: NamedMutex<std::collections::HashSet<u64>>,
     /// Parent processes of this node (host pid) and the children they started elsewhere.
     pub parents: NamedMutex<HashMap<u32, crate::process::wait::ParentRec>>,

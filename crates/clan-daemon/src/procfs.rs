@@ -670,7 +670,8 @@ impl Node {
                 // One answer, one frame: files beyond the budget are left out (the view
                 // asks for each of those alone), so that huge command lines can not make
                 // the answer, and with it the node, go missing.
-                let mut budget = SNAPSHOT_BUDGET;
+                // (The node the request came to merges every node's answer into one.)
+                let mut budget = (SNAPSHOT_BUDGET / self.cfg.nodes.len().max(1)).max(256 << 10);
                 for pid in pids {
                     let Some(mut e) = self.proc_entry(pid) else {
                         continue; // gone, or a shepherd

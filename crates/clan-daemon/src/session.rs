@@ -328,7 +328,7 @@ impl Node {
             let waited = async {
                 tokio::time::sleep(window).await;
                 let mut told = false;
-                while node.stub_stopped_far(&vp).await {
+                while vp.session() == session && node.stub_stopped_far(&vp).await {
                     if !std::mem::replace(&mut told, true) {
                         info!(gpid = %vp.gpid, "its stub is stopped: parked until it comes back");
                     }

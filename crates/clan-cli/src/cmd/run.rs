@@ -492,7 +492,7 @@ pub async fn run_spec(c: Client, spec: RunSpec, label: bool) -> ExitCode {
                     // Like a local process writing to a closed pipe: its stdout closes
                     // too, and whoever writes to it gets EPIPE (SIGPIPE).
                     stdout_open = false;
-                    let _ = tx.send(Cmd::Input(g, Input::CloseStdout(true)));
+                    let _ = tx.send(Cmd::All(Input::CloseStdout(true)));
                 }
             }
             Some(Output::Stdout(_)) => {}

@@ -251,15 +251,19 @@ impl ProcView {
             && self.owned_by_root(pid)
     }
 
-    /// Whether process `pid` runs as root (its /proc directory's owner): a shepherd does,
-    /// so a user's process named `clan-shepherd` is not taken for one (and hidden).
+    /// Whether process `pid` runs as root (its real uid, from `status`; the owner of its
+    /// directory would be root for any process that made itself non-dumpable): a
+    /// shepherd does, so a user's process named `clan-shepherd` is not taken for one
+    /// (and hidden).
     fn owned_by_root(&self, pid: u32) -> bool {
-        fstatat(
-            Some(self.root.as_raw_fd()),
-            pid.to_string().as_str(),
-            nix::fcntl::AtFlags::empty(),
-        )
-        .is_ok_and(|st| st.st_uid == 0)
+        self.read_at(&format!("{pid}/status"), 16384)
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .and_then(|s| {
+                clan_core::sys::status_numbers::<u32>(&s, "Uid")
+                    .first()
+                    .copied()
+            })
+            == Some(0)
     }
 
     /// Group, session, owner and (when `job`) job of one process; `None` once it is gone,
@@ -294,7 +298,7 @@ impl ProcView {
             state: stat.state,
             ppid: u32::try_from(stat.ppid).unwrap_or(0),
             start_ticks: stat.starttime,
-            shepherd: is_shepherd(pid, &stat.comm) && st.st_uid == 0,
+            shepherd: is_shepherd(pid, &stat.comm) && self.owned_by_root(pid),
         })
     }
 

@@ -55,8 +55,9 @@ pub struct VProc {
     sessions: std::sync::atomic::AtomicU64,
     /// Hung up: no stub can reattach any more.
     hung_up: std::sync::atomic::AtomicBool,
-    /// Its last stop was a job suspension's (signals method), not reported: nor is the
-    /// continue that ends it.
+    /// A job suspension (signals method) is about to stop it: that stop is not reported.
+    pub expect_stop: std::sync::atomic::AtomicBool,
+    /// Its last stop was a job suspension's, not reported: nor is the continue that ends it.
     pub hidden_stop: std::sync::atomic::AtomicBool,
 }
 
@@ -679,6 +680,7 @@ impl Node {
             subscriber: NamedMutex::new("vproc.subscriber", out),
             sessions: 0.into(),
             hung_up: false.into(),
+            expect_stop: false.into(),
             hidden_stop: false.into(),
         });
         self.vprocs.write().insert(gpid, vp.clone());
@@ -720,7 +722,11 @@ impl Node {
                         }
                         // A job suspended with signals does not look stopped to its
                         // processes' parents and stubs (the freezer makes no stops).
-                        Out::Stopped(_) if node.stopping_jobs.lock().contains(&link.job) => {
+                        Out::Stopped(_)
+                            if link
+                                .expect_stop
+                                .swap(false, std::sync::atomic::Ordering::SeqCst) =>
+                        {
                             link.hidden_stop
                                 .store(true, std::sync::atomic::Ordering::SeqCst);
                         }
