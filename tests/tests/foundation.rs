@@ -916,6 +916,29 @@ fn unauthenticated_peers_are_refused() {
         },
     );
     c.clan_ok(&["nodes"]);
+    // A flood of connections that never authenticate holds at most 256 handshakes: the
+    // rest are closed at once, and the nodes' own links go on.
+    let flood: Vec<std::net::TcpStream> = (0..300)
+        .map(|_| std::net::TcpStream::connect(&addr).unwrap())
+        .collect();
+    let closed_at_once = flood.iter().skip(256).any(|s| {
+        s.set_read_timeout(Some(Duration::from_millis(500)))
+            .unwrap();
+        matches!(std::io::Read::read(&mut &*s, &mut [0u8; 8]), Ok(0))
+    });
+    assert!(closed_at_once, "no connection beyond the 256th was refused");
+    eventually(
+        "the flood refused in the log",
+        Duration::from_secs(5),
+        || {
+            c.log(1)
+                .contains("connections are authenticating already")
+                .then_some(())
+        },
+    );
+    let out = c.clan_ok(&["nodes"]);
+    assert_eq!(out.matches(" up ").count(), 2, "{out}");
+    drop(flood);
 }
 
 #[test]

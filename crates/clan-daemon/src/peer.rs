@@ -397,17 +397,28 @@ impl Node {
     }
 
     async fn serve_inbound(self: Arc<Self>, s: TcpStream, from: SocketAddr) {
+        /// Inbound connections that may wait for their proof of the cluster key at once.
+        const UNPROVEN_MAX: usize = 256;
+        static UNPROVEN: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(UNPROVEN_MAX);
         let _ = s.set_nodelay(true);
         // Session connections may be silent for hours (control ones have heartbeats).
         crate::session::keep_alive(&s, self.cfg.dead_after());
         let (r, w) = s.into_split();
         let r = tokio::io::BufReader::new(r);
+        // At most UNPROVEN connections wait for their proof of the key at once: a flood
+        // of connections that never authenticate costs bounded memory and tasks (the
+        // others are refused at once; real peers dial again).
+        let Ok(_permit) = UNPROVEN.try_acquire() else {
+            warn!(peer = %from, "refused: {UNPROVEN_MAX} connections are authenticating already");
+            return;
+        };
         // A connection that never says who it is does not hold a task for ever.
         let hello = tokio::time::timeout(
             self.cfg.dead_after(),
             auth::accept(r, w, &self.cfg.key, &self.identity(pb::ConnKind::Control)),
         )
         .await;
+        drop(_permit);
         let (hello, mut rd, wr) = match hello {
             Ok(Ok(x)) => x,
             Ok(Err(e)) => {
