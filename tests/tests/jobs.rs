@@ -862,14 +862,17 @@ fn a_signals_suspend_does_not_stop_the_stub() {
             })
             .flatten()
     };
-    for _ in 0..20 {
-        assert_ne!(
-            state(),
-            Some('T'),
-            "the stub mirrored the suspension's stop"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let never_stopped = || {
+        for _ in 0..20 {
+            assert_ne!(
+                state(),
+                Some('T'),
+                "the stub mirrored the suspension's stop"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    never_stopped();
     // A run into the suspended job is refused at once (it could not start before a resume).
     let refused = |c: &Cluster| {
         let o = c.clan(&["run", "--job", &job, "--node", "2", "--", "true"]);
@@ -880,6 +883,24 @@ fn a_signals_suspend_does_not_stop_the_stub() {
         );
     };
     refused(&c);
+    // The process's node restarts while the job is suspended: its shepherd still knows the
+    // stop was the suspension's, and does not tell the stub that reattaches.
+    let cland2 = c.cland_pid(2);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(cland2),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    eventually("cland 2 gone", Duration::from_secs(5), || {
+        std::fs::read_to_string(format!("/proc/{cland2}/status"))
+            .map_or(true, |s| s.contains("zombie"))
+            .then_some(())
+    });
+    let mut daemon = KillOnDrop(c.restart_cland(2));
+    eventually("the stub reattached", Duration::from_secs(10), || {
+        c.log(2).contains("stub reattached").then_some(())
+    });
+    never_stopped();
     c.clan_ok(&["job", "resume", "--method", "signals", &job]);
     c.clan_ok(&["job", "suspend", &job]);
     refused(&c);
@@ -890,4 +911,6 @@ fn a_signals_suspend_does_not_stop_the_stub() {
     out.read_line(&mut l).unwrap();
     assert_eq!(l, "got on\n");
     assert!(stub.0.wait().unwrap().success());
+    drop(c);
+    let _ = daemon.0.wait();
 }

@@ -552,8 +552,8 @@ impl Node {
         if subtree.is_none() {
             self.stopping_jobs.lock().insert(job);
         }
-        // The job's processes that clan started: their stops from here are the
-        // suspension's, not reported to their stubs and parents.
+        // The job's processes that clan started: their shepherds stop them, and do not
+        // report the suspension's stops to their stubs and parents.
         let vps: std::collections::HashMap<u32, std::sync::Arc<crate::process::vproc::VProc>> =
             self.vprocs
                 .read()
@@ -591,11 +591,10 @@ impl Node {
                     // shepherd), known by their number in the node's pid namespace.
                     let root = parent == 0 || !inside.contains(&parent);
                     let ns = root.then(|| clan_core::sys::ns_pid_of_host(p)).flatten();
-                    if let Some(v) = ns.and_then(|n| vps.get(&n)) {
-                        v.expect_stop
-                            .store(true, std::sync::atomic::Ordering::SeqCst);
+                    match ns.and_then(|n| vps.get(&n)) {
+                        Some(v) => v.send(clan_proto::pb::shepherd_in::Msg::JobStop(true)),
+                        None => send(p, Signal::SIGSTOP),
                     }
-                    send(p, Signal::SIGSTOP);
                 }
             }
             if done && (subtree.is_some() || procs(dir).into_iter().all(stopped)) {
@@ -620,8 +619,8 @@ impl Node {
     /// verified running before its parent is continued.
     fn resume_by_signals(&self, job: u64, dir: &Path, subtree: Option<u32>) -> Result<()> {
         use nix::sys::signal::Signal;
-        // The continues that undo the suspension's stops are hidden process by process
-        // (`VProc::hidden_stop`).
+        // (The shepherds of the processes clan started hide the continues that undo the
+        // suspension's stops.)
         if subtree.is_none() {
             self.stopping_jobs.lock().remove(&job);
         }

@@ -384,6 +384,9 @@ struct Shepherd {
     stop_as: Option<i32>,
     /// The signal the process is stopped by, as last reported (`None`: running).
     stopped: Option<i32>,
+    /// A job suspension stopped it (`In::JobStop`): that stop and the continue that ends
+    /// it are not reported, so a suspended job does not look stopped from outside.
+    job_stop: bool,
     /// Signals, window sizes and background changes received from cland, in all: a
     /// resumed stub sends again those of its own beyond it.
     controls_taken: u64,
@@ -759,6 +762,7 @@ fn start(
         ttin_sent: false,
         stop_as: None,
         stopped: None,
+        job_stop: false,
         controls_taken: 0,
     })
 }
@@ -1041,6 +1045,12 @@ impl Shepherd {
                     }
                 }
             }
+            In::JobStop(_) => {
+                if self.exited.is_none() {
+                    self.job_stop = true;
+                    let _ = sys::pidfd_send_signal(&self.pidfd, libc::SIGSTOP);
+                }
+            }
             In::CloseStdout(_) => {
                 self.controls_taken += 1;
                 // The stub's reader is gone: whoever writes to the process's stdout gets
@@ -1220,6 +1230,8 @@ impl Shepherd {
         }
         while let Ok(Some(ev)) = sys::wait_pidfd_stop(&self.pidfd) {
             match ev {
+                ChildEvent::Stopped(_) if self.job_stop => {}
+                ChildEvent::Continued if self.job_stop => self.job_stop = false,
                 ChildEvent::Stopped(sig) => {
                     let sig = match self.stop_as.take() {
                         Some(s) if sig == libc::SIGSTOP => s,

@@ -55,10 +55,6 @@ pub struct VProc {
     sessions: std::sync::atomic::AtomicU64,
     /// Hung up: no stub can reattach any more.
     hung_up: std::sync::atomic::AtomicBool,
-    /// A job suspension (signals method) is about to stop it: that stop is not reported.
-    pub expect_stop: std::sync::atomic::AtomicBool,
-    /// Its last stop was a job suspension's, not reported: nor is the continue that ends it.
-    pub hidden_stop: std::sync::atomic::AtomicBool,
 }
 
 impl VProc {
@@ -680,8 +676,6 @@ impl Node {
             subscriber: NamedMutex::new("vproc.subscriber", out),
             sessions: 0.into(),
             hung_up: false.into(),
-            expect_stop: false.into(),
-            hidden_stop: false.into(),
         });
         self.vprocs.write().insert(gpid, vp.clone());
         if let Some(c) = &spec.creds {
@@ -720,20 +714,6 @@ impl Node {
                         Out::Resumed(r) => {
                             link.deliver(pb::session_output::Output::Resumed(r)).await
                         }
-                        // A job suspended with signals does not look stopped to its
-                        // processes' parents and stubs (the freezer makes no stops).
-                        Out::Stopped(_)
-                            if link
-                                .expect_stop
-                                .swap(false, std::sync::atomic::Ordering::SeqCst) =>
-                        {
-                            link.hidden_stop
-                                .store(true, std::sync::atomic::Ordering::SeqCst);
-                        }
-                        Out::Continued(_)
-                            if link
-                                .hidden_stop
-                                .swap(false, std::sync::atomic::Ordering::SeqCst) => {}
                         Out::Stopped(sig) => {
                             node.process_changed(&link, Change::Stopped(sig));
                             link.deliver(pb::session_output::Output::Stopped(sig)).await
