@@ -157,33 +157,29 @@ pub fn rewrite_stat(text: &[u8], m: &dyn PidMap) -> Option<Vec<u8>> {
 /// NS lines start with the number in the node's namespace (the one its /proc shows) and go
 /// down nested namespaces; they get that one value: the cluster has one pid namespace.
 pub fn rewrite_status(text: &[u8], m: &dyn PidMap) -> Vec<u8> {
-    let s = String::from_utf8_lossy(text);
-    let mut out = String::with_capacity(s.len());
-    for line in s.split_inclusive('\n') {
-        let Some((key, val)) = line.split_once(':') else {
-            out.push_str(line);
-            continue;
-        };
-        let first = || val.split_whitespace().next()?.parse::<i64>().ok();
-        let new = match key {
-            "Tgid" | "Pid" | "NStgid" | "NSpid" => first().map(|v| m.pid(v)),
-            "PPid" => first().map(|v| m.ppid(v)),
-            "TracerPid" => first().map(|v| if v > 0 { m.pid(v) } else { v }),
-            "NSpgid" => first().map(|v| m.pgrp(v)),
-            "NSsid" => first().map(|v| m.sid(v)),
-            _ => None,
-        };
-        match new {
-            Some(v) => {
-                out.push_str(key);
-                out.push_str(":\t");
-                out.push_str(&v.to_string());
-                out.push('\n');
-            }
-            None => out.push_str(line),
+    // Byte by line: only the id lines are parsed (ASCII); every other line, the `Name:` of a
+    // command whose name is not UTF-8 among them, is kept byte for byte.
+    let mut out = Vec::with_capacity(text.len());
+    for line in text.split_inclusive(|&b| b == b'\n') {
+        let parsed = std::str::from_utf8(line).ok().and_then(|l| {
+            let (key, val) = l.split_once(':')?;
+            let first = || val.split_whitespace().next()?.parse::<i64>().ok();
+            let new = match key {
+                "Tgid" | "Pid" | "NStgid" | "NSpid" => first().map(|v| m.pid(v)),
+                "PPid" => first().map(|v| m.ppid(v)),
+                "TracerPid" => first().map(|v| if v > 0 { m.pid(v) } else { v }),
+                "NSpgid" => first().map(|v| m.pgrp(v)),
+                "NSsid" => first().map(|v| m.sid(v)),
+                _ => None,
+            }?;
+            Some(format!("{key}:\t{new}\n"))
+        });
+        match parsed {
+            Some(l) => out.extend_from_slice(l.as_bytes()),
+            None => out.extend_from_slice(line),
         }
     }
-    out.into_bytes()
+    out
 }
 
 /// One file of a listing's entry: its contents, or why the reader does not get them.
@@ -952,6 +948,9 @@ NSsid:\t7\t1\nThreads:\t1\n";
         assert!(out.contains("\nNSsid:\t40000007\n"), "{out}");
         assert!(out.contains("\nUid:\t0\t0\t0\t0\n") && out.ends_with("Threads:\t1\n"));
         let _ = rewrite_status(b"\xff:\n:::\nPid:\tx\n", &Plus);
+        // A name that is not UTF-8 stays byte for byte; the ids after it are rewritten.
+        let odd = rewrite_status(b"Name:\t\xff\xfe\nPid:\t9\n", &Plus);
+        assert_eq!(odd, b"Name:\t\xff\xfe\nPid:\t10000009\n");
     }
 
     fn n(i: u32) -> NodeId {
