@@ -901,6 +901,8 @@ fn a_signals_suspend_does_not_stop_the_stub() {
         c.log(2).contains("stub reattached").then_some(())
     });
     never_stopped();
+    // The restarted cland still knows the job is suspended.
+    refused(&c);
     c.clan_ok(&["job", "resume", "--method", "signals", &job]);
     c.clan_ok(&["job", "suspend", &job]);
     refused(&c);

@@ -550,7 +550,7 @@ impl Node {
         use nix::sys::signal::Signal;
         // A whole job stopped takes no new process until it is resumed.
         if subtree.is_none() {
-            self.stopping_jobs.lock().insert(job);
+            self.mark_stopping(job, true);
         }
         // The job's processes that clan started: their shepherds stop them, and do not
         // report the suspension's stops to their stubs and parents.
@@ -622,7 +622,7 @@ impl Node {
         // (The shepherds of the processes clan started hide the continues that undo the
         // suspension's stops.)
         if subtree.is_none() {
-            self.stopping_jobs.lock().remove(&job);
+            self.mark_stopping(job, false);
         }
         let limit = signals_limit(procs(dir).len());
         let deadline = Instant::now() + limit;
@@ -1015,7 +1015,7 @@ impl Node {
         }
         if action == A::JobKill && req.signal == libc::SIGKILL {
             // Nothing of it is left to be stopped.
-            self.stopping_jobs.lock().remove(&job);
+            self.mark_stopping(job, false);
         }
         let mut after = self.task_brief(job, files, &reached(self));
         if action == A::JobResume && !signals && subtree.is_none() && after.state == "suspended" {

@@ -29,6 +29,9 @@ pub struct LocalLoad {
     pub mem_total_kb: u64,
 }
 
+/// Jobs suspended as a whole with signals, one id per line (state directory).
+const STOPPING_FILE: &str = "jobs.stopping";
+
 pub struct Node {
     pub id: NodeId,
     pub cfg: ClusterConfig,
@@ -118,6 +121,12 @@ impl Node {
             .and_then(|s| s.trim().parse().ok())
             .unwrap_or(0);
         let job_owners = JobOwners::load(&state_dir);
+        let stopping: std::collections::HashSet<u64> =
+            std::fs::read_to_string(state_dir.join(STOPPING_FILE))
+                .unwrap_or_default()
+                .lines()
+                .filter_map(|l| l.trim().parse().ok())
+                .collect();
         Node {
             id,
             cfg,
@@ -137,7 +146,7 @@ impl Node {
             peers,
             vprocs: NamedRwLock::new("vprocs", HashMap::new()),
             children: NamedMutex::new("children", HashMap::new()),
-            stopping_jobs: NamedMutex::new("jobs.stopping", Default::default()),
+            stopping_jobs: NamedMutex::new("jobs.stopping", stopping),
             parents: NamedMutex::new("parents", HashMap::new()),
             link_holders: NamedMutex::new("group.links", HashMap::new()),
             orphan_deferred: NamedMutex::new("group.orphan_deferred", Default::default()),
@@ -328,9 +337,33 @@ impl Node {
         }
         drop(files);
         // A task gone is suspended no longer.
-        let mut stopping = self.stopping_jobs.lock();
         for j in removed {
-            stopping.remove(&j);
+            self.mark_stopping(j, false);
+        }
+    }
+
+    /// Records that job `job` is (or no longer is) suspended as a whole with signals on
+    /// this node, in memory and in `jobs.stopping` of the state directory, so that a
+    /// restarted cland still refuses runs into it.
+    pub fn mark_stopping(&self, job: u64, on: bool) {
+        let mut set = self.stopping_jobs.lock();
+        let changed = if on {
+            set.insert(job)
+        } else {
+            set.remove(&job)
+        };
+        if changed {
+            let text: String = set.iter().map(|j| format!("{j}\n")).collect();
+            let tmp = self.state_dir.join(format!("{STOPPING_FILE}.tmp"));
+            if std::fs::write(&tmp, text)
+                .and_then(|_| std::fs::rename(&tmp, self.state_dir.join(STOPPING_FILE)))
+                .is_err()
+            {
+                tracing::warn!(
+                    job,
+                    "could not record the job's suspension in the state directory"
+                );
+            }
         }
     }
 
