@@ -238,6 +238,20 @@ impl Cluster {
         self.clan_ok(&["node", "start", &node.to_string()]);
     }
 
+    /// Kills node `n`'s cland with SIGKILL (its processes live on under their shepherds)
+    /// and waits until it is gone.
+    pub fn kill_cland(&self, n: u32) {
+        let pid = self.cland_pid(n);
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .expect("kill cland");
+        eventually("cland gone", Duration::from_secs(5), || {
+            matches!(proc_state(pid as u32), None | Some('Z')).then_some(())
+        });
+    }
+
     /// Starts node `n`'s cland by hand (after it was killed, its processes still running
     /// under their shepherds), logging to its log as `clan up` does.
     pub fn restart_cland(&self, n: u32) -> std::process::Child {
@@ -607,4 +621,19 @@ impl Drop for KillOnDrop {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
+}
+
+/// The state letter of host process `pid` (R, S, T, Z, ...), `None` once it is gone.
+pub fn proc_state(pid: u32) -> Option<char> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    s.rsplit_once(')')?.1.trim_start().chars().next()
+}
+
+/// The job id a `clan run -d` printed on stderr ("job J on node(s) ...").
+pub fn job_of(o: &Output) -> String {
+    let e = String::from_utf8_lossy(&o.stderr);
+    e.split_whitespace()
+        .nth(1)
+        .unwrap_or_else(|| panic!("no job in {e:?}"))
+        .to_string()
 }

@@ -487,11 +487,7 @@ fn permissions_follow_posix_between_users() {
         ],
     );
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let job = String::from_utf8_lossy(&o.stderr)
-        .split_whitespace()
-        .nth(1)
-        .unwrap()
-        .to_string();
+    let job = job_of(&o);
     let raise = [
         "run",
         "--job",
@@ -569,18 +565,7 @@ fn a_killed_cland_loses_no_process_and_no_status() {
         .find(|p| p["cmd"] == "sleep 300" && p["gpid"].as_u64() != Some(long.raw()))
         .map(|p| Gpid::from_raw(p["gpid"].as_u64().unwrap()).unwrap())
         .expect("attached process listed");
-    let pid = c.cland_pid(2);
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .unwrap();
-    eventually("cland 2 gone", Duration::from_secs(5), || {
-        (!std::path::Path::new(&format!("/proc/{pid}/status")).exists()
-            || std::fs::read_to_string(format!("/proc/{pid}/status"))
-                .is_ok_and(|s| s.contains("zombie")))
-        .then_some(())
-    });
+    c.kill_cland(2);
     // The process keeps running without its daemon.
     let o = c.clan(&["ps", "--node", "2"]);
     assert_eq!(
@@ -681,17 +666,7 @@ fn an_attached_run_survives_a_restart_of_either_cland() {
         };
         writeln!(input, "one").unwrap();
         echo("one");
-        let pid = c.cland_pid(restart);
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(pid),
-            nix::sys::signal::Signal::SIGKILL,
-        )
-        .unwrap();
-        eventually("cland gone", Duration::from_secs(5), || {
-            std::fs::read_to_string(format!("/proc/{pid}/status"))
-                .map_or(true, |s| s.contains("zombie"))
-                .then_some(())
-        });
+        c.kill_cland(restart);
         // Input while no cland relays it: the stub keeps it and sends it again.
         writeln!(input, "two").unwrap();
         daemons.push(c.restart_cland(restart));
@@ -1152,17 +1127,7 @@ fn piped_stdin_loses_nothing_in_a_restart() {
             Ok::<_, std::io::Error>(())
         });
         halfway.recv().unwrap();
-        let pid = c.cland_pid(restart);
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(pid),
-            nix::sys::signal::Signal::SIGKILL,
-        )
-        .unwrap();
-        eventually("cland gone", Duration::from_secs(5), || {
-            std::fs::read_to_string(format!("/proc/{pid}/status"))
-                .map_or(true, |s| s.contains("zombie"))
-                .then_some(())
-        });
+        c.kill_cland(restart);
         daemons.push(c.restart_cland(restart));
         writer.join().unwrap().unwrap();
         let o = child.wait_with_output().unwrap();
@@ -1320,26 +1285,6 @@ fn a_stopped_shepherd_zygote_does_not_hang_spawns() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// The state letter of host process `pid` (R, S, T, Z, ...), `None` once it is gone.
-fn state_of(pid: u32) -> Option<char> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    s.rsplit_once(')')?.1.trim_start().chars().next()
-}
-
-/// Kills node `n`'s cland with SIGKILL (its processes live on under their shepherds) and
-/// waits until it is gone.
-fn kill_cland(c: &Cluster, n: u32) {
-    let pid = c.cland_pid(n);
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .unwrap();
-    eventually("cland gone", Duration::from_secs(5), || {
-        matches!(state_of(pid as u32), None | Some('Z')).then_some(())
-    });
-}
-
 /// A stub on node 1 of `script` on node 2 (which prints "ready" first), and its stdout.
 fn short_window_stub(
     c: &Cluster,
@@ -1389,9 +1334,9 @@ fn a_stopped_stub_is_waited_for_beyond_the_reattach_window() {
     )
     .unwrap();
     eventually("stub stopped", Duration::from_secs(10), || {
-        (state_of(stub_pid) == Some('T')).then_some(())
+        (proc_state(stub_pid) == Some('T')).then_some(())
     });
-    kill_cland(&c, 2);
+    c.kill_cland(2);
     let mut daemon = c.restart_cland(2);
     // Past the window (2 s), node 2 found the stub stopped and keeps waiting.
     eventually("kept parked", Duration::from_secs(15), || {
@@ -1430,7 +1375,7 @@ fn a_stop_during_a_break_reaches_the_stub() {
     );
     let (mut stub, mut out) = short_window_stub(&c, &script);
     let stub_pid = stub.id();
-    kill_cland(&c, 2);
+    c.kill_cland(2);
     std::fs::write(&mark, "").unwrap();
     // The process (found by its script in the host's /proc) stops with no cland to tell.
     let needle = format!("while [ ! -e {}", mark.display());
@@ -1438,14 +1383,18 @@ fn a_stop_during_a_break_reaches_the_stub() {
         std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
             let pid: u32 = e.file_name().to_str()?.parse().ok()?;
             let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-            (String::from_utf8_lossy(&cmd).contains(&needle) && state_of(pid) == Some('T'))
+            (String::from_utf8_lossy(&cmd).contains(&needle) && proc_state(pid) == Some('T'))
                 .then_some(())
         })
     });
-    assert_eq!(state_of(stub_pid), Some('S'), "the stub runs on meanwhile");
+    assert_eq!(
+        proc_state(stub_pid),
+        Some('S'),
+        "the stub runs on meanwhile"
+    );
     let mut daemon = c.restart_cland(2);
     eventually("stub stopped too", Duration::from_secs(10), || {
-        (state_of(stub_pid) == Some('T')).then_some(())
+        (proc_state(stub_pid) == Some('T')).then_some(())
     });
     // fg: the process goes on to its end.
     nix::sys::signal::kill(
@@ -1476,7 +1425,7 @@ fn a_signal_sent_into_a_break_arrives_once() {
     let cland2 = nix::unistd::Pid::from_raw(c.cland_pid(2));
     nix::sys::signal::kill(cland2, nix::sys::signal::Signal::SIGSTOP).unwrap();
     eventually("cland 2 stopped", Duration::from_secs(5), || {
-        (state_of(cland2.as_raw() as u32) == Some('T')).then_some(())
+        (proc_state(cland2.as_raw() as u32) == Some('T')).then_some(())
     });
     nix::sys::signal::kill(stub_pid, nix::sys::signal::Signal::SIGUSR1).unwrap();
     // The relay's write lands in cland 2's receive queue (or, if the stub was slower, the
@@ -1498,7 +1447,7 @@ fn a_signal_sent_into_a_break_arrives_once() {
             })
             .then_some(())
     });
-    kill_cland(&c, 2);
+    c.kill_cland(2);
     let mut daemon = c.restart_cland(2);
     eventually("stub reattached", Duration::from_secs(10), || {
         c.log(2).contains("stub reattached").then_some(())

@@ -12,15 +12,6 @@ macro_rules! root_or_skip {
     };
 }
 
-/// The job id a `clan run -d` printed on stderr ("job J on node(s) ...").
-fn job_of(o: &std::process::Output) -> String {
-    let e = String::from_utf8_lossy(&o.stderr);
-    e.split_whitespace()
-        .nth(1)
-        .unwrap_or_else(|| panic!("no job in {e:?}"))
-        .to_string()
-}
-
 /// `cgroup.events` key `key` of job `job`'s task on `node`.
 fn task_event(c: &Cluster, node: u32, job: &str, key: &str) -> Option<String> {
     let dir = c.cgroup()?.join(format!("node{node}/job{job}"));
@@ -853,15 +844,7 @@ fn a_signals_suspend_does_not_stop_the_stub() {
     assert!(out_s.contains("suspended"), "{out_s}");
     assert!(job_states(&c, &job).iter().all(|s| s == "T"));
     // Had the stop been reported, the stub would mirror it within milliseconds.
-    let state = || {
-        std::fs::read_to_string(format!("/proc/{}/stat", stub.0.id()))
-            .ok()
-            .and_then(|s| {
-                s.rsplit_once(')')
-                    .map(|(_, r)| r.trim_start().chars().next())
-            })
-            .flatten()
-    };
+    let state = || proc_state(stub.0.id());
     let never_stopped = || {
         for _ in 0..20 {
             assert_ne!(
@@ -885,17 +868,7 @@ fn a_signals_suspend_does_not_stop_the_stub() {
     refused(&c);
     // The process's node restarts while the job is suspended: its shepherd still knows the
     // stop was the suspension's, and does not tell the stub that reattaches.
-    let cland2 = c.cland_pid(2);
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(cland2),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .unwrap();
-    eventually("cland 2 gone", Duration::from_secs(5), || {
-        std::fs::read_to_string(format!("/proc/{cland2}/status"))
-            .map_or(true, |s| s.contains("zombie"))
-            .then_some(())
-    });
+    c.kill_cland(2);
     let mut daemon = KillOnDrop(c.restart_cland(2));
     eventually("the stub reattached", Duration::from_secs(10), || {
         c.log(2).contains("stub reattached").then_some(())

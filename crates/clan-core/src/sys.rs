@@ -399,6 +399,20 @@ mod status_tests {
         assert!(status_numbers::<u32>("garbage", "NSpid").is_empty());
     }
 }
+/// State letter and start time (clock ticks after boot) of host process `pid`, from
+/// /proc/PID/stat; `None` once it is gone.
+pub fn state_and_start(pid: u32) -> Option<(char, u64)> {
+    let s = read_small(format!("/proc/{pid}/stat")).ok()?;
+    let f: Vec<&str> = s.rsplit_once(')')?.1.split_whitespace().collect();
+    Some((f.first()?.chars().next()?, f.get(19)?.parse().ok()?))
+}
+
+/// Whether a process known by pid and start time still lives (not a zombie, not gone, not
+/// replaced by a later process with its pid).
+pub fn lives(pid: u32, start: u64) -> bool {
+    matches!(state_and_start(pid), Some((st, t)) if t == start && !matches!(st, 'Z' | 'X'))
+}
+
 /// The calling thread (only) acting as another user until dropped: its effective uid and
 /// gid and its groups become the user's, with raw syscalls (glibc's wrappers would change
 /// every thread). Taking a non-zero effective uid clears the thread's effective

@@ -191,20 +191,6 @@ fn signal_number(sig: i32) -> Result<i32> {
     }
 }
 
-/// The state letter and start time (clock ticks after boot) of a host process: with the
-/// pid, what tells it from a later process given the same pid.
-fn state_and_start(pid: u32) -> Option<(char, u64)> {
-    let s = clan_core::sys::read_small(format!("/proc/{pid}/stat")).ok()?;
-    let f: Vec<&str> = s.rsplit_once(')')?.1.split_whitespace().collect();
-    Some((f.first()?.chars().next()?, f.get(19)?.parse().ok()?))
-}
-
-/// Whether a process known by pid and start time still lives (not a zombie, not gone, not
-/// replaced by a later process with its pid).
-fn lives(pid: u32, start: u64) -> bool {
-    matches!(state_and_start(pid), Some((st, t)) if t == start && !matches!(st, 'Z' | 'X'))
-}
-
 /// The children of a host process, forked by any of its threads (the kernel's list).
 fn kernel_children(pid: u32) -> Vec<u32> {
     let Ok(threads) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
@@ -1091,7 +1077,7 @@ impl Node {
         let mut known = std::collections::HashSet::new();
         let add =
             |p: u32, members: &mut Vec<(u32, u64)>, known: &mut std::collections::HashSet<u32>| {
-                if let Some((_, start)) = state_and_start(p) {
+                if let Some((_, start)) = clan_core::sys::state_and_start(p) {
                     if known.insert(p) {
                         members.push((p, start));
                     }
@@ -1109,7 +1095,7 @@ impl Node {
             while i < members.len() {
                 let (p, start) = members[i];
                 i += 1;
-                if !lives(p, start) {
+                if !clan_core::sys::lives(p, start) {
                     continue;
                 }
                 if !frozen && proc_state(p) != Some('T') {
@@ -1136,7 +1122,7 @@ impl Node {
         loop {
             let alive: Vec<u32> = members
                 .iter()
-                .filter(|(p, start)| lives(*p, *start))
+                .filter(|(p, start)| clan_core::sys::lives(*p, *start))
                 .map(|(p, _)| *p)
                 .collect();
             if alive.is_empty() || Instant::now() > deadline {

@@ -183,7 +183,8 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
     } else {
         (PathBuf::from("/proc"), 0)
     };
-    let view = ProcView::open(opts.node, view_path.clone(), ns_init)
+    let shepherd_bin = bin_dir.join("clan-shepherd");
+    let view = ProcView::open(opts.node, view_path.clone(), ns_init, shepherd_bin.clone())
         .with_context(|| format!("open {}", view_path.display()))?;
     let placement = placement::Placement::load(state.join("loadmgr.json"));
     let node = Arc::new(Node::new(
@@ -192,7 +193,7 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
         state.clone(),
         view,
         cg,
-        bin_dir.join("clan-shepherd"),
+        shepherd_bin,
         placement,
     ));
     node.follow_proc_events();

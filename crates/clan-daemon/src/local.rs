@@ -76,7 +76,6 @@ impl Node {
         // the process that connected.
         let job = self.job_of_caller(pid as u32);
         let ids = self.caller_ids(pid);
-        let start = crate::session::host_stat(pid as u32).map_or(0, |(t, _)| t);
         let alive = pinned.as_ref().is_some_and(pidfd_alive);
         if !alive && cred.uid() != 0 {
             debug!(pid, "client gone before it was identified: refused");
@@ -90,7 +89,7 @@ impl Node {
             node: self.id.get(),
             pgid: self.cluster_id(Kind::Group, ids.pgid),
             sid: self.cluster_id(Kind::Session, ids.sid),
-            start,
+            start: 0,
             job: job.unwrap_or(0),
         };
         // Watched for reading only (see clan_core::unixconn).
@@ -392,8 +391,15 @@ impl Node {
             }
         };
         let size = if r.count > 1 { targets.len() as u32 } else { 0 };
-        // The stub stands in for the process where it was started: it is the parent.
+        // The stub stands in for the process where it was started: it is the parent. Who
+        // it is (its start time, for a node that parks its process and asks after it) is
+        // read here, for attached runs only, and trusted once its pidfd, taken when it
+        // connected, says it is still that process.
         let parent_gpid = self.gpid_of_host(creds.pid).map_or(0, |g| g.raw());
+        let mut creds = creds;
+        creds.start = clan_core::sys::state_and_start(creds.pid)
+            .filter(|_| stub.as_ref().is_some_and(pidfd_alive))
+            .map_or(0, |(_, t)| t);
         let (out_tx, out_rx) = mpsc::channel(64);
         let mut endpoints = HashMap::new();
         let mut started = pb::Started {

@@ -657,24 +657,16 @@ enum Ended {
     Broken,
 }
 
-/// Start time (clock ticks after boot) and state of a host process, from /proc/PID/stat.
-pub fn host_stat(pid: u32) -> Option<(u64, char)> {
-    use procfs_core::FromRead;
-    let b = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
-    let st = procfs_core::process::Stat::from_read(b.as_slice()).ok()?;
-    Some((st.starttime, st.state))
-}
-
 /// Whether a local process is stopped (state T in /proc/PID/stat).
 fn stub_stopped(pid: u32) -> bool {
-    host_stat(pid).is_some_and(|(_, state)| state == 'T')
+    clan_core::sys::state_and_start(pid).is_some_and(|(state, _)| state == 'T')
 }
 
 impl Node {
     /// The state of stub `pid` (started at `start`) on this node: `None` when it is gone.
     pub fn stub_here(&self, pid: u32, start: u64) -> pb::StubState {
-        match host_stat(pid) {
-            Some((t, state)) if t == start && state != 'Z' && state != 'X' => pb::StubState {
+        match clan_core::sys::state_and_start(pid) {
+            Some((state, t)) if t == start && !matches!(state, 'Z' | 'X') => pb::StubState {
                 alive: true,
                 stopped: matches!(state, 'T' | 't'),
             },

@@ -170,14 +170,10 @@ impl<S: Source> Filesystem for ProcFs<S> {
             Contents::File(..) => {
                 // A local file may block (or be slow): read it off the loop, as the reader.
                 self.rt.spawn_blocking(move || {
-                    let Contents::File(_, reader, switch) = &*c else {
+                    let Contents::File(f, reader, switch) = &*c else {
                         return;
                     };
-                    let c2 = c.clone();
-                    let read = crate::pass::as_reader(reader, *switch, move || {
-                        let Contents::File(f, ..) = &*c2 else {
-                            return Ok(Vec::new());
-                        };
+                    let read = crate::pass::as_reader(reader, *switch, || {
                         let mut buf = vec![0u8; size as usize];
                         let n = f.read_at(&mut buf, offset)?;
                         buf.truncate(n);

@@ -3,56 +3,26 @@
 //! reader's identity, so the kernel applies its own rules (modes, ptrace checks, what
 //! `kallsyms` shows) exactly as if the reader had asked it.
 //!
-//! A server running as root does each such operation on a thread of its own that first
-//! takes the reader's uids, gids and groups with raw syscalls, which change the calling
-//! thread only (glibc's wrappers would change every thread). Taking a non-zero uid clears
-//! the thread's effective capabilities, so no privilege of the server leaks to the
-//! reader. The thread ends with the operation and its credentials with it. A server that
-//! is not root uses its own identity: then only its owner can use the mount.
+//! A server running as root does each such operation with the reader's effective uid,
+//! gid and groups on the calling thread (`clan_core::sys::ActingAs`, raw syscalls that
+//! change that thread only, put back after). Taking a non-zero effective uid clears the
+//! thread's effective capabilities, so no privilege of the server leaks to the reader. A
+//! server that is not root uses its own identity: then only its owner can use the mount.
 
 use crate::caller::Reader;
 use std::io;
 
 /// Runs `f` with the identity of `reader` when the server is root and the reader is not;
-/// otherwise with the server's. Blocks until `f` is done.
+/// otherwise with the server's. `f` runs on the calling thread and must not yield.
 pub fn as_reader<T, F>(reader: &Reader, switch: bool, f: F) -> io::Result<T>
 where
-    T: Send + 'static,
-    F: FnOnce() -> io::Result<T> + Send + 'static,
+    F: FnOnce() -> io::Result<T>,
 {
     if !switch || reader.uid == 0 {
         return f();
     }
-    let r = reader.clone();
-    std::thread::Builder::new()
-        .name("clan-procfs-as".into())
-        .spawn(move || {
-            become_reader(&r)?;
-            f()
-        })?
-        .join()
-        .unwrap_or_else(|_| Err(io::Error::other("reader thread panicked")))
-}
-
-/// Gives the calling thread (only) the reader's groups, gids and uids.
-fn become_reader(r: &Reader) -> io::Result<()> {
-    let groups: Vec<libc::gid_t> = r.groups.clone();
-    let check = |ret: libc::c_long| {
-        if ret == 0 {
-            Ok(())
-        } else {
-            Err(io::Error::last_os_error())
-        }
-    };
-    // SAFETY: raw setgroups with a pointer to `groups.len()` valid gid_t values that live
-    // across the call; it changes only this thread's supplementary groups.
-    check(unsafe { libc::syscall(libc::SYS_setgroups, groups.len(), groups.as_ptr()) })?;
-    // SAFETY: raw setresgid/setresuid take plain integers and change only this thread's
-    // credentials (no glibc broadcast to the other threads).
-    check(unsafe { libc::syscall(libc::SYS_setresgid, r.gid, r.gid, r.gid) })?;
-    // SAFETY: as above.
-    check(unsafe { libc::syscall(libc::SYS_setresuid, r.uid, r.uid, r.uid) })?;
-    Ok(())
+    let _acting = clan_core::sys::ActingAs::user(reader.uid, reader.gid, &reader.groups)?;
+    f()
 }
 
 #[cfg(test)]

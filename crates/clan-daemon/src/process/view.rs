@@ -18,8 +18,9 @@ use std::path::PathBuf;
 /// One node's /proc.
 pub struct ProcView {
     pub node: NodeId,
-    pub path: PathBuf,
     root: OwnedFd,
+    /// The shepherd binary: a process that runs it (and is named for it) is a shepherd.
+    shepherd_exe: PathBuf,
     /// Host pid of the namespace init (0: the host's own pid namespace).
     pub ns_init: u32,
     ticks_per_sec: u64,
@@ -47,15 +48,21 @@ pub struct RawProc {
 }
 
 impl ProcView {
-    pub fn open(node: NodeId, path: PathBuf, ns_init: u32) -> std::io::Result<ProcView> {
+    pub fn open(
+        node: NodeId,
+        path: PathBuf,
+        ns_init: u32,
+        shepherd_exe: PathBuf,
+    ) -> std::io::Result<ProcView> {
         let f = File::options()
             .read(true)
             .custom_flags(libc::O_DIRECTORY)
             .open(&path)?;
         Ok(ProcView {
             node,
-            path,
             root: OwnedFd::from(f),
+            // As the kernel shows it in `exe`: without symbolic links.
+            shepherd_exe: std::fs::canonicalize(&shepherd_exe).unwrap_or(shepherd_exe),
             ns_init,
             // SAFETY: sysconf has no preconditions.
             ticks_per_sec: unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64,
@@ -171,7 +178,7 @@ impl ProcView {
     pub fn read(&self, pid: u32) -> Option<RawProc> {
         let stat_bytes = self.read_at(&format!("{pid}/stat"), 4096)?;
         let stat = Stat::from_read(stat_bytes.as_slice()).ok()?;
-        if is_shepherd(pid, &stat.comm) && self.owned_by_root(pid) {
+        if is_shepherd(pid, &stat.comm) && self.runs_shepherd(pid) {
             return None;
         }
         let st = fstatat(
@@ -248,22 +255,21 @@ impl ProcView {
                 .read_at(&format!("{pid}/stat"), 4096)
                 .and_then(|b| Stat::from_read(b.as_slice()).ok())
                 .is_some_and(|st| is_shepherd(pid, &st.comm))
-            && self.owned_by_root(pid)
+            && self.runs_shepherd(pid)
     }
 
-    /// Whether process `pid` runs as root (its real uid, from `status`; the owner of its
-    /// directory would be root for any process that made itself non-dumpable): a
-    /// shepherd does, so a user's process named `clan-shepherd` is not taken for one
-    /// (and hidden).
-    fn owned_by_root(&self, pid: u32) -> bool {
-        self.read_at(&format!("{pid}/status"), 16384)
-            .map(|b| String::from_utf8_lossy(&b).into_owned())
-            .and_then(|s| {
-                clan_core::sys::status_numbers::<u32>(&s, "Uid")
-                    .first()
-                    .copied()
+    /// Whether process `pid` runs the shepherd binary (its `exe` link, cheaper to read than
+    /// its `status`; a binary replaced since, by an upgrade, reads " (deleted)"): a user's
+    /// process named `clan-shepherd` is not taken for a shepherd (and hidden), whatever it
+    /// calls itself or whether it is dumpable.
+    fn runs_shepherd(&self, pid: u32) -> bool {
+        use std::os::unix::ffi::OsStrExt;
+        nix::fcntl::readlinkat(Some(self.root.as_raw_fd()), format!("{pid}/exe").as_str())
+            .is_ok_and(|t| {
+                let t = t.as_bytes();
+                t.strip_suffix(b" (deleted)").unwrap_or(t)
+                    == self.shepherd_exe.as_os_str().as_bytes()
             })
-            == Some(0)
     }
 
     /// Group, session, owner and (when `job`) job of one process; `None` once it is gone,
@@ -298,7 +304,7 @@ impl ProcView {
             state: stat.state,
             ppid: u32::try_from(stat.ppid).unwrap_or(0),
             start_ticks: stat.starttime,
-            shepherd: is_shepherd(pid, &stat.comm) && self.owned_by_root(pid),
+            shepherd: is_shepherd(pid, &stat.comm) && self.runs_shepherd(pid),
         })
     }
 
@@ -437,7 +443,7 @@ mod tests {
 
     #[test]
     fn reads_this_process_from_the_host_view() {
-        let v = ProcView::open(NodeId::new(1).unwrap(), "/proc".into(), 0).unwrap();
+        let v = ProcView::open(NodeId::new(1).unwrap(), "/proc".into(), 0, PathBuf::new()).unwrap();
         let me = std::process::id();
         let p = v.read(me).unwrap();
         assert_eq!(p.info.gpid, 10_000_000 + u64::from(me));
