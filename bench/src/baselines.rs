@@ -123,21 +123,30 @@ impl Drop for LocalGroup {
     }
 }
 
-/// Blocks SIGUSR1 in the calling thread (and the threads it creates later), so it can be
-/// taken with sigwaitinfo. Call first thing in main.
-pub fn block_usr1() {
+/// Blocks SIGUSR1 and SIGUSR2 in the calling thread (and the threads it creates later), so
+/// they can be taken with sigwaitinfo. Call first thing in main.
+pub fn block_usr_signals() {
     let mut set = nix::sys::signal::SigSet::empty();
     set.add(nix::sys::signal::Signal::SIGUSR1);
+    set.add(nix::sys::signal::Signal::SIGUSR2);
     let _ = set.thread_block();
 }
 
 /// Waits for SIGUSR1 (blocked); returns the sender's pid, or None after `timeout`.
 pub fn wait_usr1(timeout: Duration) -> Option<i32> {
+    wait_signals(&[libc::SIGUSR1], timeout).map(|(_, pid)| pid)
+}
+
+/// Waits for one of `sigs` (blocked); returns it and the sender's pid, or None after
+/// `timeout`.
+pub fn wait_signals(sigs: &[i32], timeout: Duration) -> Option<(i32, i32)> {
     let mut set: libc::sigset_t = unsafe_zeroed();
     // SAFETY: set is a valid sigset_t we own.
     unsafe {
         libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGUSR1);
+        for &s in sigs {
+            libc::sigaddset(&mut set, s);
+        }
     }
     let ts = libc::timespec {
         tv_sec: timeout.as_secs() as libc::time_t,
@@ -147,7 +156,7 @@ pub fn wait_usr1(timeout: Duration) -> Option<i32> {
     // SAFETY: all pointers are to live locals of the right types.
     let r = unsafe { libc::sigtimedwait(&set, &mut info, &ts) };
     // SAFETY: sigtimedwait filled info for a real signal (r > 0).
-    (r > 0).then(|| unsafe { info.si_pid() })
+    (r > 0).then(|| (r, unsafe { info.si_pid() }))
 }
 
 fn unsafe_zeroed<T>() -> T {

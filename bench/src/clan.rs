@@ -1,7 +1,7 @@
 //! clan's figures (issue 2): remote exec latency, remote signal latency, cluster-wide ps,
 //! and request throughput with concurrent clients against the one-big-lock build.
 
-use crate::baselines::{self, wait_usr1};
+use crate::baselines::{self, wait_signals};
 use crate::cluster::Cluster;
 use crate::report::Report;
 use crate::stats::Samples;
@@ -193,7 +193,7 @@ pub fn signal_latency(c: &Cluster, r: &mut Report, n: usize) {
                 .collect(),
         )
     };
-    let (s, tcp, tcp_procs) = (series("s "), series("t "), series("p "));
+    let (s, relayed, tcp, tcp_procs) = (series("s "), series("r "), series("t "), series("p "));
     r.latency(g, baselines::TCP_RTT, &tcp, None);
     r.latency(
         g,
@@ -219,11 +219,19 @@ pub fn signal_latency(c: &Cluster, r: &mut Report, n: usize) {
         &s,
         Some(baselines::TCP_PROCS),
     );
+    r.latency(
+        g,
+        "  (for reference) relayed by the clands (no links)",
+        &relayed,
+        Some(baselines::TCP_RTT),
+    );
 }
 
-/// The `sigping` role: times `iters` round trips of SIGUSR1 with its peer through clan
-/// (lines `s NANOS`, half a round trip each) and as many TCP loopback round trips (`t
-/// NANOS`), in [`SIGNAL_TURNS`] turns.
+/// The `sigping` role: times `iters` round trips of a signal with its peer through clan on
+/// the client's direct link to the peer's node (SIGUSR1, lines `s NANOS`, half a round
+/// trip each), as many relayed by the two nodes' clands (SIGUSR2, the clients without
+/// links, lines `r NANOS`), and as many TCP loopback round trips (`t NANOS`, `p NANOS`), in
+/// [`SIGNAL_TURNS`] turns of each.
 pub fn sigping(peer_file: &Path, out: &Path, iters: usize) -> anyhow::Result<()> {
     let peer: Gpid = loop {
         if let Ok(s) = std::fs::read_to_string(peer_file) {
@@ -233,43 +241,69 @@ pub fn sigping(peer_file: &Path, out: &Path, iters: usize) -> anyhow::Result<()>
         }
         std::thread::sleep(Duration::from_millis(1));
     };
-    let client = Client::locate(None, None)?;
+    let linked = Client::locate(None, None)?;
+    let relayed = Client::locate(None, None)?.without_links();
     let mut lines = String::new();
     let mut tcp = baselines::TcpPair::new();
     let mut tcp_procs = baselines::TcpPair::with_process();
     let per = iters.div_ceil(SIGNAL_TURNS);
     rt1().block_on(async {
-        for i in 0..iters + 20 {
-            if i >= 20 && (i - 20) % per == 0 {
-                for (kind, pair) in [("t", &mut tcp), ("p", &mut tcp_procs)] {
-                    let mut s = Samples::default();
-                    pair.sample(per, &mut s);
-                    for d in s.0 {
-                        lines.push_str(&format!("{kind} {}\n", d.as_nanos()));
-                    }
+        // Warm: connections, and the link to the peer's node (both roles').
+        for _ in 0..20 {
+            bounce(&linked, peer, libc::SIGUSR1).await?;
+            bounce(&relayed, peer, libc::SIGUSR2).await?;
+        }
+        for turn in 0..SIGNAL_TURNS {
+            let n = per.min(iters.saturating_sub(turn * per));
+            for (kind, pair) in [("t", &mut tcp), ("p", &mut tcp_procs)] {
+                let mut s = Samples::default();
+                pair.sample(n, &mut s);
+                for d in s.0 {
+                    lines.push_str(&format!("{kind} {}\n", d.as_nanos()));
                 }
             }
-            let t = Instant::now();
-            client.kill_one(peer, libc::SIGUSR1).await?;
-            if wait_usr1(Duration::from_secs(10)).is_none() {
-                anyhow::bail!("no answer from {peer}");
-            }
-            if i >= 20 {
-                lines.push_str(&format!("s {}\n", (t.elapsed() / 2).as_nanos()));
+            for (kind, client, sig) in [
+                ("s", &linked, libc::SIGUSR1),
+                ("r", &relayed, libc::SIGUSR2),
+            ] {
+                for _ in 0..n {
+                    let d = bounce(client, peer, sig).await?;
+                    lines.push_str(&format!("{kind} {}\n", d.as_nanos()));
+                }
             }
         }
-        Ok(())
+        Ok::<_, anyhow::Error>(())
     })?;
     std::fs::write(out, lines)?;
     Ok(())
 }
 
-/// The `sigpong` role: answers every SIGUSR1 with one to `peer`, through clan.
+/// One signal `sig` to `peer` through `client` and the answer: half the round trip.
+async fn bounce(client: &Client, peer: Gpid, sig: i32) -> anyhow::Result<Duration> {
+    let t = Instant::now();
+    client.kill_one(peer, sig).await?;
+    match wait_signals(&[libc::SIGUSR1, libc::SIGUSR2], Duration::from_secs(10)) {
+        Some((s, _)) if s == sig => Ok(t.elapsed() / 2),
+        Some((s, _)) => anyhow::bail!("answered with signal {s}, not {sig}"),
+        None => anyhow::bail!("no answer from {peer}"),
+    }
+}
+
+/// The `sigpong` role: answers every SIGUSR1 with one to `peer` on its direct link, and
+/// every SIGUSR2 with one relayed by the clands (see [`sigping`]).
 pub fn sigpong(peer: Gpid) -> anyhow::Result<()> {
-    let client = Client::locate(None, None)?;
+    let linked = Client::locate(None, None)?;
+    let relayed = Client::locate(None, None)?.without_links();
     rt1().block_on(async {
-        while wait_usr1(Duration::from_secs(30)).is_some() {
-            client.kill_one(peer, libc::SIGUSR1).await?;
+        while let Some((sig, _)) =
+            wait_signals(&[libc::SIGUSR1, libc::SIGUSR2], Duration::from_secs(30))
+        {
+            let client = if sig == libc::SIGUSR1 {
+                &linked
+            } else {
+                &relayed
+            };
+            client.kill_one(peer, sig).await?;
         }
         Ok(())
     })

@@ -132,6 +132,20 @@ enum Cmd {
         #[arg(long)]
         ignore_tstp: bool,
     },
+    /// ITERS reads of FILE of process GPID through the client library (of the node in
+    /// CLAN_NODE, under CLAN_DIR), on a direct link unless NO_LINK; prints the median, for
+    /// profiling one kind of request alone.
+    #[command(hide = true)]
+    ProcLoop {
+        #[arg(long)]
+        gpid: clan_core::Gpid,
+        #[arg(long, default_value = "status")]
+        file: String,
+        #[arg(long)]
+        iters: usize,
+        #[arg(long)]
+        no_link: bool,
+    },
     /// ITERS forks of a child that exits at once, each waited for; prints forks per second.
     #[command(hide = true)]
     Forks {
@@ -141,8 +155,9 @@ enum Cmd {
 }
 
 fn main() -> anyhow::Result<()> {
-    // Before any thread exists: SIGUSR1 is taken with sigwaitinfo by the ping-pong roles.
-    baselines::block_usr1();
+    // Before any thread exists: SIGUSR1 and SIGUSR2 are taken with sigwaitinfo by the
+    // ping-pong roles.
+    baselines::block_usr_signals();
     let a = Args::parse();
     let cmd = a.cmd.unwrap_or(Cmd::All);
     match cmd {
@@ -167,6 +182,12 @@ fn main() -> anyhow::Result<()> {
             ignore_tstp,
         } => return jobs::tree(procs, busy, ignore_tstp),
         Cmd::Forks { iters } => return jobs::forks(iters),
+        Cmd::ProcLoop {
+            gpid,
+            file,
+            iters,
+            no_link,
+        } => return procview::proc_loop(gpid, &file, iters, no_link),
         _ => {}
     }
     let _latency = a.cpu_latency_us.map(hold_cpu_latency).transpose()?;

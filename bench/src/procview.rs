@@ -48,6 +48,7 @@ pub fn status_read(c: &Cluster, r: &mut Report, n: usize) {
     let g = "cluster /proc: status of a process on another node";
     println!("{g} (in {TURNS} turns):");
     let target = c.spawn(2, &["sleep", "3700"]).expect("a process on node 2");
+    let near = c.spawn(1, &["sleep", "3700"]).expect("a process on node 1");
     let host = host_pid(c, target).expect("its host pid");
     let native = PathBuf::from(format!("/proc/{host}/status"));
     let mnt = c.dir.join("bench-proc");
@@ -70,10 +71,21 @@ pub fn status_read(c: &Cluster, r: &mut Report, n: usize) {
         path: "status".into(),
         ..Default::default()
     };
-    rt.block_on(client.proc(req.clone())).expect("proc read"); // one to connect
+    // Enough to connect and to open the client's direct link to node 2 (docs/links.md).
+    for _ in 0..=clan_client::LINK_AFTER {
+        rt.block_on(client.proc(req.clone())).expect("proc read");
+    }
+    let near_req = pb::ProcRequest {
+        gpid: near.raw(),
+        ..req.clone()
+    };
     let mut tcp = baselines::TcpPair::new();
     let mut tcp_procs = baselines::TcpPair::with_process();
-    let (mut rtt, mut rtt_procs, mut nat, mut api, mut through): (
+    let relayed = c.client(1).without_links();
+    rt.block_on(relayed.proc(req.clone())).expect("proc read");
+    let (mut rtt, mut rtt_procs, mut nat, mut api, mut through, mut api_near, mut api_relayed): (
+        Samples,
+        Samples,
         Samples,
         Samples,
         Samples,
@@ -90,6 +102,18 @@ pub fn status_read(c: &Cluster, r: &mut Report, n: usize) {
                 let t = Instant::now();
                 let reply = client.proc(req.clone()).await.expect("proc read");
                 api.push(t.elapsed());
+                assert!(!reply.data.is_empty());
+            }
+            for _ in 0..per {
+                let t = Instant::now();
+                let reply = relayed.proc(req.clone()).await.expect("proc read");
+                api_relayed.push(t.elapsed());
+                assert!(!reply.data.is_empty());
+            }
+            for _ in 0..per {
+                let t = Instant::now();
+                let reply = client.proc(near_req.clone()).await.expect("proc read");
+                api_near.push(t.elapsed());
                 assert!(!reply.data.is_empty());
             }
         });
@@ -116,6 +140,18 @@ pub fn status_read(c: &Cluster, r: &mut Report, n: usize) {
     );
     r.latency(
         g,
+        "  (for reference) the same relayed by node 1's cland (no link)",
+        &api_relayed,
+        Some(tcp_name),
+    );
+    r.latency(
+        g,
+        "  (for reference) the API read of a process of node 1 itself",
+        &api_near,
+        Some(tcp_name),
+    );
+    r.latency(
+        g,
         "through the mount (clan proc mount, node 1)",
         &through,
         Some(native_name),
@@ -127,6 +163,7 @@ pub fn status_read(c: &Cluster, r: &mut Report, n: usize) {
         .stdout(Stdio::null())
         .status();
     c.kill_and_wait(target, false);
+    c.kill_and_wait(near, false);
 }
 
 /// `n` whole reads of `path`, timed into `s`.
@@ -206,4 +243,36 @@ pub fn ps_aux(c: &Cluster, r: &mut Report, per_node: usize, n: usize) {
     for p in parents {
         c.kill_and_wait(p, true);
     }
+}
+
+/// `iters` reads of `file` of `gpid` through the client library (see `clan-bench
+/// proc-loop`); prints their median.
+pub fn proc_loop(
+    gpid: clan_core::Gpid,
+    file: &str,
+    iters: usize,
+    no_link: bool,
+) -> anyhow::Result<()> {
+    let mut client = clan_client::Client::locate(None, None)?;
+    if no_link {
+        client = client.without_links();
+    }
+    let req = pb::ProcRequest {
+        op: pb::ProcOp::ProcRead as i32,
+        gpid: gpid.raw(),
+        path: file.into(),
+        ..Default::default()
+    };
+    let rt = crate::clan::rt1();
+    let mut s = Samples::default();
+    rt.block_on(async {
+        for _ in 0..iters {
+            let t = Instant::now();
+            client.proc(req.clone()).await?;
+            s.push(t.elapsed());
+        }
+        anyhow::Ok(())
+    })?;
+    println!("{iters} reads of {gpid}/{file}: median {:?}", s.median());
+    Ok(())
 }

@@ -861,9 +861,21 @@ fn unauthenticated_peers_are_refused() {
             incarnation: 1,
             cluster,
             kind: clan_proto::pb::ConnKind::Control,
+            creds: None,
         };
         let res = clan_proto::auth::connect(r, w, b"not-the-cluster-key-at-all", &me).await;
         assert!(res.is_err(), "a peer without the key was accepted");
+        // Nor a link claiming root's credentials (docs/links.md): only a node with the
+        // key vouches for a client.
+        let s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        let (r, w) = s.into_split();
+        let forged = clan_proto::auth::Identity {
+            kind: clan_proto::pb::ConnKind::Client,
+            creds: Some(clan_proto::pb::Creds::default()),
+            ..me
+        };
+        let res = clan_proto::auth::connect(r, w, b"not-the-cluster-key-at-all", &forged).await;
+        assert!(res.is_err(), "a link without the key was accepted");
     });
     eventually(
         "the refusal in node 1's log",
@@ -1490,4 +1502,188 @@ fn a_closed_stdout_closes_the_remote_one() {
     std::io::Read::read_to_string(&mut stub.0.stderr.take().unwrap(), &mut err).unwrap();
     assert_eq!(st.code(), Some(3), "{err}");
     assert!(err.contains("write failed"), "{err}");
+}
+
+/// The number of direct links node `n` serves (`clan stats tables`).
+fn links_served(c: &Cluster, n: u32) -> u64 {
+    let o = c.clan_ok(&["stats", "tables", "--node", &n.to_string()]);
+    o.lines()
+        .find_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.get(1) == Some(&"direct.links")).then(|| f[2].parse().expect("a count"))
+        })
+        .unwrap_or_else(|| panic!("no direct.links row:\n{o}"))
+}
+
+fn read_req(g: Gpid, file: &str) -> clan_client::pb::ProcRequest {
+    clan_client::pb::ProcRequest {
+        op: clan_client::pb::ProcOp::ProcRead as i32,
+        gpid: g.raw(),
+        path: file.into(),
+        ..Default::default()
+    }
+}
+
+/// Direct links (docs/links.md): a client that keeps reading and signalling another node's
+/// processes gets a connection of its own to that node; on it the node answers as through
+/// cland, serves nothing but signals and reads, and a link that breaks costs no request.
+#[test]
+fn a_client_that_keeps_asking_a_node_gets_a_link_to_it() {
+    root_or_skip!("a_client_that_keeps_asking_a_node_gets_a_link_to_it");
+    use clan_client::pb;
+    let c = Cluster::up(3);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let client = c.client(1);
+    let relayed = c.client(1).without_links();
+    let target = c.spawn(2, &["sleep", "1000"]);
+    assert_eq!(links_served(&c, 2), 0);
+    // The first requests go through cland, then the client asks for a link.
+    rt.block_on(async {
+        for _ in 0..=clan_client::LINK_AFTER {
+            let r = client.proc(read_req(target, "status")).await.unwrap();
+            let text = String::from_utf8_lossy(&r.data).into_owned();
+            assert!(text.contains(&format!("\nPid:\t{target}\n")), "{text}");
+        }
+    });
+    eventually("a link to node 2", Duration::from_secs(5), || {
+        (links_served(&c, 2) == 1).then_some(())
+    });
+    assert_eq!(links_served(&c, 3), 0);
+    // Files read on it as through cland: pids as gpids.
+    let head = |d: &[u8]| {
+        let t = String::from_utf8_lossy(d).into_owned();
+        t.split_whitespace().take(5).collect::<Vec<_>>().join(" ")
+    };
+    let (on_link, through) = rt.block_on(async {
+        (
+            client.proc(read_req(target, "stat")).await.unwrap(),
+            relayed.proc(read_req(target, "stat")).await.unwrap(),
+        )
+    });
+    assert_eq!(head(&on_link.data), head(&through.data));
+    assert!(head(&on_link.data).starts_with(&format!("{target} (sleep) S ")));
+    // Errors as through cland.
+    let gone = Gpid::from_raw(target.raw() + 1_000_000).unwrap();
+    let e = rt
+        .block_on(client.proc(read_req(gone, "status")))
+        .unwrap_err();
+    assert_eq!(e.code(), Some(pb::ErrorCode::NotFound), "{e}");
+    // A signal on the link.
+    rt.block_on(client.kill_one(target, libc::SIGTERM)).unwrap();
+    let o = c.clan(&["wait", &target.to_string()]);
+    assert_eq!(o.status.code(), Some(128 + 15));
+    assert_eq!(links_served(&c, 2), 1, "still the one link");
+    // Nothing but signals and reads: a spawn sent on a link is refused, and not done.
+    let spawn = pb::peer_request::Op::Spawn(pb::SpawnRequest {
+        spec: Some(pb::ProcSpec {
+            argv: vec![b"sleep".to_vec(), b"1001".to_vec()],
+            detached: true,
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    let node2 = clan_core::NodeId::new(2).unwrap();
+    let e = rt.block_on(client.link_request(node2, spawn)).unwrap_err();
+    assert_eq!(e.code(), Some(pb::ErrorCode::Invalid), "{e}");
+    assert!(host_processes_mentioning("sleep 1001").is_empty());
+    // A link to this node itself is refused (the node named).
+    let node1 = clan_core::NodeId::new(1).unwrap();
+    let op = pb::peer_request::Op::Signal(pb::SignalRequest {
+        gpid: target.raw(),
+        signal: 0,
+        queued: None,
+    });
+    let e = rt.block_on(client.link_request(node1, op)).unwrap_err();
+    assert!(e.to_string().contains("node 1 is this node"), "{e}");
+    // The link breaks with node 2's cland: the next signal is not lost in it but goes
+    // through cland (the break is seen before the request is sent), and so do reads.
+    let (other, third) = (
+        c.spawn(2, &["sleep", "1000"]),
+        c.spawn(2, &["sleep", "1001"]),
+    );
+    c.kill_cland(2);
+    let daemon = KillOnDrop(c.restart_cland(2));
+    eventually("node 2 back", Duration::from_secs(10), || {
+        rt.block_on(relayed.proc(read_req(other, "status"))).ok()
+    });
+    rt.block_on(client.kill_one(other, libc::SIGTERM)).unwrap();
+    let o = c.clan(&["wait", &other.to_string()]);
+    assert_eq!(o.status.code(), Some(128 + 15));
+    let r = rt.block_on(client.proc(read_req(third, "status"))).unwrap();
+    assert!(String::from_utf8_lossy(&r.data).contains(&format!("\nPid:\t{third}\n")));
+    drop(c);
+    drop(daemon);
+}
+
+/// A link serves its client as that client: what one user may not do through cland, it
+/// may not do on a link either.
+#[test]
+fn a_link_serves_its_client_with_the_clients_rights() {
+    root_or_skip!("a_link_serves_its_client_with_the_clients_rights");
+    let c = Cluster::up(2);
+    let (a, b) = (test_user("clantesta"), test_user("clantestb"));
+    let as_user = |uid: u32, program: &str, args: &[&str]| {
+        let o = std::process::Command::new("setpriv")
+            .args([
+                &format!("--reuid={uid}"),
+                &format!("--regid={uid}"),
+                "--clear-groups",
+            ])
+            .arg(bin(program))
+            .args(args)
+            .env("CLAN_DIR", &c.dir)
+            .env("CLAN_NODE", "1")
+            .current_dir("/tmp")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let out = String::from_utf8_lossy(&o.stdout).into_owned();
+        assert!(
+            o.status.success(),
+            "{out}{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        out
+    };
+    let out = as_user(
+        a,
+        "clan",
+        &["run", "-d", "--node", "2", "--", "sleep", "100"],
+    );
+    let mine: Gpid = out.split_whitespace().next().unwrap().parse().unwrap();
+    let roots = c.spawn(2, &["sleep", "100"]);
+    let (mine_s, roots_s) = (mine.to_string(), roots.to_string());
+    let link = |uid: u32, args: &[&str]| as_user(uid, "clan-test-link", args);
+    // Another user's process, or root's: no signal, no environ.
+    let o = link(b, &["2", "kill", &mine_s, "15"]);
+    assert!(o.starts_with("error Permission: permission denied"), "{o}");
+    let o = link(a, &["2", "kill", &roots_s, "15"]);
+    assert!(o.starts_with("error Permission: permission denied"), "{o}");
+    let o = link(a, &["2", "read", &roots_s, "environ"]);
+    assert!(o.starts_with("error Permission: permission denied"), "{o}");
+    assert!(c.ps_one(roots).is_some() && c.ps_one(mine).is_some());
+    // Its own: yes.
+    let o = link(a, &["2", "read", &mine_s, "status"]);
+    assert!(
+        o.starts_with("ok\n") && o.contains(&format!("\nUid:\t{a}\t")),
+        "{o}"
+    );
+    let o = link(a, &["2", "kill", &mine_s, "15"]);
+    assert_eq!(o.trim(), "ok");
+    let o = std::process::Command::new("setpriv")
+        .args([
+            &format!("--reuid={a}"),
+            &format!("--regid={a}"),
+            "--clear-groups",
+        ])
+        .arg(bin("clan"))
+        .args(["wait", &mine_s])
+        .env("CLAN_DIR", &c.dir)
+        .current_dir("/tmp")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(128 + 15));
 }

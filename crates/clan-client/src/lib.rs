@@ -26,6 +26,9 @@ type Reader = BufReader<OwnedReadHalf>;
 
 mod session;
 pub use session::{Session, SessionReader, SessionWriter};
+
+mod link;
+pub use link::{LINK_AFTER, RETRY_AFTER};
 use tokio::sync::Mutex;
 
 pub use clan_proto::pb;
@@ -224,6 +227,7 @@ pub struct Client {
     node: NodeId,
     conn: Mutex<Option<(Reader, OwnedWriteHalf)>>,
     next: AtomicU64,
+    links: link::Links,
 }
 
 impl Client {
@@ -267,14 +271,27 @@ impl Client {
         Ok(Client::at(socket_path(&dir, node), node))
     }
 
-    /// A client for the socket at `path` (node `node`).
+    /// A client for the socket at `path` (node `node`). With `CLAN_LINKS=0` in the
+    /// environment, it opens no direct links ([`Client::without_links`]).
     pub fn at(path: PathBuf, node: NodeId) -> Client {
-        Client {
+        let client = Client {
             path,
             node,
             conn: Mutex::new(None),
             next: AtomicU64::new(1),
+            links: link::Links::default(),
+        };
+        match std::env::var("CLAN_LINKS") {
+            Ok(v) if v == "0" => client.without_links(),
+            _ => client,
         }
+    }
+
+    /// This client with every request through its cland: no direct links to other nodes
+    /// (docs/links.md), as a one-shot command would.
+    pub fn without_links(mut self) -> Client {
+        self.links.off = true;
+        self
     }
 
     /// The node this client talks to.
@@ -435,6 +452,30 @@ impl Client {
         signal: i32,
         queued: Option<pb::Queued>,
     ) -> Result<Vec<(Gpid, std::result::Result<(), pb::Error>)>> {
+        // One process of another node: on the link to it, once there is one.
+        if let [g] = gpids {
+            if g.node() != self.node {
+                let op = pb::peer_request::Op::Signal(pb::SignalRequest {
+                    gpid: g.raw(),
+                    signal,
+                    queued,
+                });
+                let res = match self.links.send(&self.path, g.node(), op, false).await? {
+                    link::Sent::NoLink => None,
+                    link::Sent::Answered(pb::peer_reply::Reply::Ok(_)) => Some(Ok(())),
+                    link::Sent::Answered(pb::peer_reply::Reply::Error(e)) => Some(Err(e)),
+                    link::Sent::Answered(other) => {
+                        return Err(ClientError::Protocol(format!("unexpected reply {other:?}")))
+                    }
+                    // Perhaps delivered: not sent again (as cland does when its own
+                    // connection to the node breaks).
+                    link::Sent::Lost(e) => Some(Err(e)),
+                };
+                if let Some(r) = res {
+                    return Ok(vec![(*g, r)]);
+                }
+            }
+        }
         let op = Op::Kill(pb::KillRequest {
             gpids: gpids.iter().map(|g| g.raw()).collect(),
             signal,
@@ -634,9 +675,49 @@ impl Client {
     /// A request on the cluster /proc (listings, a process's files, links and directories
     /// with pids as gpids, cluster files): see `ProcOp` in proto/clan.proto.
     pub async fn proc(&self, req: pb::ProcRequest) -> Result<pb::ProcReply> {
+        use pb::ProcOp as P;
+        // A file of a process of another node: on the link to it, once there is one (a
+        // read the link lost is asked again through cland: reads change nothing).
+        let one_process = matches!(
+            P::try_from(req.op),
+            Ok(P::ProcRead | P::ProcReadlink | P::ProcReaddir)
+        );
+        if let Some(g) = Gpid::from_raw(req.gpid).filter(|g| one_process && g.node() != self.node) {
+            let op = pb::peer_request::Op::Proc(req.clone());
+            match self.links.send(&self.path, g.node(), op, false).await? {
+                link::Sent::Answered(pb::peer_reply::Reply::Proc(p)) => return Ok(p),
+                link::Sent::Answered(pb::peer_reply::Reply::Error(e)) => {
+                    return Err(ClientError::Remote(e))
+                }
+                link::Sent::Answered(other) => {
+                    return Err(ClientError::Protocol(format!("unexpected reply {other:?}")))
+                }
+                link::Sent::NoLink | link::Sent::Lost(_) => {}
+            }
+        }
         match self.request(Op::Proc(req)).await? {
             Reply::Proc(p) => Ok(p),
             other => Err(unexpected(other)),
+        }
+    }
+
+    /// A request on the direct link to `node` (docs/links.md), opened now if there is
+    /// none: what [`Client::kill`] and [`Client::proc`] use by themselves after a few
+    /// requests to one node. The node serves signals to its processes and reads of their
+    /// /proc files on it, as this client's credentials; anything else is refused.
+    pub async fn link_request(
+        &self,
+        node: NodeId,
+        op: pb::peer_request::Op,
+    ) -> Result<pb::peer_reply::Reply> {
+        match self.links.send(&self.path, node, op, true).await? {
+            link::Sent::Answered(pb::peer_reply::Reply::Error(e)) => Err(ClientError::Remote(e)),
+            link::Sent::Answered(r) => Ok(r),
+            link::Sent::Lost(e) => Err(ClientError::Remote(e)),
+            link::Sent::NoLink => Err(ClientError::Protocol(format!(
+                "no link to node {node} now (one is being opened, or one broke: another is tried within {} s)",
+                link::RETRY_AFTER.as_secs()
+            ))),
         }
     }
 

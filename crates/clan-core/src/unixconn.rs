@@ -9,8 +9,9 @@
 //! [`UnixConn`] registers the socket for reading only; a write that finds the buffer full
 //! waits on a duplicate descriptor registered for writing, only as long as it must.
 
-use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags, UnixAddr};
+use std::io::{self, IoSlice, IoSliceMut};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
@@ -103,29 +104,82 @@ impl AsyncRead for ReadHalf {
     }
 }
 
-impl AsyncWrite for WriteHalf {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
+impl ReadHalf {
+    /// Reads into `buf` with recvmsg(2), taking descriptors passed with the bytes
+    /// (SCM_RIGHTS; close-on-exec). Read frames this way only on a connection nothing else
+    /// reads, and only until the descriptor came: a plain read drops what is passed.
+    pub async fn recv_with_fds(&mut self, buf: &mut [u8]) -> io::Result<(usize, Vec<OwnedFd>)> {
+        loop {
+            let mut guard = self.fd.readable().await?;
+            let res = guard.try_io(|fd| {
+                let mut iov = [IoSliceMut::new(buf)];
+                let mut space = nix::cmsg_space!([std::os::fd::RawFd; 4]);
+                let msg = recvmsg::<UnixAddr>(
+                    fd.as_raw_fd(),
+                    &mut iov,
+                    Some(&mut space),
+                    MsgFlags::MSG_CMSG_CLOEXEC | MsgFlags::MSG_DONTWAIT,
+                )
+                .map_err(io::Error::from)?;
+                let mut fds = Vec::new();
+                for c in msg.cmsgs().map_err(io::Error::from)? {
+                    if let ControlMessageOwned::ScmRights(raw) = c {
+                        // SAFETY: the kernel just installed these descriptors for us;
+                        // each is owned once, here.
+                        fds.extend(raw.into_iter().map(|r| unsafe { OwnedFd::from_raw_fd(r) }));
+                    }
+                }
+                Ok((msg.bytes, fds))
+            });
+            match res {
+                Ok(Err(e)) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Ok(r) => return r,
+                Err(_would_block) => continue,
+            }
+        }
+    }
+}
+
+impl WriteHalf {
+    /// Writes all of `data`, passing `fd` with its first bytes (SCM_RIGHTS): the reader
+    /// takes it with [`ReadHalf::recv_with_fds`].
+    pub async fn send_with_fd(&mut self, data: &[u8], fd: BorrowedFd<'_>) -> io::Result<()> {
+        use tokio::io::AsyncWriteExt;
+        let raw = [fd.as_raw_fd()];
+        let n = std::future::poll_fn(|cx| {
+            self.poll_send(cx, |s| {
+                let iov = [IoSlice::new(data)];
+                let cmsg = [ControlMessage::ScmRights(&raw)];
+                sendmsg::<UnixAddr>(
+                    s,
+                    &iov,
+                    &cmsg,
+                    MsgFlags::MSG_NOSIGNAL | MsgFlags::MSG_DONTWAIT,
+                    None,
+                )
+                .map_err(io::Error::from)
+            })
+        })
+        .await?;
+        self.write_all(&data[n..]).await
+    }
+
+    /// Sends with `send` (a non-blocking send on the raw descriptor), waiting for room on
+    /// a duplicate registered for writing while the buffer is full.
+    fn poll_send(
+        &mut self,
         cx: &mut Context<'_>,
-        data: &[u8],
+        mut send: impl FnMut(std::os::fd::RawFd) -> io::Result<usize>,
     ) -> Poll<io::Result<usize>> {
         loop {
-            // SAFETY: sends from `data`, whose length we pass; MSG_NOSIGNAL: a closed peer is
-            // an EPIPE error, not a SIGPIPE.
-            let n = unsafe {
-                libc::send(
-                    self.fd.get_ref().as_raw_fd(),
-                    data.as_ptr().cast(),
-                    data.len(),
-                    libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT,
-                )
+            let e = match send(self.fd.get_ref().as_raw_fd()) {
+                Ok(n) => {
+                    // Room again: stop watching for it (its wake-ups are the ones avoided).
+                    self.waiting = None;
+                    return Poll::Ready(Ok(n));
+                }
+                Err(e) => e,
             };
-            if n >= 0 {
-                // Room again: stop watching for it (its wake-ups are the ones avoided).
-                self.waiting = None;
-                return Poll::Ready(Ok(n as usize));
-            }
-            let e = last_error();
             match e.kind() {
                 io::ErrorKind::Interrupted => continue,
                 io::ErrorKind::WouldBlock => {}
@@ -149,6 +203,32 @@ impl AsyncWrite for WriteHalf {
             let mut guard = ready!(waiting.poll_write_ready(cx))?;
             guard.clear_ready();
         }
+    }
+}
+
+impl AsyncWrite for WriteHalf {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.poll_send(cx, |fd| {
+            // SAFETY: sends from `data`, whose length we pass; MSG_NOSIGNAL: a closed peer
+            // is an EPIPE error, not a SIGPIPE.
+            let n = unsafe {
+                libc::send(
+                    fd,
+                    data.as_ptr().cast(),
+                    data.len(),
+                    libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT,
+                )
+            };
+            if n < 0 {
+                Err(last_error())
+            } else {
+                Ok(n as usize)
+            }
+        })
     }
 
     fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -204,6 +284,37 @@ mod tests {
         writer.await.unwrap();
         assert_eq!(got.len(), big.len());
         assert!(got == big, "the bytes arrived changed");
+    }
+
+    #[tokio::test]
+    async fn a_descriptor_crosses_with_its_bytes() {
+        let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let (_ar, mut aw) = UnixConn::from_std(a).unwrap().into_split();
+        let (mut br, _bw) = UnixConn::from_std(b).unwrap().into_split();
+        let (p, mut q) = std::os::unix::net::UnixStream::pair().unwrap();
+        let data: Vec<u8> = (0..100_000).map(|i| (i % 253) as u8).collect();
+        let sent = data.clone();
+        let writer = tokio::spawn(async move {
+            use std::os::fd::AsFd;
+            aw.send_with_fd(&sent, p.as_fd()).await.unwrap();
+        });
+        let (mut got, mut fds) = (Vec::new(), Vec::new());
+        while got.len() < data.len() {
+            let mut buf = [0u8; 8192];
+            let (n, f) = br.recv_with_fds(&mut buf).await.unwrap();
+            assert!(n > 0, "end of stream after {} bytes", got.len());
+            got.extend_from_slice(&buf[..n]);
+            fds.extend(f);
+        }
+        writer.await.unwrap();
+        assert!(got == data, "the bytes arrived changed");
+        assert_eq!(fds.len(), 1, "one descriptor passed");
+        // It is the socket sent: what is written to it arrives at its peer.
+        let mut passed = std::os::unix::net::UnixStream::from(fds.pop().unwrap());
+        std::io::Write::write_all(&mut passed, b"hi").unwrap();
+        let mut two = [0u8; 2];
+        std::io::Read::read_exact(&mut q, &mut two).unwrap();
+        assert_eq!(&two, b"hi");
     }
 
     #[tokio::test]

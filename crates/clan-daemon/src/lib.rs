@@ -12,6 +12,7 @@ pub mod error;
 pub mod fanout;
 pub mod genealogy;
 pub mod job;
+pub mod link;
 pub mod local;
 pub mod localcluster;
 pub mod membership;

@@ -125,6 +125,39 @@ impl Node {
                     self.run_reattached(id, r, creds, pinned, rd, wr).await;
                     return;
                 }
+                Some(Op::Link(l)) => {
+                    // The reply carries the connected socket (SCM_RIGHTS).
+                    let res = match NodeId::new(l.node) {
+                        Some(n) => self.open_link(n, &creds).await,
+                        None => Err(Error::NotFound(format!(
+                            "node {} is not in the cluster",
+                            l.node
+                        ))),
+                    };
+                    let sent = match res {
+                        Ok((link, sock)) => {
+                            let bytes = clan_proto::frame::encode(&pb::LocalReply {
+                                id,
+                                reply: Some(Reply::Link(link)),
+                            });
+                            wr.send_with_fd(&bytes, std::os::fd::AsFd::as_fd(&sock))
+                                .await
+                        }
+                        Err(e) => {
+                            write_frame(
+                                &mut wr,
+                                &pb::LocalReply {
+                                    id,
+                                    reply: Some(Reply::Error(e.into())),
+                                },
+                            )
+                            .await
+                        }
+                    };
+                    if sent.is_err() {
+                        return;
+                    }
+                }
                 Some(op) => {
                     let is_wait = matches!(op, Op::Wait(_));
                     let handled = self.handle_local(op, &creds);
@@ -688,6 +721,9 @@ impl Node {
             Op::Input(_) | Op::Reattach(_) => {
                 Err(Error::Invalid("no session on this connection".into()))
             }
+            Op::Link(_) => Err(Error::Invalid(
+                "a link is handed over on the connection that asks".into(),
+            )),
         }
     }
 

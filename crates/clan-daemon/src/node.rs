@@ -62,6 +62,9 @@ pub struct Node {
     /// At a group's home: its local controlling links (parents in the node's numbers and
     /// their start times), watched so that their exit triggers an orphan check.
     pub link_holders: NamedMutex<HashMap<Gpid, Vec<(u32, u64)>>>,
+    /// Direct links this node serves, by the node that opened them and the client's uid
+    /// (docs/links.md).
+    pub direct_links: NamedMutex<HashMap<(NodeId, u32), usize>>,
     /// Groups whose orphan check could not count the links of a node that may hold some
     /// (away or not answering): checked again once every node answers or is lost.
     pub orphan_deferred: NamedMutex<std::collections::HashSet<Gpid>>,
@@ -149,6 +152,7 @@ impl Node {
             stopping_jobs: NamedMutex::new("jobs.stopping", stopping),
             parents: NamedMutex::new("parents", HashMap::new()),
             link_holders: NamedMutex::new("group.links", HashMap::new()),
+            direct_links: NamedMutex::new("direct.links", HashMap::new()),
             orphan_deferred: NamedMutex::new("group.orphan_deferred", Default::default()),
             orphan_rechecked: NamedMutex::new("group.orphan_rechecked", None),
             placement: NamedMutex::new("placement", placement),

@@ -125,6 +125,24 @@ impl Peer {
     }
 }
 
+/// The reply frame to request `id` that had `res`: an error, or a reply too large to send,
+/// as an error reply.
+pub(crate) fn reply_frame(id: u64, res: Result<Reply>) -> pb::PeerFrame {
+    let reply = match res {
+        Ok(r) => match crate::error::too_large(r.encoded_len()) {
+            Some(e) => Reply::Error(e.into()),
+            None => r,
+        },
+        Err(e) => Reply::Error(e.into()),
+    };
+    pb::PeerFrame {
+        frame: Some(Frame::Reply(pb::PeerReply {
+            id,
+            reply: Some(reply),
+        })),
+    }
+}
+
 /// Whether a node in `state` (as `clan nodes` shows it) is down: dead, or away (its
 /// cland stopped cleanly, its processes live on).
 pub fn is_down(state: &str) -> bool {
@@ -155,6 +173,7 @@ impl Node {
             incarnation: self.incarnation(),
             cluster: self.cfg.name.clone(),
             kind,
+            creds: None,
         }
     }
 
@@ -256,7 +275,7 @@ impl Node {
     }
 
     /// Whether `peer` runs as an incarnation this node fenced.
-    fn is_fenced(&self, peer: NodeId, incarnation: u64) -> bool {
+    pub(crate) fn is_fenced(&self, peer: NodeId, incarnation: u64) -> bool {
         self.peers
             .get(&peer)
             .is_some_and(|p| p.state.lock().fenced == Some(incarnation))
@@ -446,9 +465,21 @@ impl Node {
             );
             return;
         }
-        if hello.kind == pb::ConnKind::Session as i32 {
-            crate::session::serve_remote(self, peer, rd, wr).await;
-            return;
+        match pb::ConnKind::try_from(hello.kind) {
+            Ok(pb::ConnKind::Control) => {}
+            Ok(pb::ConnKind::Session) => {
+                crate::session::serve_remote(self, peer, rd, wr).await;
+                return;
+            }
+            Ok(pb::ConnKind::Client) => {
+                self.serve_link(peer, hello.incarnation, hello.creds, rd, wr)
+                    .await;
+                return;
+            }
+            Err(_) => {
+                warn!(node = %peer, kind = hello.kind, "refused: unknown kind of connection");
+                return;
+            }
         }
         if !self.heard(peer, hello.incarnation, None) {
             return;
@@ -475,19 +506,7 @@ impl Node {
                         let (node, wr) = (self.clone(), wr.clone());
                         let serve = async move {
                             let id = req.id;
-                            let reply = match node.handle_peer(peer, req).await {
-                                Ok(r) => match crate::error::too_large(r.encoded_len()) {
-                                    Some(e) => Reply::Error(e.into()),
-                                    None => r,
-                                },
-                                Err(e) => Reply::Error(e.into()),
-                            };
-                            let f = pb::PeerFrame {
-                                frame: Some(Frame::Reply(pb::PeerReply {
-                                    id,
-                                    reply: Some(reply),
-                                })),
-                            };
+                            let f = reply_frame(id, node.handle_peer(peer, req).await);
                             let _ = wr.lock().await.write(&f).await;
                         };
                         if quick {
@@ -525,7 +544,11 @@ impl Node {
     }
 
     /// Serves one request from a peer.
-    async fn handle_peer(self: &Arc<Self>, from: NodeId, req: pb::PeerRequest) -> Result<Reply> {
+    pub(crate) async fn handle_peer(
+        self: &Arc<Self>,
+        from: NodeId,
+        req: pb::PeerRequest,
+    ) -> Result<Reply> {
         let creds = req.creds.unwrap_or_default();
         let op = req
             .op
@@ -687,6 +710,10 @@ impl Node {
                 self.link_holders.lock().values().map(Vec::len).sum(),
             ),
             ("spawning", self.spawning.lock().len()),
+            (
+                "direct.links",
+                self.direct_links.lock().values().sum::<usize>(),
+            ),
         ]
         .into_iter()
         .map(|(name, n)| pb::TableSize {

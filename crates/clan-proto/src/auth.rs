@@ -23,7 +23,7 @@
 //! unauthenticated connection makes cland allocate little. Frames are not encrypted;
 //! deployments that need confidentiality run clan over WireGuard or IPsec.
 
-use crate::frame::{read_raw, read_raw_max, write_frame, FrameError};
+use crate::frame::{read_raw_max, write_frame, FrameError};
 use crate::pb::{self, peer_frame::Frame, PeerFrame};
 use hmac::{Hmac, Mac};
 use prost::Message;
@@ -94,6 +94,8 @@ pub struct Identity {
     pub incarnation: u64,
     pub cluster: String,
     pub kind: pb::ConnKind,
+    /// A CLIENT connection's credentials: the client's, as the initiating node vouches.
+    pub creds: Option<pb::Creds>,
 }
 
 /// Reads MAC'd frames from an authenticated peer.
@@ -117,7 +119,13 @@ impl<R: AsyncRead + Unpin> PeerReader<R> {
     ///
     /// Cancel safety: not cancel safe (a partly read frame is lost); call it from one task.
     pub async fn read(&mut self) -> Result<Option<PeerFrame>, FrameError> {
-        let Some(raw) = read_raw(&mut self.inner).await? else {
+        self.read_max(crate::MAX_FRAME).await
+    }
+
+    /// [`PeerReader::read`] of a frame of at most `max` bytes (a longer one is an error,
+    /// refused from its length before its body is allocated).
+    pub async fn read_max(&mut self, max: usize) -> Result<Option<PeerFrame>, FrameError> {
+        let Some(raw) = read_raw_max(&mut self.inner, max).await? else {
             return Ok(None);
         };
         if raw.len() < TAG {
@@ -134,6 +142,73 @@ impl<R: AsyncRead + Unpin> PeerReader<R> {
         self.seq += 1;
         Ok(Some(PeerFrame::decode(body)?))
     }
+}
+
+impl<R> PeerReader<R> {
+    /// The sequence number of the next frame this side reads.
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    /// The connection itself, once its frames are to be read elsewhere (see [`resume`]).
+    pub fn into_inner(self) -> R {
+        self.inner
+    }
+
+    /// The connection, to look at (not to read from: that would lose frames).
+    pub fn get_ref(&self) -> &R {
+        &self.inner
+    }
+
+    /// The connection, to look at (peek) but not to read from.
+    pub fn get_mut(&mut self) -> &mut R {
+        &mut self.inner
+    }
+}
+
+impl<W> PeerWriter<W> {
+    /// The sequence number of the next frame this side writes.
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    /// The connection's session key (derived from the cluster key and both nonces; it
+    /// authenticates this connection's frames and nothing else).
+    pub fn session_key(&self) -> [u8; TAG] {
+        self.key
+    }
+
+    /// The connection itself, once its frames are to be written elsewhere (see [`resume`]).
+    pub fn into_inner(self) -> W {
+        self.inner
+    }
+}
+
+/// Both directions of a connection that another process authenticated as its initiator
+/// (a direct link handed over by cland): its session key and the sequence numbers of the
+/// next frames each way. `None` for a key of the wrong length.
+pub fn resume<R, W>(
+    r: R,
+    w: W,
+    session_key: &[u8],
+    write_seq: u64,
+    read_seq: u64,
+) -> Option<(PeerReader<R>, PeerWriter<W>)> {
+    let key: [u8; TAG] = session_key.try_into().ok()?;
+    Some((
+        PeerReader {
+            inner: r,
+            key,
+            dir: 1,
+            seq: read_seq,
+        },
+        PeerWriter {
+            inner: w,
+            key,
+            dir: 0,
+            seq: write_seq,
+        },
+    ))
 }
 
 impl<W: AsyncWrite + Unpin> PeerWriter<W> {
@@ -179,6 +254,12 @@ fn transcript(key: &[u8], label: &[u8], i: &pb::Hello, r: &pb::Hello) -> HmacSha
         put(&h.kind.to_be_bytes());
         put(h.cluster.as_bytes());
         put(&h.nonce);
+        // Present (a 1 and the encoding, even of empty credentials) or absent (nothing).
+        put(&h
+            .creds
+            .as_ref()
+            .map(|c| [&[1u8][..], &c.encode_to_vec()].concat())
+            .unwrap_or_default());
     }
     m
 }
@@ -238,6 +319,7 @@ fn hello(me: &Identity, nonce: Vec<u8>) -> pb::Hello {
         proof: Vec::new(),
         kind: me.kind as i32,
         cluster: me.cluster.clone(),
+        creds: me.creds.clone(),
     }
 }
 
@@ -337,6 +419,7 @@ where
     // The connection's kind is the initiator's: answer with it.
     let mut me = me.clone();
     me.kind = pb::ConnKind::try_from(hi.kind).unwrap_or(pb::ConnKind::Control);
+    me.creds = None;
     let mut hr = hello(&me, nonce());
     hr.proof = prove(key, b"r", &hi, &hr);
     send(&mut w, as_frame(&hr)).await?;
@@ -434,6 +517,7 @@ mod tests {
             incarnation: 10 + node as u64,
             cluster: "c".into(),
             kind: pb::ConnKind::Control,
+            creds: None,
         }
     }
 
@@ -591,13 +675,17 @@ mod tests {
         assert!(matches!(e, AuthError::BadProof { node: 2 }), "{e}");
     }
 
-    /// Rewrites the incarnation in the initiator's Hello on its way, then relays.
-    async fn rewriting_relay(from_i: tokio::io::DuplexStream, to_r: tokio::io::DuplexStream) {
+    /// Alters the initiator's Hello on its way with `alter`, then relays.
+    async fn rewriting_relay(
+        from_i: tokio::io::DuplexStream,
+        to_r: tokio::io::DuplexStream,
+        alter: fn(&mut pb::Hello),
+    ) {
         let (mut ir, mut iw) = split(from_i);
         let (mut rr, mut rw) = split(to_r);
         let mut f: PeerFrame = crate::frame::read_frame(&mut ir).await.unwrap().unwrap();
         if let Some(Frame::Hello(h)) = f.frame.as_mut() {
-            h.incarnation += 1;
+            alter(h);
         }
         write_frame(&mut rw, &f).await.unwrap();
         let _ = tokio::join!(
@@ -606,18 +694,80 @@ mod tests {
         );
     }
 
+    fn client_id() -> Identity {
+        let mut me = id(1);
+        me.kind = pb::ConnKind::Client;
+        me.creds = Some(pb::Creds {
+            uid: 1000,
+            gid: 1000,
+            groups: vec![1000, 27],
+            ..Default::default()
+        });
+        me
+    }
+
     #[tokio::test]
     async fn an_altered_identity_is_refused() {
-        let (a, a2) = duplex(1 << 16);
-        let (b2, b) = duplex(1 << 16);
-        tokio::spawn(rewriting_relay(a2, b2));
+        type Alter = fn(&mut pb::Hello);
+        let alterations: [(Identity, Alter); 4] = [
+            (id(1), |h| h.incarnation += 1),
+            // A client link's credentials are part of what the proofs cover...
+            (client_id(), |h| {
+                if let Some(c) = h.creds.as_mut() {
+                    c.uid = 0;
+                }
+            }),
+            // ... and so is their absence, even of credentials that encode to nothing.
+            (client_id(), |h| h.creds = None),
+            (
+                {
+                    let mut me = client_id();
+                    me.creds = Some(pb::Creds::default());
+                    me
+                },
+                |h| h.creds = None,
+            ),
+        ];
+        for (me, alter) in alterations {
+            let (a, a2) = duplex(1 << 16);
+            let (b2, b) = duplex(1 << 16);
+            tokio::spawn(rewriting_relay(a2, b2, alter));
+            let (ar, aw) = split(a);
+            let (br, bw) = split(b);
+            let acc = tokio::spawn(async move { accept(br, bw, KEY, &id(2)).await.map(|_| ()) });
+            let e = refused(connect(ar, aw, KEY, &me).await);
+            assert!(matches!(e, AuthError::BadProof { node: 2 }), "{e}");
+            let e = acc.await.unwrap().unwrap_err();
+            assert!(matches!(e, AuthError::BadProof { node: 1 }), "{e}");
+        }
+    }
+
+    /// A direct link: the node that dialed hands the connection, its session key and
+    /// sequence numbers over; the new holder's frames pass, the responder knows whose
+    /// credentials they carry, and the session key is not the cluster key.
+    #[tokio::test]
+    async fn a_client_link_goes_on_in_other_hands() {
+        let (a, b) = duplex(1 << 16);
         let (ar, aw) = split(a);
         let (br, bw) = split(b);
-        let acc = tokio::spawn(async move { accept(br, bw, KEY, &id(2)).await.map(|_| ()) });
-        let e = refused(connect(ar, aw, KEY, &id(1)).await);
-        assert!(matches!(e, AuthError::BadProof { node: 2 }), "{e}");
-        let e = acc.await.unwrap().unwrap_err();
-        assert!(matches!(e, AuthError::BadProof { node: 1 }), "{e}");
+        let acc = tokio::spawn(async move { accept(br, bw, KEY, &id(2)).await });
+        let (_, r1, mut w1) = connect(ar, aw, KEY, &client_id()).await.unwrap();
+        let (h, mut r2, mut w2) = acc.await.unwrap().unwrap();
+        assert_eq!(h.kind, pb::ConnKind::Client as i32);
+        assert_eq!(h.creds.as_ref().map(|c| c.uid), Some(1000));
+        let f = goodbye();
+        w1.write(&f).await.unwrap(); // the dialing node's own frame first
+        assert_eq!(r2.read().await.unwrap().unwrap(), f);
+        let key = w1.session_key();
+        assert_ne!(&key[..], KEY);
+        let (ws, rs) = (w1.seq(), r1.seq());
+        let (mut r3, mut w3) =
+            resume(r1.into_inner(), w1.into_inner(), &key, ws, rs).expect("a 32-byte key");
+        w3.write(&f).await.unwrap();
+        assert_eq!(r2.read().await.unwrap().unwrap(), f);
+        w2.write(&f).await.unwrap();
+        assert_eq!(r3.read().await.unwrap().unwrap(), f);
+        assert!(resume((), (), &key[..16], 0, 0).is_none());
     }
 
     /// Guards the review finding "before authenticating, each connection may make cland

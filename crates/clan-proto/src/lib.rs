@@ -22,7 +22,8 @@ pub const SHEPHERD_WAITING: u8 = b'w';
 
 /// Protocol version carried in every Hello: a peer of another version is refused at its
 /// Hello. 2: the three-message handshake whose proofs cover both nonces and identities.
-pub const VERSION: u32 = 2;
+/// 3: direct links (connections of kind CLIENT, whose Hello carries a client's credentials).
+pub const VERSION: u32 = 3;
 
 /// Largest frame accepted from anyone (16 MiB): a bigger length is malformed input.
 pub const MAX_FRAME: usize = 16 << 20;

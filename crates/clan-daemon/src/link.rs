@@ -1,0 +1,303 @@
+//! Direct links (docs/links.md): a client's own connection to another node.
+//!
+//! A signal to a process of another node, or a read of one of its /proc files, otherwise
+//! crosses two connections each way: the client's to its cland, and that cland's to the
+//! node. A client that asks many such questions of one node (the /proc view server, a
+//! program that signals its peers) asks its cland for a link: the cland dials the node as
+//! that client (a connection of kind CLIENT whose Hello carries the client's credentials,
+//! covered by both proofs of the handshake, so only a node with the cluster key can vouch
+//! for them), then hands the connected socket over (SCM_RIGHTS) with the connection's
+//! session key and sequence numbers. The client goes on with the connection's MAC'd frames
+//! itself; it never holds the cluster key, and the session key authenticates that one
+//! connection only. The node serves exactly what its peers would ask of it for this client:
+//! signals to its processes and reads of their /proc files, as the credentials of the
+//! Hello, whatever a request says.
+
+use crate::error::{Error, Result};
+use crate::node::Node;
+use crate::peer::{is_down, reply_frame};
+use clan_core::{Gpid, NodeId};
+use clan_proto::auth::{self, PeerReader, PeerWriter};
+use clan_proto::pb::{self, peer_frame::Frame, peer_reply::Reply, peer_request::Op};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::BufReader;
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+use tracing::{debug, warn};
+
+/// Links a node serves at once; more are refused (their clients go through their cland).
+pub const MAX_LINKS: usize = 1024;
+
+/// Links a node serves at once to one user (not root) of one other node: one user can not
+/// take all of [`MAX_LINKS`].
+pub const MAX_LINKS_PER_USER: usize = 64;
+
+/// A link that carries no request for this long is closed (its client opens another
+/// when it needs one).
+pub const LINK_IDLE: Duration = Duration::from_secs(300);
+
+/// Largest request frame on a link: a signal or a /proc read is some hundred bytes, and a
+/// client, unlike a peer, holds a session key of its own.
+pub const MAX_LINK_FRAME: usize = 64 << 10;
+
+static LINKS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(MAX_LINKS);
+
+/// The first frame of a link, from the node that serves it: `Ok` once it took the link,
+/// an error (why not) before it closes it.
+fn verdict(res: Result<Reply>) -> pb::PeerFrame {
+    reply_frame(0, res)
+}
+
+/// One link counted in [`Node::direct_links`] until dropped.
+struct Counted<'a> {
+    node: &'a Node,
+    key: (NodeId, u32),
+}
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        let mut links = self.node.direct_links.lock();
+        if let Some(n) = links.get_mut(&self.key) {
+            *n -= 1;
+            if *n == 0 {
+                links.remove(&self.key);
+            }
+        }
+    }
+}
+
+impl Node {
+    /// Dials node `to` for a local client with `creds` and returns the connection with
+    /// what the client needs to go on with it.
+    pub async fn open_link(
+        &self,
+        to: NodeId,
+        creds: &pb::Creds,
+    ) -> Result<(pb::LinkReply, std::net::TcpStream)> {
+        if to == self.id {
+            return Err(Error::Invalid(format!(
+                "node {to} is this node: a link goes to another node"
+            )));
+        }
+        let p = self.peer(to)?;
+        if is_down(p.state_name(&self.cfg, self.started)) {
+            return Err(Error::NodeDown(format!("node {to} is down")));
+        }
+        let unreachable = |e: &dyn std::fmt::Display| {
+            Error::NodeDown(format!("node {to} is unreachable for a link: {e}"))
+        };
+        let limit = self.cfg.dead_after();
+        let s = match tokio::time::timeout(limit, TcpStream::connect(p.addr)).await {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => return Err(unreachable(&e)),
+            Err(_) => return Err(unreachable(&"no answer")),
+        };
+        let _ = s.set_nodelay(true);
+        crate::session::keep_alive(&s, limit);
+        let (r, w) = s.into_split();
+        let mut me = self.identity(pb::ConnKind::Client);
+        me.creds = Some(creds.clone());
+        let (hello, rd, wr) = match tokio::time::timeout(
+            limit,
+            auth::connect(BufReader::new(r), w, &self.cfg.key, &me),
+        )
+        .await
+        {
+            Ok(Ok(x)) => x,
+            Ok(Err(e)) => return Err(unreachable(&e)),
+            Err(_) => return Err(unreachable(&"no answer to the handshake")),
+        };
+        if hello.node != to.get() {
+            return Err(unreachable(&format!(
+                "{} answered as node {}",
+                p.addr, hello.node
+            )));
+        }
+        // The node's verdict first: a link it refuses (too many) is not handed over, and
+        // the client goes through this cland instead.
+        let mut rd = rd;
+        match tokio::time::timeout(limit, rd.read_max(MAX_LINK_FRAME)).await {
+            Ok(Ok(Some(pb::PeerFrame {
+                frame:
+                    Some(Frame::Reply(pb::PeerReply {
+                        id: 0,
+                        reply: Some(Reply::Ok(_)),
+                    })),
+            }))) => {}
+            Ok(Ok(Some(pb::PeerFrame {
+                frame:
+                    Some(Frame::Reply(pb::PeerReply {
+                        reply: Some(Reply::Error(e)),
+                        ..
+                    })),
+            }))) => {
+                return Err(Error::NodeDown(format!(
+                    "node {to} refused a link: {}",
+                    e.message
+                )))
+            }
+            Ok(Ok(_)) => return Err(unreachable(&"no answer to a link")),
+            Ok(Err(e)) => return Err(unreachable(&e)),
+            Err(_) => return Err(unreachable(&"no answer to a link")),
+        }
+        let reply = pb::LinkReply {
+            node: to.get(),
+            session_key: wr.session_key().to_vec(),
+            write_seq: wr.seq(),
+            read_seq: rd.seq(),
+            dead_after_ms: self.cfg.dead_after_ms as u32,
+        };
+        let r = rd.into_inner();
+        // The node says nothing before it is asked; bytes read ahead here would be lost.
+        if !r.buffer().is_empty() {
+            return Err(Error::Internal(format!(
+                "node {to} sent frames on a new link before any request"
+            )));
+        }
+        let s = r
+            .into_inner()
+            .reunite(wr.into_inner())
+            .map_err(|e| Error::Internal(format!("link to node {to}: {e}")))?;
+        let s = s
+            .into_std()
+            .map_err(|e| Error::internal(&format!("link to node {to}"), e))?;
+        Ok((reply, s))
+    }
+
+    /// Serves a link a peer (its incarnation `incarnation`) opened for one of its clients,
+    /// whose credentials its Hello carried: one request at a time, in order, until the
+    /// client hangs up, stays silent for [`LINK_IDLE`], or its node's incarnation is fenced.
+    pub async fn serve_link(
+        self: &Arc<Self>,
+        from: NodeId,
+        incarnation: u64,
+        creds: Option<pb::Creds>,
+        mut rd: PeerReader<BufReader<OwnedReadHalf>>,
+        mut wr: PeerWriter<OwnedWriteHalf>,
+    ) {
+        let refuse = |why: String| verdict(Err(Error::NodeDown(why)));
+        let Some(creds) = creds else {
+            warn!(node = %from, "refused a link without credentials");
+            let _ = wr.write(&refuse("a link needs credentials".into())).await;
+            return;
+        };
+        let Ok(_permit) = LINKS.try_acquire() else {
+            warn!(node = %from, "refused a link: {MAX_LINKS} links are open already");
+            let why = format!("{MAX_LINKS} links are open already");
+            let _ = wr.write(&refuse(why)).await;
+            return;
+        };
+        let key = (from, creds.uid);
+        let taken = {
+            let mut links = self.direct_links.lock();
+            let n = links.entry(key).or_insert(0);
+            let room = creds.uid == 0 || *n < MAX_LINKS_PER_USER;
+            if room {
+                *n += 1;
+            }
+            room
+        };
+        if !taken {
+            warn!(node = %from, uid = creds.uid, "refused a link: {MAX_LINKS_PER_USER} open for this user");
+            let why = format!(
+                "uid {} has {MAX_LINKS_PER_USER} links open already",
+                creds.uid
+            );
+            let _ = wr.write(&refuse(why)).await;
+            return;
+        }
+        let _counted = Counted { node: self, key };
+        if wr.write(&verdict(Ok(Reply::Ok(pb::Ok {})))).await.is_err() {
+            return;
+        }
+        debug!(node = %from, uid = creds.uid, pid = creds.pid, "link opened");
+        loop {
+            let req = match tokio::time::timeout(LINK_IDLE, rd.read_max(MAX_LINK_FRAME)).await {
+                Ok(Ok(Some(pb::PeerFrame {
+                    frame: Some(Frame::Request(req)),
+                }))) => req,
+                Ok(Ok(None)) => break,
+                Ok(Ok(Some(_))) => {
+                    warn!(node = %from, "dropping a link: a frame other than a request");
+                    break;
+                }
+                Ok(Err(e)) => {
+                    debug!(node = %from, "dropping a link: {e}");
+                    break;
+                }
+                Err(_) => {
+                    debug!(node = %from, "closing a link idle for {} s", LINK_IDLE.as_secs());
+                    break;
+                }
+            };
+            // The node that vouched for the client was declared dead since: its clients'
+            // links end with it.
+            if self.is_fenced(from, incarnation) {
+                break;
+            }
+            let id = req.id;
+            let f = reply_frame(id, self.link_request(from, &creds, req).await);
+            if wr.write(&f).await.is_err() {
+                break;
+            }
+        }
+        debug!(node = %from, uid = creds.uid, pid = creds.pid, "link closed");
+    }
+
+    /// One request of a link, served as its peer would have asked for `creds`.
+    async fn link_request(
+        self: &Arc<Self>,
+        from: NodeId,
+        creds: &pb::Creds,
+        req: pb::PeerRequest,
+    ) -> Result<Reply> {
+        let here = |raw: u64| match Gpid::from_raw(raw) {
+            Some(g) if g.node() == self.id => Ok(()),
+            _ => Err(Error::Invalid(format!(
+                "{raw} is not a process of node {}",
+                self.id
+            ))),
+        };
+        let op = match req.op {
+            Some(Op::Signal(s)) => {
+                here(s.gpid)?;
+                Op::Signal(s)
+            }
+            Some(Op::Proc(mut p)) => {
+                use pb::ProcOp as P;
+                if !matches!(
+                    P::try_from(p.op),
+                    Ok(P::ProcRead | P::ProcReadlink | P::ProcReaddir)
+                ) {
+                    return Err(Error::Invalid(
+                        "a link reads the files of one process at a time".into(),
+                    ));
+                }
+                here(p.gpid)?;
+                // As the client's own node decides: a root client (the view server) reads
+                // on behalf of its callers, anyone else as itself.
+                let reader = match p.reader.take() {
+                    Some(r) if creds.uid == 0 => r,
+                    _ => creds.clone(),
+                };
+                p.reader = Some(reader);
+                Op::Proc(p)
+            }
+            _ => {
+                return Err(Error::Invalid(
+                    "a link carries signals and /proc reads only".into(),
+                ))
+            }
+        };
+        self.handle_peer(
+            from,
+            pb::PeerRequest {
+                id: req.id,
+                creds: Some(creds.clone()),
+                op: Some(op),
+            },
+        )
+        .await
+    }
+}
