@@ -282,6 +282,32 @@ fn files_links_and_directories_of_a_process() {
     assert_eq!(tasks, std::slice::from_ref(&d));
     let (tid, _, _) = parse_stat(&m.read(&format!("{d}/task/{d}/stat")));
     assert_eq!(tid, g.raw());
+    // `sched` names the process by its gpid too.
+    let sched = m.read(&format!("{d}/sched"));
+    assert!(
+        sched.starts_with(&format!("sleep ({g}, #threads: 1)\n")),
+        "{sched}"
+    );
+    // And so does a pidfd's fdinfo (a python on node 3 holding one of itself).
+    let py = c.spawn(
+        3,
+        &[
+            "python3",
+            "-c",
+            "import os, time; fd = os.pidfd_open(os.getpid()); time.sleep(600)",
+        ],
+    );
+    let pidfd = eventually("the pidfd", Duration::from_secs(10), || {
+        std::fs::read_dir(m.path(&format!("{py}/fd")))
+            .ok()?
+            .flatten()
+            .find(|e| {
+                std::fs::read_link(e.path()).is_ok_and(|t| t.to_string_lossy().contains("pidfd"))
+            })
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+    });
+    let info = m.read(&format!("{py}/fdinfo/{pidfd}"));
+    assert!(info.contains(&format!("\nPid:\t{py}\n")), "{info}");
     // Inode numbers carry the gpid (gpid << 24), for programs that fstat an fd on /GPID.
     use std::os::unix::fs::MetadataExt;
     let ino = std::fs::metadata(m.path(&d)).unwrap().ino();

@@ -182,6 +182,52 @@ pub fn rewrite_status(text: &[u8], m: &dyn PidMap) -> Vec<u8> {
     out
 }
 
+/// `/proc/PID/sched` with the pid of its first line (`comm (pid, #threads: n)`) as a
+/// cluster id; the rest (scheduler statistics) as it was.
+pub fn rewrite_sched(text: &[u8], m: &dyn PidMap) -> Vec<u8> {
+    let end = text.iter().position(|&b| b == b'\n').unwrap_or(text.len());
+    let first = &text[..end];
+    // The command may hold " (": its pid is in the last parentheses.
+    let Some(open) = first.windows(2).rposition(|w| w == b" (") else {
+        return text.to_vec();
+    };
+    let Some(rest) = std::str::from_utf8(&first[open + 2..]).ok() else {
+        return text.to_vec();
+    };
+    let Some((pid, tail)) = rest.split_once(',') else {
+        return text.to_vec();
+    };
+    let Ok(pid) = pid.trim().parse::<i64>() else {
+        return text.to_vec();
+    };
+    let mut out = first[..open + 2].to_vec();
+    out.extend_from_slice(format!("{},{tail}", m.pid(pid)).as_bytes());
+    out.extend_from_slice(&text[end..]);
+    out
+}
+
+/// `/proc/PID/fdinfo/N`: a pidfd's `Pid:` and `NSpid:` lines (the process it refers to;
+/// -1 once that exited) as cluster ids, as in `status`; every other line as it was.
+pub fn rewrite_fdinfo(text: &[u8], m: &dyn PidMap) -> Vec<u8> {
+    let mut out = Vec::with_capacity(text.len());
+    for line in text.split_inclusive(|&b| b == b'\n') {
+        let parsed = std::str::from_utf8(line).ok().and_then(|l| {
+            let (key, val) = l.split_once(':')?;
+            if !matches!(key, "Pid" | "NSpid") {
+                return None;
+            }
+            let v = val.split_whitespace().next()?.parse::<i64>().ok()?;
+            let new = if v > 0 { m.pid(v) } else { v };
+            Some(format!("{key}:\t{new}\n"))
+        });
+        match parsed {
+            Some(l) => out.extend_from_slice(l.as_bytes()),
+            None => out.extend_from_slice(line),
+        }
+    }
+    out
+}
+
 /// One file of a listing's entry: its contents, or why the reader does not get them.
 pub fn proc_file(name: &str, read: Result<Vec<u8>>) -> pb::ProcFile {
     let (data, error) = match read {
@@ -575,6 +621,8 @@ impl Node {
         match file {
             "stat" => rewrite_stat(&data, &m).unwrap_or(data),
             "status" => rewrite_status(&data, &m),
+            "sched" => rewrite_sched(&data, &m),
+            "fdinfo" => rewrite_fdinfo(&data, &m),
             // `task/TID/children`: the children's pids, separated by spaces.
             "children" => String::from_utf8_lossy(&data)
                 .split_whitespace()
@@ -608,8 +656,13 @@ impl Node {
             .view
             .read_file(&rel, MAX_FILE)
             .map_err(|e| io_err(e, &rel))?;
-        // The rewritten file is the last component's (`task/TID/stat` as `stat`).
-        Ok(self.rewrite(pid, parts.last().copied().unwrap_or(""), data, shepherds))
+        // The rewritten file is the last component's (`task/TID/stat` as `stat`), or
+        // `fdinfo` for an entry of an `fdinfo` directory.
+        let file = match parts {
+            [.., "fdinfo", _] => "fdinfo",
+            _ => parts.last().copied().unwrap_or(""),
+        };
+        Ok(self.rewrite(pid, file, data, shepherds))
     }
 
     fn proc_entry(&self, pid: u32) -> Option<pb::ProcEntry> {
@@ -951,6 +1004,28 @@ NSsid:\t7\t1\nThreads:\t1\n";
         // A name that is not UTF-8 stays byte for byte; the ids after it are rewritten.
         let odd = rewrite_status(b"Name:\t\xff\xfe\nPid:\t9\n", &Plus);
         assert_eq!(odd, b"Name:\t\xff\xfe\nPid:\t10000009\n");
+    }
+
+    #[test]
+    fn sched_and_pidfd_fdinfo_ids_become_cluster_ids() {
+        let sched = b"we(i)rd (x) (9, #threads: 2)\n---------\nse.exec_start : 1.5\n";
+        let out = String::from_utf8(rewrite_sched(sched, &Plus)).unwrap();
+        assert_eq!(
+            out,
+            "we(i)rd (x) (10000009, #threads: 2)\n---------\nse.exec_start : 1.5\n"
+        );
+        // Anything else is left as it was, never a panic.
+        for odd in [&b""[..], b"no parentheses\n", b"x (y, z)\n", b"\xff (\xff"] {
+            assert_eq!(rewrite_sched(odd, &Plus), odd);
+        }
+        let pidfd = b"pos:\t0\nflags:\t02000002\nmnt_id:\t15\nino:\t1057\nPid:\t9\nNSpid:\t9\t3\n";
+        let out = String::from_utf8(rewrite_fdinfo(pidfd, &Plus)).unwrap();
+        assert!(out.starts_with("pos:\t0\nflags:\t02000002\n"), "{out}");
+        assert!(out.ends_with("Pid:\t10000009\nNSpid:\t10000009\n"), "{out}");
+        // The process it referred to exited: -1 stays.
+        let gone = rewrite_fdinfo(b"Pid:\t-1\nNSpid:\t-1\n", &Plus);
+        assert_eq!(gone, b"Pid:\t-1\nNSpid:\t-1\n");
+        let _ = rewrite_fdinfo(b"\xff:\nPid:\tx\n:\n", &Plus);
     }
 
     fn n(i: u32) -> NodeId {
