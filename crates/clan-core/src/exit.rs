@@ -13,10 +13,11 @@ pub struct WaitStatus {
 }
 
 impl WaitStatus {
-    /// The status a shell shows in `$?`: the exit code, or 128 + the signal.
+    /// The status a shell shows in `$?`: the exit code, or 128 + the signal (of the 7 bits
+    /// a wait status has for it: a number no kernel gives, from a peer, can not overflow).
     pub fn shell_code(&self) -> i32 {
         if self.signal != 0 {
-            128 + self.signal
+            128 + (self.signal & 0x7f)
         } else {
             self.code
         }

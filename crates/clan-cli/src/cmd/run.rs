@@ -258,7 +258,7 @@ fn die_like(st: &WaitStatus) -> ! {
             libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
             libc::raise(st.signal);
         }
-        std::process::exit(128 + st.signal);
+        std::process::exit(st.shell_code());
     }
     std::process::exit(st.code)
 }
