@@ -1687,3 +1687,69 @@ fn a_link_serves_its_client_with_the_clients_rights() {
         .unwrap();
     assert_eq!(o.status.code(), Some(128 + 15));
 }
+
+/// One user can not take all the links a node serves: beyond 64 from one node, a link is
+/// refused before it is handed over, and the client's signals go through its cland.
+#[test]
+fn one_user_gets_at_most_64_links_to_a_node() {
+    root_or_skip!("one_user_gets_at_most_64_links_to_a_node");
+    let c = Cluster::up(2);
+    let a = test_user("clantesta");
+    let out = std::process::Command::new("setpriv")
+        .args([
+            &format!("--reuid={a}"),
+            &format!("--regid={a}"),
+            "--clear-groups",
+        ])
+        .arg(bin("clan"))
+        .args(["run", "-d", "--node", "2", "--", "sleep", "100"])
+        .env("CLAN_DIR", &c.dir)
+        .current_dir("/tmp")
+        .output()
+        .unwrap();
+    let mine = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string();
+    let mut many = KillOnDrop(
+        std::process::Command::new("setpriv")
+            .args([
+                &format!("--reuid={a}"),
+                &format!("--regid={a}"),
+                "--clear-groups",
+            ])
+            .arg(bin("clan-test-link"))
+            .args(["2", "many", &mine, "66"])
+            .env("CLAN_DIR", &c.dir)
+            .env("CLAN_NODE", "1")
+            .current_dir("/tmp")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut lines = BufReader::new(many.0.stdout.take().unwrap()).lines();
+    let mut next = || lines.next().unwrap().unwrap();
+    assert_eq!(next(), "links 64");
+    let refused = next();
+    assert!(
+        refused.starts_with("refused ")
+            && refused.contains(&format!(
+                "node 2 refused a link: uid {a} has 64 links open already"
+            )),
+        "{refused}"
+    );
+    assert_eq!(
+        next(),
+        "signals 66",
+        "every signal went through, on a link or not"
+    );
+    assert_eq!(links_served(&c, 2), 64);
+    // The links end with their client.
+    drop(many.0.stdin.take());
+    let _ = many.0.wait();
+    eventually("links closed", Duration::from_secs(10), || {
+        (links_served(&c, 2) == 0).then_some(())
+    });
+}

@@ -5,6 +5,11 @@
 //! `clan-test-link NODE kill GPID SIG` and `clan-test-link NODE read GPID FILE`: prints
 //! `ok` (a read: `ok` and the file), or `error CODE: MESSAGE`; exits 0 either way, 1 when
 //! no link could be had.
+//!
+//! `clan-test-link NODE many GPID N`: N clients each open a link to NODE with `kill -0
+//! GPID`, then each signals 0 again the ordinary way (on its link, or through cland);
+//! prints `links L`, the first refusal's message if any (`refused MESSAGE`) and `signals
+//! S` (those that succeeded), then waits for its stdin to close, keeping the links.
 
 use clan_client::{pb, Client, ClientError};
 use clan_core::{Gpid, NodeId};
@@ -21,6 +26,9 @@ fn main() -> ExitCode {
         eprintln!("usage: clan-test-link NODE kill GPID SIG | NODE read GPID FILE");
         return ExitCode::from(2);
     };
+    if what == "many" {
+        return many(node, gpid, arg.parse().unwrap_or(0));
+    }
     let op = match what.as_str() {
         "kill" => pb::peer_request::Op::Signal(pb::SignalRequest {
             gpid: gpid.raw(),
@@ -54,4 +62,50 @@ fn main() -> ExitCode {
         }
     }
     ExitCode::SUCCESS
+}
+
+fn many(node: NodeId, gpid: Gpid, n: usize) -> ExitCode {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let zero = || {
+        pb::peer_request::Op::Signal(pb::SignalRequest {
+            gpid: gpid.raw(),
+            signal: 0,
+            queued: None,
+        })
+    };
+    rt.block_on(async {
+        let mut clients = Vec::new();
+        let (mut links, mut refused) = (0, None);
+        for _ in 0..n {
+            let Ok(c) = Client::locate(None, None) else {
+                eprintln!("clan-test-link: no cland");
+                return ExitCode::FAILURE;
+            };
+            match c.link_request(node, zero()).await {
+                Ok(_) => links += 1,
+                Err(e) => {
+                    refused.get_or_insert_with(|| e.to_string());
+                }
+            }
+            clients.push(c);
+        }
+        let mut signals = 0;
+        for c in &clients {
+            if c.kill_one(gpid, 0).await.is_ok() {
+                signals += 1;
+            }
+        }
+        println!("links {links}");
+        if let Some(r) = refused {
+            println!("refused {r}");
+        }
+        println!("signals {signals}");
+        use std::io::{Read, Write};
+        let _ = std::io::stdout().flush();
+        let _ = std::io::stdin().read_to_end(&mut Vec::new());
+        ExitCode::SUCCESS
+    })
 }
