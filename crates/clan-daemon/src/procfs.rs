@@ -282,6 +282,9 @@ struct NodeMap<'a> {
     /// Which parents are shepherds, as found so far in this request (a snapshot asks of
     /// the same parents again and again).
     shepherds: &'a ShepherdCache,
+    /// The process is one clan manages: its parent, unless that is the node's init (the
+    /// shepherd died), is its shepherd, which only a shepherd forks.
+    managed: bool,
 }
 
 /// Whether a local pid is one of clan's shepherds, remembered for one request.
@@ -300,6 +303,7 @@ impl PidMap for NodeMap<'_> {
             // No parent in the node (its init): the cluster's init is the parent.
             Ok(0) => CLUSTER_INIT as i64,
             Err(_) => 0,
+            Ok(p) if self.managed && p > 1 => self.clan_parent,
             Ok(p)
                 if *self
                     .shepherds
@@ -528,7 +532,12 @@ impl Node {
                 Error::Invalid(format!("{gpid} is not a process of node {}", self.id))
             })?;
         let p = g.local();
-        if self.view.is_shepherd_pid(p) || self.view.stat_entry(&p.to_string()).is_err() {
+        // A process clan manages is no shepherd (its pid is not reaped, so not reused,
+        // while its record lives): no need to read its `stat` and `exe` to know.
+        let managed = self.vprocs.read().contains_key(&g);
+        if (!managed && self.view.is_shepherd_pid(p))
+            || self.view.stat_entry(&p.to_string()).is_err()
+        {
             return Err(Error::NoSuchProcess(g));
         }
         Ok(p)
@@ -608,15 +617,15 @@ impl Node {
     }
 
     fn rewrite(&self, pid: u32, file: &str, data: Vec<u8>, shepherds: &ShepherdCache) -> Vec<u8> {
+        let parent =
+            Gpid::new(self.id, pid).and_then(|g| self.vprocs.read().get(&g).map(|v| v.parent));
         let m = NodeMap {
             node: self,
             shepherds,
             // Started from outside the cluster (clan run -d, a clan shell): no parent in
             // the cluster, so the cluster's init, as for an orphan.
-            clan_parent: Gpid::new(self.id, pid)
-                .and_then(|g| self.vprocs.read().get(&g).map(|v| v.parent))
-                .filter(|&p| p != 0)
-                .unwrap_or(CLUSTER_INIT) as i64,
+            clan_parent: parent.filter(|&p| p != 0).unwrap_or(CLUSTER_INIT) as i64,
+            managed: parent.is_some(),
         };
         match file {
             "stat" => rewrite_stat(&data, &m).unwrap_or(data),
@@ -652,10 +661,11 @@ impl Node {
                 "/proc/{rel} is a link: the cluster /proc does not follow links (read its target)"
             )));
         }
-        let data = self
-            .view
-            .read_file(&rel, MAX_FILE)
-            .map_err(|e| io_err(e, &rel))?;
+        let data = match parts.last() {
+            Some(&("stat" | "status" | "statm")) => self.view.read_record(&rel, MAX_FILE),
+            _ => self.view.read_file(&rel, MAX_FILE),
+        }
+        .map_err(|e| io_err(e, &rel))?;
         // The rewritten file is the last component's (`task/TID/stat` as `stat`), or
         // `fdinfo` for an entry of an `fdinfo` directory.
         let file = match parts {

@@ -111,6 +111,27 @@ impl ProcView {
         Ok(buf)
     }
 
+    /// [`ProcView::read_file`] of a file the kernel makes in one go (`stat`, `status`,
+    /// `statm`: one record of a seq_file): a read that does not fill the buffer has it all,
+    /// so the read that would find the end is not made.
+    pub fn read_record(&self, rel: &str, limit: u64) -> std::io::Result<Vec<u8>> {
+        let mut f = self.open_at(rel).map_err(std::io::Error::from)?;
+        let mut buf = vec![0u8; 4096];
+        let n = loop {
+            match f.read(&mut buf) {
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                r => break r?,
+            }
+        };
+        buf.truncate(n);
+        if n == 4096 {
+            f.by_ref()
+                .take(limit.saturating_sub(4096))
+                .read_to_end(&mut buf)?;
+        }
+        Ok(buf)
+    }
+
     /// The kernel's mode, owner and group of an entry of the view (links not followed).
     pub fn stat_entry(&self, rel: &str) -> std::io::Result<(u32, u32, u32)> {
         let st = fstatat(
