@@ -1298,15 +1298,21 @@ fn a_stopped_shepherd_zygote_does_not_hang_spawns() {
 }
 
 /// A stub on node 1 of `script` on node 2 (which prints "ready" first), and its stdout.
+/// The stub leads a process group of its own in the test's session, as a shell's job
+/// does: a group whose parent is in another group of the session is not orphaned, so a
+/// stop (^Z) stops it however the test runner itself was started (a runner in an orphaned
+/// group, as under `nohup ... &`, would have the kernel discard the stub's SIGTSTP).
 fn short_window_stub(
     c: &Cluster,
     script: &str,
 ) -> (std::process::Child, BufReader<std::process::ChildStdout>) {
+    use std::os::unix::process::CommandExt;
     let mut stub = c
         .cmd()
         .args([
             "--from", "1", "run", "--node", "2", "--", "sh", "-c", script,
         ])
+        .process_group(0)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
