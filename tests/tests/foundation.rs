@@ -1759,3 +1759,39 @@ fn one_user_gets_at_most_64_links_to_a_node() {
         (links_served(&c, 2) == 0).then_some(())
     });
 }
+
+/// A link to a node cut off the network: a read on it gives up after `dead_after` and goes
+/// through cland, which names the node; a signal says so too; neither hangs.
+#[test]
+fn a_link_to_a_cut_off_node_fails_naming_the_node() {
+    root_or_skip!("a_link_to_a_cut_off_node_fails_naming_the_node");
+    use clan_client::pb::ErrorCode;
+    let net = Net::new(2);
+    let mut args: Vec<String> = net.up_args();
+    args.extend(["--heartbeat-ms", "200", "--dead-after-ms", "1500"].map(String::from));
+    let c = Cluster::up_with(2, &args.iter().map(String::as_str).collect::<Vec<_>>());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let client = c.client(1);
+    let target = c.spawn(2, &["sleep", "1000"]);
+    rt.block_on(async {
+        for _ in 0..=clan_client::LINK_AFTER {
+            client.proc(read_req(target, "status")).await.unwrap();
+        }
+    });
+    eventually("a link to node 2", Duration::from_secs(5), || {
+        (links_served(&c, 2) == 1).then_some(())
+    });
+    net.cut(2);
+    let e = rt
+        .block_on(client.proc(read_req(target, "status")))
+        .unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::NodeDown), "{e}");
+    assert!(e.to_string().contains("node 2"), "{e}");
+    let e = rt.block_on(client.kill_one(target, 0)).unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::NodeDown), "{e}");
+    assert!(e.to_string().contains("node 2"), "{e}");
+    net.mend(2);
+}
