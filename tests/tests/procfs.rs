@@ -543,6 +543,40 @@ fn procps_and_psmisc_list_every_node_with_gpids() {
     assert_eq!((init[1], init[2], init[4]), ("0", "root", "clan"), "{ps}");
 }
 
+/// A user lists the processes root lists: clan's shepherds are hidden from both (a user may
+/// not read a shepherd's `exe` link, by which the node knows one).
+#[test]
+fn a_user_lists_what_root_lists_and_no_shepherd() {
+    root_or_skip!("a_user_lists_what_root_lists_and_no_shepherd");
+    let c = Cluster::up(2);
+    let a = test_user("clanpfsa");
+    c.spawn(1, &["sleep", "600"]);
+    c.spawn(2, &["sleep", "601"]);
+    let m = Mounted::new(&c);
+    std::fs::set_permissions(&m.dir, std::os::unix::fs::PermissionsExt::from_mode(0o755)).ok();
+    let numbers = |names: &str| -> std::collections::BTreeSet<u64> {
+        names
+            .split_whitespace()
+            .filter_map(|n| n.parse().ok())
+            .collect()
+    };
+    let o = as_user(a, &["ls", m.dir.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let theirs = numbers(&String::from_utf8_lossy(&o.stdout));
+    let ours: Vec<String> = std::fs::read_dir(&m.dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    let ours = numbers(&ours.join(" "));
+    assert_eq!(theirs, ours);
+    // (A node's init runs the shepherd binary too, and is listed: pid 1 of its node.)
+    for g in ours.iter().filter(|g| *g % 10_000_000 != 1) {
+        let comm = std::fs::read_to_string(m.path(&format!("{g}/comm"))).unwrap_or_default();
+        assert_ne!(comm.trim(), "clan-shepherd", "shepherd {g} listed");
+    }
+}
+
 #[test]
 fn environ_of_another_user_is_refused() {
     root_or_skip!("environ_of_another_user_is_refused");

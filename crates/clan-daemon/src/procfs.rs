@@ -185,7 +185,13 @@ pub fn rewrite_status(text: &[u8], m: &dyn PidMap) -> Vec<u8> {
 /// `/proc/PID/sched` with the pid of its first line (`comm (pid, #threads: n)`) as a
 /// cluster id; the rest (scheduler statistics) as it was.
 pub fn rewrite_sched(text: &[u8], m: &dyn PidMap) -> Vec<u8> {
-    let end = text.iter().position(|&b| b == b'\n').unwrap_or(text.len());
+    // The header ends where the line of dashes starts: a command name may hold a newline
+    // (and " (", and digits), but not the 20 dashes that follow (it has 15 bytes at most).
+    let dashes = [b'-'; 20];
+    let end = text
+        .windows(21)
+        .position(|w| w[0] == b'\n' && w[1..] == dashes)
+        .unwrap_or_else(|| text.iter().position(|&b| b == b'\n').unwrap_or(text.len()));
     let first = &text[..end];
     // The command may hold " (": its pid is in the last parentheses.
     let Some(open) = first.windows(2).rposition(|w| w == b" (") else {
@@ -282,9 +288,9 @@ struct NodeMap<'a> {
     /// Which parents are shepherds, as found so far in this request (a snapshot asks of
     /// the same parents again and again).
     shepherds: &'a ShepherdCache,
-    /// The process is one clan manages: its parent, unless that is the node's init (the
-    /// shepherd died), is its shepherd, which only a shepherd forks.
-    managed: bool,
+    /// The shepherd of the process, when clan manages it: a kernel parent of that pid is
+    /// known to be a shepherd without reading its `stat` and `exe`.
+    shepherd: Option<u32>,
 }
 
 /// Whether a local pid is one of clan's shepherds, remembered for one request.
@@ -303,7 +309,7 @@ impl PidMap for NodeMap<'_> {
             // No parent in the node (its init): the cluster's init is the parent.
             Ok(0) => CLUSTER_INIT as i64,
             Err(_) => 0,
-            Ok(p) if self.managed && p > 1 => self.clan_parent,
+            Ok(p) if Some(p) == self.shepherd => self.clan_parent,
             Ok(p)
                 if *self
                     .shepherds
@@ -346,8 +352,8 @@ pub fn merge_loadavg(parts: &[(NodeId, String)]) -> String {
             *x += f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
         }
         if let Some((r, a)) = f.get(3).and_then(|v| v.split_once('/')) {
-            run += r.parse::<u64>().unwrap_or(0);
-            total += a.parse::<u64>().unwrap_or(0);
+            run = run.saturating_add(r.parse::<u64>().unwrap_or(0));
+            total = total.saturating_add(a.parse::<u64>().unwrap_or(0));
         }
         let lp = f.get(4).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
         let g = match Gpid::from_raw(lp) {
@@ -373,7 +379,7 @@ pub fn merge_meminfo(parts: &[(NodeId, String)]) -> String {
             let n: u64 = w.next().and_then(|x| x.parse().ok()).unwrap_or(0);
             let kb = w.next() == Some("kB");
             match keys.iter_mut().find(|(key, _, _)| key == k) {
-                Some(e) if k != "Hugepagesize" => e.1 += n,
+                Some(e) if k != "Hugepagesize" => e.1 = e.1.saturating_add(n),
                 Some(_) => {}
                 None => keys.push((k.to_string(), n, kb)),
             }
@@ -404,7 +410,7 @@ pub fn merge_stat(parts: &[(NodeId, String)]) -> String {
             acc.resize(vals.len(), 0);
         }
         for (a, v) in acc.iter_mut().zip(vals) {
-            *a += v;
+            *a = a.saturating_add(*v);
         }
     };
     for (_, t) in parts {
@@ -532,10 +538,14 @@ impl Node {
                 Error::Invalid(format!("{gpid} is not a process of node {}", self.id))
             })?;
         let p = g.local();
-        // A process clan manages is no shepherd (its pid is not reaped, so not reused,
-        // while its record lives): no need to read its `stat` and `exe` to know.
-        let managed = self.vprocs.read().contains_key(&g);
-        if (!managed && self.view.is_shepherd_pid(p))
+        // A process clan manages that has not exited is no shepherd (its pid is not
+        // reaped, so not reused): no need to read its `stat` and `exe` to know.
+        let running = self
+            .vprocs
+            .read()
+            .get(&g)
+            .is_some_and(|v| v.exited().is_none());
+        if (!running && self.view.is_shepherd_pid(p))
             || self.view.stat_entry(&p.to_string()).is_err()
         {
             return Err(Error::NoSuchProcess(g));
@@ -617,15 +627,22 @@ impl Node {
     }
 
     fn rewrite(&self, pid: u32, file: &str, data: Vec<u8>, shepherds: &ShepherdCache) -> Vec<u8> {
-        let parent =
-            Gpid::new(self.id, pid).and_then(|g| self.vprocs.read().get(&g).map(|v| v.parent));
+        let rec = Gpid::new(self.id, pid).and_then(|g| {
+            self.vprocs
+                .read()
+                .get(&g)
+                .map(|v| (v.parent, v.shepherd_pid))
+        });
         let m = NodeMap {
             node: self,
             shepherds,
             // Started from outside the cluster (clan run -d, a clan shell): no parent in
             // the cluster, so the cluster's init, as for an orphan.
-            clan_parent: parent.filter(|&p| p != 0).unwrap_or(CLUSTER_INIT) as i64,
-            managed: parent.is_some(),
+            clan_parent: rec
+                .map(|(p, _)| p)
+                .filter(|&p| p != 0)
+                .unwrap_or(CLUSTER_INIT) as i64,
+            shepherd: rec.map(|(_, s)| s).filter(|&s| s > 1),
         };
         match file {
             "stat" => rewrite_stat(&data, &m).unwrap_or(data),
@@ -1023,6 +1040,13 @@ NSsid:\t7\t1\nThreads:\t1\n";
         assert_eq!(
             out,
             "we(i)rd (x) (10000009, #threads: 2)\n---------\nse.exec_start : 1.5\n"
+        );
+        // A command name with a newline, parentheses and digits of its own.
+        let odd = b"a (5,\nb (9, #threads: 1)\n--------------------------\nx : 1\n";
+        let out = String::from_utf8(rewrite_sched(odd, &Plus)).unwrap();
+        assert!(
+            out.starts_with("a (5,\nb (10000009, #threads: 1)\n---"),
+            "{out}"
         );
         // Anything else is left as it was, never a panic.
         for odd in [&b""[..], b"no parentheses\n", b"x (y, z)\n", b"\xff (\xff"] {

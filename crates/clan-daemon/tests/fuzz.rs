@@ -102,6 +102,26 @@ proptest! {
         merge_all(&texts);
     }
 
+    /// Node files whose numbers are as large as a u64 (or larger): sums saturate.
+    #[test]
+    fn node_files_with_huge_numbers_merge(
+        which in 0usize..5,
+        big in "[0-9]{18,21}",
+        nodes in 2usize..4,
+    ) {
+        let sample = [LOADAVG, MEMINFO, STATF, UPTIME, CPUINFO][which];
+        let text: String = sample
+            .split_inclusive(|c: char| !c.is_ascii_digit())
+            .map(|part| if part.starts_with(|c: char| c.is_ascii_digit()) {
+                let tail: String = part.chars().skip_while(char::is_ascii_digit).collect();
+                format!("{big}{tail}")
+            } else {
+                part.to_string()
+            })
+            .collect();
+        merge_all(&vec![text; nodes]);
+    }
+
     #[test]
     fn damaged_node_files_merge(
         which in 0usize..5,

@@ -38,7 +38,7 @@ pub async fn run(c: Client, a: Args) -> ExitCode {
                     match r {
                         Ok(WaitOutcome::Stopped(sig)) => {
                             println!("{g}: stopped by SIG{}", clan_core::signal_name(sig));
-                            last = 128 + sig;
+                            last = 128 + (sig & 0x7f);
                         }
                         Ok(WaitOutcome::Continued) => {
                             println!("{g}: continued");

@@ -283,14 +283,23 @@ impl ProcView {
     /// its `status`; a binary replaced since, by an upgrade, reads " (deleted)"): a user's
     /// process named `clan-shepherd` is not taken for a shepherd (and hidden), whatever it
     /// calls itself or whether it is dumpable.
+    ///
+    /// A reader that may not follow the link (the cluster /proc reads as its reader, and
+    /// a shepherd is root's) is answered from what anyone can see: a process named
+    /// `clan-shepherd` that root owns is one (only root can make a root process so named).
     fn runs_shepherd(&self, pid: u32) -> bool {
         use std::os::unix::ffi::OsStrExt;
-        nix::fcntl::readlinkat(Some(self.root.as_raw_fd()), format!("{pid}/exe").as_str())
-            .is_ok_and(|t| {
+        match nix::fcntl::readlinkat(Some(self.root.as_raw_fd()), format!("{pid}/exe").as_str()) {
+            Ok(t) => {
                 let t = t.as_bytes();
                 t.strip_suffix(b" (deleted)").unwrap_or(t)
                     == self.shepherd_exe.as_os_str().as_bytes()
-            })
+            }
+            Err(nix::errno::Errno::EACCES | nix::errno::Errno::EPERM) => self
+                .stat_entry(&pid.to_string())
+                .is_ok_and(|(_, uid, _)| uid == 0),
+            Err(_) => false,
+        }
     }
 
     /// Group, session, owner and (when `job`) job of one process; `None` once it is gone,

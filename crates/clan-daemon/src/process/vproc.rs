@@ -31,6 +31,9 @@ async fn tell<W: AsyncWrite + Unpin>(w: &mut W, msg: In, what: &str) -> Result<(
 pub struct VProc {
     pub gpid: Gpid,
     pub host_pid: u32,
+    /// Its shepherd's pid in the node's numbers: the process's kernel parent while the
+    /// shepherd lives (the cluster /proc shows `parent` instead).
+    pub shepherd_pid: u32,
     pub uid: u32,
     pub job: u64,
     pub parent_node: NodeId,
@@ -654,6 +657,7 @@ impl Node {
         let vp = Arc::new(VProc {
             gpid,
             host_pid: l.host_pid,
+            shepherd_pid: l.shepherd_pid,
             uid: spec.creds.as_ref().map(|c| c.uid).unwrap_or(0),
             job: spec.job,
             parent_node: NodeId::new(spec.parent_node).unwrap_or(self.id),
