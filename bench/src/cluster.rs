@@ -1,7 +1,48 @@
-//! A local cluster for a benchmark, from a given build's binaries; `clan down` on drop.
+//! A local cluster for a benchmark, from a given build's binaries; `clan down` on drop,
+//! and on SIGINT, SIGTERM or SIGHUP ([`stop_on_signals`]).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::Mutex;
+
+/// The clusters up now (directory and binaries), for [`stop_on_signals`].
+static UP: Mutex<Vec<(PathBuf, PathBuf)>> = Mutex::new(Vec::new());
+
+/// Takes SIGINT, SIGTERM and SIGHUP on a thread of their own (they are blocked in every
+/// thread, so call this before any other thread exists): the clusters up are taken down,
+/// their cluster /proc mounts unmounted first, and the process exits as killed by the
+/// signal would (128 + its number), leaving no daemon, cgroup or mount behind.
+pub fn stop_on_signals() {
+    use nix::sys::signal::{SigSet, Signal};
+    let mut set = SigSet::empty();
+    for s in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+        set.add(s);
+    }
+    if set.thread_block().is_err() {
+        return;
+    }
+    std::thread::spawn(move || {
+        let Ok(sig) = set.wait() else { return };
+        eprintln!("clan-bench: {sig}: taking the benchmark clusters down");
+        let up = UP.lock().map(|u| u.clone()).unwrap_or_default();
+        for (dir, bin) in up {
+            let clan = bin.join("clan");
+            if let Ok(mounts) = std::fs::read_to_string("/proc/self/mounts") {
+                for m in mounts.lines().filter_map(|l| l.split_whitespace().nth(1)) {
+                    if Path::new(m).starts_with(&dir) {
+                        let _ = Command::new(&clan).args(["proc", "umount", m]).status();
+                    }
+                }
+            }
+            let _ = Command::new(&clan)
+                .env("CLAN_DIR", &dir)
+                .arg("down")
+                .stdout(Stdio::null())
+                .status();
+        }
+        std::process::exit(128 + sig as i32);
+    });
+}
 
 pub struct Cluster {
     pub dir: PathBuf,
@@ -29,6 +70,9 @@ impl Cluster {
             .output()?;
         if !out.status.success() {
             anyhow::bail!("clan up: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        if let Ok(mut up) = UP.lock() {
+            up.push((c.dir.clone(), c.bin.clone()));
         }
         Ok(c)
     }
@@ -92,5 +136,8 @@ impl Cluster {
 impl Drop for Cluster {
     fn drop(&mut self) {
         let _ = self.cmd().arg("down").stdout(Stdio::null()).status();
+        if let Ok(mut up) = UP.lock() {
+            up.retain(|(d, _)| d != &self.dir);
+        }
     }
 }

@@ -190,6 +190,7 @@ fn main() -> anyhow::Result<()> {
         } => return procview::proc_loop(gpid, &file, iters, no_link),
         _ => {}
     }
+    cluster::stop_on_signals();
     let _latency = a.cpu_latency_us.map(hold_cpu_latency).transpose()?;
     let bin = a.bin_dir.clone().unwrap_or_else(|| {
         std::env::current_exe()
