@@ -288,13 +288,19 @@ fn files_links_and_directories_of_a_process() {
         sched.starts_with(&format!("sleep ({g}, #threads: 1)\n")),
         "{sched}"
     );
-    // And so does a pidfd's fdinfo (a python on node 3 holding one of itself).
+    // And so does a pidfd's fdinfo (a python on node 3 holding one of itself), a locked
+    // file's, and the node's list of locks.
+    let lock_file = c.dir.join("locked");
     let py = c.spawn(
         3,
         &[
             "python3",
             "-c",
-            "import os, time; fd = os.pidfd_open(os.getpid()); time.sleep(600)",
+            &format!(
+                "import os, time, fcntl; fd = os.pidfd_open(os.getpid()); \
+                 f = open('{}', 'w'); fcntl.flock(f, fcntl.LOCK_EX); time.sleep(600)",
+                lock_file.display()
+            ),
         ],
     );
     let pidfd = eventually("the pidfd", Duration::from_secs(10), || {
@@ -308,6 +314,38 @@ fn files_links_and_directories_of_a_process() {
     });
     let info = m.read(&format!("{py}/fdinfo/{pidfd}"));
     assert!(info.contains(&format!("\nPid:\t{py}\n")), "{info}");
+    let locked = eventually("the locked file", Duration::from_secs(10), || {
+        std::fs::read_dir(m.path(&format!("{py}/fd")))
+            .ok()?
+            .flatten()
+            .find(|e| std::fs::read_link(e.path()).is_ok_and(|t| t == lock_file))
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+    });
+    let info = eventually("the lock", Duration::from_secs(10), || {
+        Some(m.read(&format!("{py}/fdinfo/{locked}"))).filter(|i| i.contains("lock:"))
+    });
+    assert!(
+        info.contains(&format!(" FLOCK  ADVISORY  WRITE {py} ")),
+        "{info}"
+    );
+    // A node's own `locks`, through the API (ProcGlobal of one node).
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let locks = rt
+        .block_on(c.client(1).proc(clan_client::pb::ProcRequest {
+            op: clan_client::pb::ProcOp::ProcGlobal as i32,
+            path: "locks".into(),
+            nodes: vec![3],
+            ..Default::default()
+        }))
+        .unwrap();
+    let locks = String::from_utf8_lossy(&locks.data);
+    assert!(
+        locks.contains(&format!(" FLOCK  ADVISORY  WRITE {py} ")),
+        "{locks}"
+    );
     // Inode numbers carry the gpid (gpid << 24), for programs that fstat an fd on /GPID.
     use std::os::unix::fs::MetadataExt;
     let ino = std::fs::metadata(m.path(&d)).unwrap().ino();

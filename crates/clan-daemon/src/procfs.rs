@@ -213,18 +213,100 @@ pub fn rewrite_sched(text: &[u8], m: &dyn PidMap) -> Vec<u8> {
 }
 
 /// `/proc/PID/fdinfo/N`: a pidfd's `Pid:` and `NSpid:` lines (the process it refers to;
-/// -1 once that exited) as cluster ids, as in `status`; every other line as it was.
+/// -1 once that exited) as cluster ids, as in `status`, and the holders of the file's
+/// locks (`lock:` lines, as in `/proc/locks`); every other line as it was.
 pub fn rewrite_fdinfo(text: &[u8], m: &dyn PidMap) -> Vec<u8> {
     let mut out = Vec::with_capacity(text.len());
     for line in text.split_inclusive(|&b| b == b'\n') {
         let parsed = std::str::from_utf8(line).ok().and_then(|l| {
             let (key, val) = l.split_once(':')?;
+            if key == "lock" {
+                return Some(format!("lock:{}", rewrite_lock_line(val, m)?));
+            }
             if !matches!(key, "Pid" | "NSpid") {
                 return None;
             }
             let v = val.split_whitespace().next()?.parse::<i64>().ok()?;
             let new = if v > 0 { m.pid(v) } else { v };
             Some(format!("{key}:\t{new}\n"))
+        });
+        match parsed {
+            Some(l) => out.extend_from_slice(l.as_bytes()),
+            None => out.extend_from_slice(line),
+        }
+    }
+    out
+}
+
+/// `line` with its `idx`th whitespace-separated token replaced by `f` of it (spacing kept);
+/// `None` if it has no such token or `f` declines.
+fn replace_token(line: &str, idx: usize, f: impl FnOnce(&str) -> Option<String>) -> Option<String> {
+    let mut start = None;
+    let mut n = 0;
+    let mut prev_space = true;
+    for (i, c) in line.char_indices() {
+        let space = c.is_whitespace();
+        if prev_space && !space {
+            if n == idx {
+                start = Some(i);
+                break;
+            }
+            n += 1;
+        }
+        prev_space = space;
+    }
+    let start = start?;
+    let end = line[start..]
+        .find(char::is_whitespace)
+        .map_or(line.len(), |e| start + e);
+    Some(format!(
+        "{}{}{}",
+        &line[..start],
+        f(&line[start..end])?,
+        &line[end..]
+    ))
+}
+
+/// One line of `/proc/locks` (or an fdinfo's `lock:` line without its key): the holder's
+/// pid (after the lock's number, class, mode and type; a waiter's line has `->` after the
+/// number) as a gpid. An OFD lock's -1 stays.
+fn rewrite_lock_line(line: &str, m: &dyn PidMap) -> Option<String> {
+    let waiter = line.split_whitespace().nth(1) == Some("->");
+    replace_token(line, if waiter { 5 } else { 4 }, |t| {
+        let v = t.parse::<i64>().ok()?;
+        (v > 0).then(|| m.pid(v).to_string())
+    })
+}
+
+/// `/proc/locks` (a node file) with the lock holders' pids as gpids of its node.
+pub fn rewrite_locks(text: &[u8], m: &dyn PidMap) -> Vec<u8> {
+    let mut out = Vec::with_capacity(text.len());
+    for line in text.split_inclusive(|&b| b == b'\n') {
+        match std::str::from_utf8(line)
+            .ok()
+            .and_then(|l| rewrite_lock_line(l, m))
+        {
+            Some(l) => out.extend_from_slice(l.as_bytes()),
+            None => out.extend_from_slice(line),
+        }
+    }
+    out
+}
+
+/// `/proc/PID/timers` with the pid or tid a timer notifies (`notify: signal/pid.N`) as a
+/// gpid.
+pub fn rewrite_timers(text: &[u8], m: &dyn PidMap) -> Vec<u8> {
+    let mut out = Vec::with_capacity(text.len());
+    for line in text.split_inclusive(|&b| b == b'\n') {
+        let parsed = std::str::from_utf8(line).ok().and_then(|l| {
+            let rest = l.strip_prefix("notify:")?;
+            let (head, num) = rest.trim_end_matches('\n').rsplit_once('.')?;
+            let v = num.parse::<i64>().ok()?;
+            let nl = if l.ends_with('\n') { "\n" } else { "" };
+            Some(format!(
+                "notify:{head}.{}{nl}",
+                if v > 0 { m.pid(v) } else { v }
+            ))
         });
         match parsed {
             Some(l) => out.extend_from_slice(l.as_bytes()),
@@ -296,6 +378,27 @@ struct NodeMap<'a> {
 /// Whether a local pid is one of clan's shepherds, remembered for one request.
 #[derive(Default)]
 pub struct ShepherdCache(std::cell::RefCell<std::collections::HashMap<u32, bool>>);
+
+/// A node's pids as its gpids, for files that name processes only by pid.
+struct NodePids(NodeId);
+
+impl PidMap for NodePids {
+    fn pid(&self, local: i64) -> i64 {
+        u32::try_from(local)
+            .ok()
+            .and_then(|p| Gpid::new(self.0, p))
+            .map_or(local, |g| g.raw() as i64)
+    }
+    fn ppid(&self, local: i64) -> i64 {
+        self.pid(local)
+    }
+    fn pgrp(&self, local: i64) -> i64 {
+        self.pid(local)
+    }
+    fn sid(&self, local: i64) -> i64 {
+        self.pid(local)
+    }
+}
 
 impl PidMap for NodeMap<'_> {
     fn pid(&self, local: i64) -> i64 {
@@ -648,6 +751,7 @@ impl Node {
             "stat" => rewrite_stat(&data, &m).unwrap_or(data),
             "status" => rewrite_status(&data, &m),
             "sched" => rewrite_sched(&data, &m),
+            "timers" => rewrite_timers(&data, &m),
             "fdinfo" => rewrite_fdinfo(&data, &m),
             // `task/TID/children`: the children's pids, separated by spaces.
             "children" => String::from_utf8_lossy(&data)
@@ -842,6 +946,9 @@ impl Node {
                     let newest = self.view.pids().into_iter().max();
                     let text = String::from_utf8_lossy(&reply.data);
                     reply.data = node_loadavg(&text, self.id, newest).into_bytes();
+                }
+                if name == "locks" {
+                    reply.data = rewrite_locks(&reply.data, &NodePids(self.id));
                 }
             }
         }
@@ -1060,6 +1167,30 @@ NSsid:\t7\t1\nThreads:\t1\n";
         let gone = rewrite_fdinfo(b"Pid:\t-1\nNSpid:\t-1\n", &Plus);
         assert_eq!(gone, b"Pid:\t-1\nNSpid:\t-1\n");
         let _ = rewrite_fdinfo(b"\xff:\nPid:\tx\n:\n", &Plus);
+        // A file's locks in its fdinfo, and the node file of all locks: the holder's pid.
+        let flock = b"pos:\t0\nlock:\t1: FLOCK  ADVISORY  WRITE 9 00:2d:1057 0 EOF\n";
+        let out = String::from_utf8(rewrite_fdinfo(flock, &Plus)).unwrap();
+        assert!(
+            out.ends_with("lock:\t1: FLOCK  ADVISORY  WRITE 10000009 00:2d:1057 0 EOF\n"),
+            "{out}"
+        );
+        let locks = b"1: POSIX  ADVISORY  WRITE 9 00:2d:1057 0 EOF\n1: -> POSIX  ADVISORY  WRITE 12 00:2d:1057 0 EOF\n2: OFDLCK ADVISORY  READ  -1 00:2d:5 0 EOF\n";
+        let out = String::from_utf8(rewrite_locks(locks, &Plus)).unwrap();
+        assert_eq!(
+            out,
+            "1: POSIX  ADVISORY  WRITE 10000009 00:2d:1057 0 EOF\n1: -> POSIX  ADVISORY  WRITE 10000012 00:2d:1057 0 EOF\n2: OFDLCK ADVISORY  READ  -1 00:2d:5 0 EOF\n"
+        );
+        let timers = b"ID: 0\nsignal: 14/0000000000000000\nnotify: signal/pid.9\nClockID: 0\nID: 1\nnotify: thread/tid.12\n";
+        let out = String::from_utf8(rewrite_timers(timers, &Plus)).unwrap();
+        assert!(out.contains("notify: signal/pid.10000009\n"), "{out}");
+        assert!(out.ends_with("notify: thread/tid.10000012\n"), "{out}");
+        for odd in [&b"notify:"[..], b"notify: x.y\n", b"lock:\n", b"-> ->\n"] {
+            let _ = (
+                rewrite_timers(odd, &Plus),
+                rewrite_locks(odd, &Plus),
+                rewrite_fdinfo(odd, &Plus),
+            );
+        }
     }
 
     fn n(i: u32) -> NodeId {

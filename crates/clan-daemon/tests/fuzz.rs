@@ -28,8 +28,9 @@ impl PidMap for Plus {
 const STAT: &[u8] = b"9 (sleep) S 7 9 7 0 -1 4194560 100 0 0 0 0 0 0 0 20 0 1 0 1234 2363392 210 18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 0 17 1 0 0 0 0 0 0 0 0 0 0 0 0 0\n";
 const STATUS: &[u8] = b"Name:\tsleep\nUmask:\t0022\nState:\tS (sleeping)\nTgid:\t9\nNgid:\t0\nPid:\t9\nPPid:\t7\nTracerPid:\t0\nUid:\t0\t0\t0\t0\nGid:\t0\t0\t0\t0\nNStgid:\t9\t3\nNSpid:\t9\t3\nNSpgid:\t7\t1\nNSsid:\t7\t1\nThreads:\t1\n";
 const SCHED: &[u8] = b"sleep (9, #threads: 1)\n-------------------------------------------------------------------\nse.exec_start                                :        123.456\n";
-const FDINFO: &[u8] =
-    b"pos:\t0\nflags:\t02000002\nmnt_id:\t15\nino:\t1057\nPid:\t9\nNSpid:\t9\t3\n";
+const FDINFO: &[u8] = b"pos:\t0\nflags:\t02000002\nmnt_id:\t15\nino:\t1057\nPid:\t9\nNSpid:\t9\t3\nlock:\t1: FLOCK  ADVISORY  WRITE 9 00:2d:1057 0 EOF\n";
+const LOCKS: &[u8] = b"1: POSIX  ADVISORY  WRITE 9 00:2d:1057 0 EOF\n1: -> POSIX  ADVISORY  WRITE 12 00:2d:1057 0 EOF\n";
+const TIMERS: &[u8] = b"ID: 0\nsignal: 14/0000000000000000\nnotify: signal/pid.9\nClockID: 0\n";
 const LOADAVG: &str = "0.50 0.25 0.10 2/100 4000\n";
 const MEMINFO: &str =
     "MemTotal:       24684084 kB\nMemFree:        21036256 kB\nHugePages_Total:       0\n";
@@ -61,6 +62,8 @@ fn rewrite_all(b: &[u8]) {
     let _ = procfs::rewrite_status(b, &Plus);
     let _ = procfs::rewrite_sched(b, &Plus);
     let _ = procfs::rewrite_fdinfo(b, &Plus);
+    let _ = procfs::rewrite_timers(b, &Plus);
+    let _ = procfs::rewrite_locks(b, &Plus);
 }
 
 fn merge_all(texts: &[String]) {
@@ -89,11 +92,11 @@ proptest! {
 
     #[test]
     fn damaged_proc_files_are_rewritten_or_kept(
-        which in 0usize..4,
+        which in 0usize..6,
         edits in vec((any::<usize>(), any::<u8>()), 0..8),
         cut in any::<usize>(),
     ) {
-        let sample = [STAT, STATUS, SCHED, FDINFO][which];
+        let sample = [STAT, STATUS, SCHED, FDINFO, LOCKS, TIMERS][which];
         rewrite_all(&damaged(sample, &edits, cut));
     }
 
