@@ -213,8 +213,9 @@ pub fn rewrite_sched(text: &[u8], m: &dyn PidMap) -> Vec<u8> {
 }
 
 /// `/proc/PID/fdinfo/N`: a pidfd's `Pid:` and `NSpid:` lines (the process it refers to;
-/// -1 once that exited) as cluster ids, as in `status`, and the holders of the file's
-/// locks (`lock:` lines, as in `/proc/locks`); every other line as it was.
+/// -1 once that exited) as cluster ids, as in `status`, an io_uring's polling thread
+/// (`SqThread:`) and the holders of the file's locks (`lock:` lines, as in `/proc/locks`);
+/// every other line as it was.
 pub fn rewrite_fdinfo(text: &[u8], m: &dyn PidMap) -> Vec<u8> {
     let mut out = Vec::with_capacity(text.len());
     for line in text.split_inclusive(|&b| b == b'\n') {
@@ -223,7 +224,7 @@ pub fn rewrite_fdinfo(text: &[u8], m: &dyn PidMap) -> Vec<u8> {
             if key == "lock" {
                 return Some(format!("lock:{}", rewrite_lock_line(val, m)?));
             }
-            if !matches!(key, "Pid" | "NSpid") {
+            if !matches!(key, "Pid" | "NSpid" | "SqThread") {
                 return None;
             }
             let v = val.split_whitespace().next()?.parse::<i64>().ok()?;
@@ -1163,6 +1164,12 @@ NSsid:\t7\t1\nThreads:\t1\n";
         let out = String::from_utf8(rewrite_fdinfo(pidfd, &Plus)).unwrap();
         assert!(out.starts_with("pos:\t0\nflags:\t02000002\n"), "{out}");
         assert!(out.ends_with("Pid:\t10000009\nNSpid:\t10000009\n"), "{out}");
+        // An io_uring's polling thread.
+        let ring = rewrite_fdinfo(b"SqMask:\t0x3\nSqThread:\t12\nSqThreadCpu:\t1\n", &Plus);
+        assert_eq!(
+            ring,
+            b"SqMask:\t0x3\nSqThread:\t10000012\nSqThreadCpu:\t1\n"
+        );
         // The process it referred to exited: -1 stays.
         let gone = rewrite_fdinfo(b"Pid:\t-1\nNSpid:\t-1\n", &Plus);
         assert_eq!(gone, b"Pid:\t-1\nNSpid:\t-1\n");
