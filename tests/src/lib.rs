@@ -623,6 +623,19 @@ impl Drop for KillOnDrop {
     }
 }
 
+/// Program `name` of this build run as `uid` (with gid `uid`, no supplementary groups,
+/// from /tmp, no stdin), as `setpriv` runs it.
+pub fn as_uid(uid: u32, name: &str) -> Command {
+    let mut c = Command::new("setpriv");
+    c.arg(format!("--reuid={uid}"))
+        .arg(format!("--regid={uid}"))
+        .arg("--clear-groups")
+        .arg(bin(name))
+        .current_dir("/tmp")
+        .stdin(Stdio::null());
+    c
+}
+
 /// The state letter of host process `pid` (R, S, T, Z, ...), `None` once it is gone.
 pub fn proc_state(pid: u32) -> Option<char> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;

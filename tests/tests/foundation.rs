@@ -1632,18 +1632,10 @@ fn a_link_serves_its_client_with_the_clients_rights() {
     let c = Cluster::up(2);
     let (a, b) = (test_user("clantesta"), test_user("clantestb"));
     let as_user = |uid: u32, program: &str, args: &[&str]| {
-        let o = std::process::Command::new("setpriv")
-            .args([
-                &format!("--reuid={uid}"),
-                &format!("--regid={uid}"),
-                "--clear-groups",
-            ])
-            .arg(bin(program))
+        let o = as_uid(uid, program)
             .args(args)
             .env("CLAN_DIR", &c.dir)
             .env("CLAN_NODE", "1")
-            .current_dir("/tmp")
-            .stdin(Stdio::null())
             .output()
             .unwrap();
         let out = String::from_utf8_lossy(&o.stdout).into_owned();
@@ -1679,16 +1671,9 @@ fn a_link_serves_its_client_with_the_clients_rights() {
     );
     let o = link(a, &["2", "kill", &mine_s, "15"]);
     assert_eq!(o.trim(), "ok");
-    let o = std::process::Command::new("setpriv")
-        .args([
-            &format!("--reuid={a}"),
-            &format!("--regid={a}"),
-            "--clear-groups",
-        ])
-        .arg(bin("clan"))
+    let o = as_uid(a, "clan")
         .args(["wait", &mine_s])
         .env("CLAN_DIR", &c.dir)
-        .current_dir("/tmp")
         .output()
         .unwrap();
     assert_eq!(o.status.code(), Some(128 + 15));
@@ -1701,16 +1686,9 @@ fn one_user_gets_at_most_64_links_to_a_node() {
     root_or_skip!("one_user_gets_at_most_64_links_to_a_node");
     let c = Cluster::up(2);
     let a = test_user("clantesta");
-    let out = std::process::Command::new("setpriv")
-        .args([
-            &format!("--reuid={a}"),
-            &format!("--regid={a}"),
-            "--clear-groups",
-        ])
-        .arg(bin("clan"))
+    let out = as_uid(a, "clan")
         .args(["run", "-d", "--node", "2", "--", "sleep", "100"])
         .env("CLAN_DIR", &c.dir)
-        .current_dir("/tmp")
         .output()
         .unwrap();
     let mine = String::from_utf8_lossy(&out.stdout)
@@ -1719,17 +1697,10 @@ fn one_user_gets_at_most_64_links_to_a_node() {
         .unwrap()
         .to_string();
     let mut many = KillOnDrop(
-        std::process::Command::new("setpriv")
-            .args([
-                &format!("--reuid={a}"),
-                &format!("--regid={a}"),
-                "--clear-groups",
-            ])
-            .arg(bin("clan-test-link"))
+        as_uid(a, "clan-test-link")
             .args(["2", "many", &mine, "66"])
             .env("CLAN_DIR", &c.dir)
             .env("CLAN_NODE", "1")
-            .current_dir("/tmp")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()

@@ -17,13 +17,12 @@ use crate::error::{Error, Result};
 use crate::node::Node;
 use crate::peer::{is_down, reply_frame};
 use clan_core::{Gpid, NodeId};
-use clan_proto::auth::{self, PeerReader, PeerWriter};
+use clan_proto::auth::{PeerReader, PeerWriter};
 use clan_proto::pb::{self, peer_frame::Frame, peer_reply::Reply, peer_request::Op};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::BufReader;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
-use tokio::net::TcpStream;
 use tracing::{debug, warn};
 
 /// Links a node serves at once; more are refused (their clients go through their cland).
@@ -88,26 +87,12 @@ impl Node {
             Error::NodeDown(format!("node {to} is unreachable for a link: {e}"))
         };
         let limit = self.cfg.dead_after();
-        let s = match tokio::time::timeout(limit, TcpStream::connect(p.addr)).await {
-            Ok(Ok(s)) => s,
-            Ok(Err(e)) => return Err(unreachable(&e)),
-            Err(_) => return Err(unreachable(&"no answer")),
-        };
-        let _ = s.set_nodelay(true);
-        crate::session::keep_alive(&s, limit);
-        let (r, w) = s.into_split();
         let mut me = self.identity(pb::ConnKind::Client);
         me.creds = Some(creds.clone());
-        let (hello, rd, wr) = match tokio::time::timeout(
-            limit,
-            auth::connect(BufReader::new(r), w, &self.cfg.key, &me),
-        )
-        .await
-        {
-            Ok(Ok(x)) => x,
-            Ok(Err(e)) => return Err(unreachable(&e)),
-            Err(_) => return Err(unreachable(&"no answer to the handshake")),
-        };
+        let (hello, rd, wr) = self
+            .dial_peer(p.addr, &me)
+            .await
+            .map_err(|e| unreachable(&e))?;
         if hello.node != to.get() {
             return Err(unreachable(&format!(
                 "{} answered as node {}",

@@ -9,14 +9,15 @@
 use crate::error::{Error, Result};
 use crate::node::Node;
 use clan_core::{ClusterConfig, NamedAsyncMutex, NamedMutex, NodeId};
-use clan_proto::auth::{self, Identity, PeerWriter};
+use clan_proto::auth::{self, Authenticated, Identity, PeerWriter};
 use clan_proto::pb::{self, peer_frame::Frame, peer_reply::Reply, peer_request::Op};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::net::tcp::OwnedWriteHalf;
+use tokio::io::BufReader;
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{oneshot, watch};
 use tracing::{debug, info, warn};
@@ -140,6 +141,22 @@ pub(crate) fn reply_frame(id: u64, res: Result<Reply>) -> pb::PeerFrame {
             id,
             reply: Some(reply),
         })),
+    }
+}
+
+/// Why a connection to a peer could not be made ([`Node::dial_peer`]).
+pub(crate) enum DialError {
+    /// No answer within `dead_after`, to the connect or to the handshake.
+    NoAnswer,
+    Failed(String),
+}
+
+impl std::fmt::Display for DialError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DialError::NoAnswer => f.write_str("no answer"),
+            DialError::Failed(e) => f.write_str(e),
+        }
     }
 }
 
@@ -379,18 +396,45 @@ impl Node {
         }
     }
 
-    async fn dial(&self, p: &Arc<Peer>) -> anyhow::Result<()> {
-        let s = tokio::time::timeout(self.cfg.dead_after(), TcpStream::connect(p.addr)).await??;
-        s.set_nodelay(true)?;
+    /// A connection to the peer at `addr`, authenticated as `me`: the connect and the
+    /// handshake each bounded by `dead_after` (a peer cut off mid-handshake never answers,
+    /// and the dialer must try again once the link is back). Connections that may be
+    /// silent for long (sessions, links; not the control one, which heartbeats keep busy)
+    /// get TCP keepalive.
+    pub(crate) async fn dial_peer(
+        &self,
+        addr: SocketAddr,
+        me: &Identity,
+    ) -> std::result::Result<Authenticated<BufReader<OwnedReadHalf>, OwnedWriteHalf>, DialError>
+    {
+        let limit = self.cfg.dead_after();
+        let s = match tokio::time::timeout(limit, TcpStream::connect(addr)).await {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => return Err(DialError::Failed(e.to_string())),
+            Err(_) => return Err(DialError::NoAnswer),
+        };
+        let _ = s.set_nodelay(true);
+        if me.kind != pb::ConnKind::Control {
+            crate::session::keep_alive(&s, limit);
+        }
         let (r, w) = s.into_split();
-        let r = tokio::io::BufReader::new(r);
-        // Bounded like the connect: a peer cut off mid-handshake never answers, and the
-        // dialer must try again once the link is back.
-        let (hello, mut rd, wr) = tokio::time::timeout(
-            self.cfg.dead_after(),
-            auth::connect(r, w, &self.cfg.key, &self.identity(pb::ConnKind::Control)),
+        match tokio::time::timeout(
+            limit,
+            auth::connect(BufReader::new(r), w, &self.cfg.key, me),
         )
-        .await??;
+        .await
+        {
+            Ok(Ok(x)) => Ok(x),
+            Ok(Err(e)) => Err(DialError::Failed(e.to_string())),
+            Err(_) => Err(DialError::NoAnswer),
+        }
+    }
+
+    async fn dial(&self, p: &Arc<Peer>) -> anyhow::Result<()> {
+        let (hello, mut rd, wr) = self
+            .dial_peer(p.addr, &self.identity(pb::ConnKind::Control))
+            .await
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
         if hello.node != p.id.get() {
             anyhow::bail!("{} answered as node {}", p.addr, hello.node);
         }

@@ -157,29 +157,41 @@ pub fn rewrite_stat(text: &[u8], m: &dyn PidMap) -> Option<Vec<u8>> {
 /// NS lines start with the number in the node's namespace (the one its /proc shows) and go
 /// down nested namespaces; they get that one value: the cluster has one pid namespace.
 pub fn rewrite_status(text: &[u8], m: &dyn PidMap) -> Vec<u8> {
-    // Byte by line: only the id lines are parsed (ASCII); every other line, the `Name:` of a
-    // command whose name is not UTF-8 among them, is kept byte for byte.
+    by_line(text, |l| {
+        let (key, val) = l.split_once(':')?;
+        let first = || val.split_whitespace().next()?.parse::<i64>().ok();
+        let new = match key {
+            "Tgid" | "Pid" | "NStgid" | "NSpid" => first().map(|v| m.pid(v)),
+            "PPid" => first().map(|v| m.ppid(v)),
+            "TracerPid" => first().map(|v| pid_if_any(m, v)),
+            "NSpgid" => first().map(|v| m.pgrp(v)),
+            "NSsid" => first().map(|v| m.sid(v)),
+            _ => None,
+        }?;
+        Some(format!("{key}:\t{new}\n"))
+    })
+}
+
+/// `text` with each line `f` rewrites (given it as UTF-8) replaced; every other line, one
+/// that is not UTF-8 among them (a command name), kept byte for byte.
+fn by_line(text: &[u8], f: impl Fn(&str) -> Option<String>) -> Vec<u8> {
     let mut out = Vec::with_capacity(text.len());
     for line in text.split_inclusive(|&b| b == b'\n') {
-        let parsed = std::str::from_utf8(line).ok().and_then(|l| {
-            let (key, val) = l.split_once(':')?;
-            let first = || val.split_whitespace().next()?.parse::<i64>().ok();
-            let new = match key {
-                "Tgid" | "Pid" | "NStgid" | "NSpid" => first().map(|v| m.pid(v)),
-                "PPid" => first().map(|v| m.ppid(v)),
-                "TracerPid" => first().map(|v| if v > 0 { m.pid(v) } else { v }),
-                "NSpgid" => first().map(|v| m.pgrp(v)),
-                "NSsid" => first().map(|v| m.sid(v)),
-                _ => None,
-            }?;
-            Some(format!("{key}:\t{new}\n"))
-        });
-        match parsed {
+        match std::str::from_utf8(line).ok().and_then(&f) {
             Some(l) => out.extend_from_slice(l.as_bytes()),
             None => out.extend_from_slice(line),
         }
     }
     out
+}
+
+/// A pid field that may say "none" (0, or -1 for a process gone): a gpid when it names one.
+fn pid_if_any(m: &dyn PidMap, v: i64) -> i64 {
+    if v > 0 {
+        m.pid(v)
+    } else {
+        v
+    }
 }
 
 /// `/proc/PID/sched` with the pid of its first line (`comm (pid, #threads: n)`) as a
@@ -217,26 +229,17 @@ pub fn rewrite_sched(text: &[u8], m: &dyn PidMap) -> Vec<u8> {
 /// (`SqThread:`) and the holders of the file's locks (`lock:` lines, as in `/proc/locks`);
 /// every other line as it was.
 pub fn rewrite_fdinfo(text: &[u8], m: &dyn PidMap) -> Vec<u8> {
-    let mut out = Vec::with_capacity(text.len());
-    for line in text.split_inclusive(|&b| b == b'\n') {
-        let parsed = std::str::from_utf8(line).ok().and_then(|l| {
-            let (key, val) = l.split_once(':')?;
-            if key == "lock" {
-                return Some(format!("lock:{}", rewrite_lock_line(val, m)?));
-            }
-            if !matches!(key, "Pid" | "NSpid" | "SqThread") {
-                return None;
-            }
-            let v = val.split_whitespace().next()?.parse::<i64>().ok()?;
-            let new = if v > 0 { m.pid(v) } else { v };
-            Some(format!("{key}:\t{new}\n"))
-        });
-        match parsed {
-            Some(l) => out.extend_from_slice(l.as_bytes()),
-            None => out.extend_from_slice(line),
+    by_line(text, |l| {
+        let (key, val) = l.split_once(':')?;
+        if key == "lock" {
+            return Some(format!("lock:{}", rewrite_lock_line(val, m)?));
         }
-    }
-    out
+        if !matches!(key, "Pid" | "NSpid" | "SqThread") {
+            return None;
+        }
+        let v = val.split_whitespace().next()?.parse::<i64>().ok()?;
+        Some(format!("{key}:\t{}\n", pid_if_any(m, v)))
+    })
 }
 
 /// `line` with its `idx`th whitespace-separated token replaced by `f` of it (spacing kept);
@@ -281,40 +284,19 @@ fn rewrite_lock_line(line: &str, m: &dyn PidMap) -> Option<String> {
 
 /// `/proc/locks` (a node file) with the lock holders' pids as gpids of its node.
 pub fn rewrite_locks(text: &[u8], m: &dyn PidMap) -> Vec<u8> {
-    let mut out = Vec::with_capacity(text.len());
-    for line in text.split_inclusive(|&b| b == b'\n') {
-        match std::str::from_utf8(line)
-            .ok()
-            .and_then(|l| rewrite_lock_line(l, m))
-        {
-            Some(l) => out.extend_from_slice(l.as_bytes()),
-            None => out.extend_from_slice(line),
-        }
-    }
-    out
+    by_line(text, |l| rewrite_lock_line(l, m))
 }
 
 /// `/proc/PID/timers` with the pid or tid a timer notifies (`notify: signal/pid.N`) as a
 /// gpid.
 pub fn rewrite_timers(text: &[u8], m: &dyn PidMap) -> Vec<u8> {
-    let mut out = Vec::with_capacity(text.len());
-    for line in text.split_inclusive(|&b| b == b'\n') {
-        let parsed = std::str::from_utf8(line).ok().and_then(|l| {
-            let rest = l.strip_prefix("notify:")?;
-            let (head, num) = rest.trim_end_matches('\n').rsplit_once('.')?;
-            let v = num.parse::<i64>().ok()?;
-            let nl = if l.ends_with('\n') { "\n" } else { "" };
-            Some(format!(
-                "notify:{head}.{}{nl}",
-                if v > 0 { m.pid(v) } else { v }
-            ))
-        });
-        match parsed {
-            Some(l) => out.extend_from_slice(l.as_bytes()),
-            None => out.extend_from_slice(line),
-        }
-    }
-    out
+    by_line(text, |l| {
+        let rest = l.strip_prefix("notify:")?;
+        let (head, num) = rest.trim_end_matches('\n').rsplit_once('.')?;
+        let v = num.parse::<i64>().ok()?;
+        let nl = if l.ends_with('\n') { "\n" } else { "" };
+        Some(format!("notify:{head}.{}{nl}", pid_if_any(m, v)))
+    })
 }
 
 /// One file of a listing's entry: its contents, or why the reader does not get them.

@@ -15,10 +15,10 @@
 
 use crate::error::{Error, Result};
 use crate::node::Node;
-use crate::peer::Peer;
+use crate::peer::{DialError, Peer};
 use crate::process::vproc::{Refused, SpawnLocal, VProc};
 use clan_core::{Gpid, NodeId};
-use clan_proto::auth::{self, PeerReader, PeerWriter};
+use clan_proto::auth::{PeerReader, PeerWriter};
 use clan_proto::pb::{self, peer_frame::Frame, session_input::Input, shepherd_in::Msg as In};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -390,26 +390,13 @@ async fn ask(
 impl Node {
     /// Opens and authenticates a new session connection to `peer`.
     async fn open_session(&self, peer: &Peer) -> Result<SessionConn> {
-        let stream = tokio::time::timeout(self.cfg.dead_after(), TcpStream::connect(peer.addr))
+        let (_, rd, wr) = self
+            .dial_peer(peer.addr, &self.identity(pb::ConnKind::Session))
             .await
-            .map_err(|_| Error::NodeDown(format!("node {} does not answer", peer.id)))?
-            .map_err(|e| Error::NodeDown(format!("node {}: {e}", peer.id)))?;
-        let _ = stream.set_nodelay(true);
-        keep_alive(&stream, self.cfg.dead_after());
-        let (r, w) = stream.into_split();
-        // Bounded like the connect: a peer cut off mid-handshake never answers.
-        let (_, rd, wr) = tokio::time::timeout(
-            self.cfg.dead_after(),
-            auth::connect(
-                BufReader::new(r),
-                w,
-                &self.cfg.key,
-                &self.identity(pb::ConnKind::Session),
-            ),
-        )
-        .await
-        .map_err(|_| Error::NodeDown(format!("node {} does not answer", peer.id)))?
-        .map_err(|e| Error::NodeDown(format!("node {}: {e}", peer.id)))?;
+            .map_err(|e| match e {
+                DialError::NoAnswer => Error::NodeDown(format!("node {} does not answer", peer.id)),
+                DialError::Failed(e) => Error::NodeDown(format!("node {}: {e}", peer.id)),
+            })?;
         Ok((rd, wr))
     }
 
