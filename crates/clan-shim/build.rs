@@ -7,8 +7,9 @@ fn main() {
     // host even when clan itself is built for another libc (a musl `clan` CLI, for instance).
     let host = std::env::var("HOST").expect("HOST");
     let compiler = cc::Build::new().target(&host).get_compiler();
-    let status = compiler
-        .to_command()
+    // The compiler alone, without the flags cc derives from the target's: a `clan` built
+    // with `crt-static` would otherwise get `-static`, which a shared object can not take.
+    let status = std::process::Command::new(compiler.path())
         .args([
             "-shared", "-fPIC", "-O2", "-Wall", "-Wextra", "-Werror", "-o",
         ])

@@ -346,6 +346,24 @@ fn files_links_and_directories_of_a_process() {
         locks.contains(&format!(" FLOCK  ADVISORY  WRITE {py} ")),
         "{locks}"
     );
+    // The same through the mount: node 3's own (numbered by its kernel, which counts the
+    // locks of every pid namespace), and the cluster's `locks`, every node's numbered one
+    // after the other, which lslocks(8) reads.
+    for file in ["nodes/3/locks", "locks"] {
+        let locks = m.read(file);
+        assert!(
+            locks.contains(&format!(" FLOCK  ADVISORY  WRITE {py} ")),
+            "{file}: {locks}"
+        );
+    }
+    let locks = m.read("locks");
+    let numbers: Vec<u64> = locks
+        .lines()
+        .filter(|l| !l.contains("->"))
+        .map(|l| l.split(':').next().unwrap().parse().unwrap())
+        .collect();
+    let want: Vec<u64> = (1..=numbers.len() as u64).collect();
+    assert_eq!(numbers, want, "{locks}");
     // Inode numbers carry the gpid (gpid << 24), for programs that fstat an fd on /GPID.
     use std::os::unix::fs::MetadataExt;
     let ino = std::fs::metadata(m.path(&d)).unwrap().ino();

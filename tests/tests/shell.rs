@@ -155,6 +155,34 @@ fn procps_in_a_clan_shell_see_and_act_on_every_node() {
         assert!(ended.contains("SIGKILL"), "{g}: {ended}");
     }
     assert!(host_processes_mentioning("sleep 81").is_empty());
+
+    // lslocks(8) reads the cluster's /proc/locks: a lock taken on node 3, by its gpid.
+    let file = c.dir.join("locked-8105");
+    let holder = run_d(
+        &c,
+        3,
+        &[
+            "python3",
+            "-c",
+            &format!(
+                "import fcntl, time; f = open('{}', 'w'); fcntl.flock(f, fcntl.LOCK_EX); \
+                 time.sleep(8105)",
+                file.display()
+            ),
+        ],
+    );
+    let line = eventually("lslocks lists the lock", LIMIT, || {
+        let o = shell(&c, 1, None, "lslocks -n -o PID,COMMAND,PATH");
+        String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(&holder.to_string()))
+            .map(str::to_string)
+    });
+    assert!(
+        line.contains("python3") && line.contains(&file.display().to_string()),
+        "{line}"
+    );
+    c.clan_ok(&["kill", "-s", "KILL", &holder.to_string()]);
 }
 
 fn top_lists(top: &str, gpid: u64) -> bool {

@@ -25,7 +25,7 @@ const SNAPSHOT_BUDGET: usize = 8 << 20;
 const NODE_TIMEOUT: Duration = Duration::from_millis(1000);
 
 /// The node files that the cluster view merges.
-pub const CLUSTER_FILES: [&str; 5] = ["loadavg", "meminfo", "stat", "uptime", "cpuinfo"];
+pub const CLUSTER_FILES: [&str; 6] = ["loadavg", "meminfo", "stat", "uptime", "cpuinfo", "locks"];
 
 /// Entries of /proc/PID whose contents the kernel only shows after a ptrace access check
 /// (PTRACE_MODE_READ_FSCREDS): root, or a reader with all of the process's ids while the
@@ -575,6 +575,37 @@ pub fn merge_cpuinfo(parts: &[(NodeId, String)]) -> String {
     out
 }
 
+/// `locks`: every node's locks (holders already gpids, see [`rewrite_locks`]), numbered
+/// node after node. A waiter's line (`N: -> ...`) keeps the number of the lock it waits for,
+/// as the kernel prints it: right after that lock's line.
+pub fn merge_locks(parts: &[(NodeId, String)]) -> String {
+    let mut out = String::new();
+    let mut n = 0u64;
+    for (_, t) in parts {
+        let mut mine: Vec<(u64, u64)> = Vec::new(); // this node's number -> the merged one
+        for line in t.lines() {
+            let Some((num, rest)) = line.split_once(':') else {
+                continue;
+            };
+            let Ok(num) = num.trim().parse::<u64>() else {
+                continue;
+            };
+            let new = if rest.trim_start().starts_with("->") {
+                match mine.iter().rev().find(|(o, _)| *o == num) {
+                    Some(&(_, m)) => m,
+                    None => continue, // a waiter without its lock: the file was torn
+                }
+            } else {
+                n += 1;
+                mine.push((num, n));
+                n
+            };
+            out.push_str(&format!("{new}:{rest}\n"));
+        }
+    }
+    out
+}
+
 fn merge(name: &str, parts: &[(NodeId, String)]) -> Result<String> {
     Ok(match name {
         "loadavg" => merge_loadavg(parts),
@@ -582,6 +613,7 @@ fn merge(name: &str, parts: &[(NodeId, String)]) -> Result<String> {
         "stat" => merge_stat(parts),
         "uptime" => merge_uptime(parts),
         "cpuinfo" => merge_cpuinfo(parts),
+        "locks" => merge_locks(parts),
         other => {
             return Err(Error::NotFound(format!(
                 "no cluster file {other:?} (cluster files: {})",
@@ -1168,6 +1200,19 @@ NSsid:\t7\t1\nThreads:\t1\n";
         assert_eq!(
             out,
             "1: POSIX  ADVISORY  WRITE 10000009 00:2d:1057 0 EOF\n1: -> POSIX  ADVISORY  WRITE 10000012 00:2d:1057 0 EOF\n2: OFDLCK ADVISORY  READ  -1 00:2d:5 0 EOF\n"
+        );
+        // Two nodes' locks merged: numbered node after node, waiters under their lock.
+        let n = |i| NodeId::new(i).unwrap();
+        let merged = merge_locks(&[
+            (n(1), out.clone()),
+            (
+                n(2),
+                "1: FLOCK  ADVISORY  WRITE 20000007 00:2d:9 0 EOF\n2: -> torn\nx\n".into(),
+            ),
+        ]);
+        assert_eq!(
+            merged,
+            "1: POSIX  ADVISORY  WRITE 10000009 00:2d:1057 0 EOF\n1: -> POSIX  ADVISORY  WRITE 10000012 00:2d:1057 0 EOF\n2: OFDLCK ADVISORY  READ  -1 00:2d:5 0 EOF\n3: FLOCK  ADVISORY  WRITE 20000007 00:2d:9 0 EOF\n"
         );
         let timers = b"ID: 0\nsignal: 14/0000000000000000\nnotify: signal/pid.9\nClockID: 0\nID: 1\nnotify: thread/tid.12\n";
         let out = String::from_utf8(rewrite_timers(timers, &Plus)).unwrap();

@@ -77,6 +77,7 @@ fn merge_all(texts: &[String]) {
     let _ = procfs::merge_stat(&parts);
     let _ = procfs::merge_uptime(&parts);
     let _ = procfs::merge_cpuinfo(&parts);
+    let _ = procfs::merge_locks(&parts);
     for (n, t) in &parts {
         let _ = procfs::node_loadavg(t, *n, Some(u32::MAX));
     }

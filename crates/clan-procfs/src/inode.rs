@@ -5,9 +5,9 @@
 //!
 //! | inode | what |
 //! |---|---|
-//! | 1 ... 9 | the root, `self`, `thread-self`, `nodes`, the five cluster files |
-//! | 10, 11 ... 16 | the hidden `.clan-walk` and its files (`crate::walk`) |
-//! | `1 << 20 \| n << 4 \| k` | `nodes/n` (k = 0) and its files (k = 1 ... 5) |
+//! | 1 ... 10 | the root, `self`, `thread-self`, `nodes`, the six cluster files (room up to 15) |
+//! | 16, 17 ... 22 | the hidden `.clan-walk` and its files (`crate::walk`) |
+//! | `1 << 20 \| n << 4 \| k` | `nodes/n` (k = 0) and its files (k = 1 ... 6) |
 //! | `gpid << 24` | the directory `/GPID` |
 //! | `gpid << 24 \| 1 << 20 \| i` | a path inside it (i: its index in the process's table) |
 //! | `1 << 63 \| i` | a path passed through to the local /proc (i: index in that table) |
@@ -21,9 +21,10 @@ pub const SELF: u64 = 2;
 pub const THREAD_SELF: u64 = 3;
 pub const NODES: u64 = 4;
 const CLUSTER_BASE: u64 = 5;
-const WALK_DIR: u64 = 10;
-const WALK_BASE: u64 = 11;
+const WALK_DIR: u64 = 16;
+const WALK_BASE: u64 = 17;
 const NODE_BASE: u64 = 1 << 20;
+const _: () = assert!(CLUSTER_BASE + (NodeFile::ALL.len() as u64) <= WALK_DIR);
 const PROC_SHIFT: u32 = 24;
 const PROC_PATH: u64 = 1 << 20;
 const PROC_INDEX: u64 = (1 << 20) - 1;
@@ -37,15 +38,17 @@ pub enum NodeFile {
     Stat,
     Uptime,
     Cpuinfo,
+    Locks,
 }
 
 impl NodeFile {
-    pub const ALL: [NodeFile; 5] = [
+    pub const ALL: [NodeFile; 6] = [
         NodeFile::Loadavg,
         NodeFile::Meminfo,
         NodeFile::Stat,
         NodeFile::Uptime,
         NodeFile::Cpuinfo,
+        NodeFile::Locks,
     ];
 
     pub fn name(self) -> &'static str {
@@ -55,6 +58,7 @@ impl NodeFile {
             NodeFile::Stat => "stat",
             NodeFile::Uptime => "uptime",
             NodeFile::Cpuinfo => "cpuinfo",
+            NodeFile::Locks => "locks",
         }
     }
 
@@ -228,9 +232,11 @@ impl Inodes {
             i if (WALK_BASE..WALK_BASE + crate::walk::FILES.len() as u64).contains(&i) => {
                 Some(Node::Walk((i - WALK_BASE) as usize))
             }
-            i if (CLUSTER_BASE..CLUSTER_BASE + 5).contains(&i) => NodeFile::ALL
-                .get((i - CLUSTER_BASE) as usize)
-                .map(|&f| Node::Cluster(f)),
+            i if (CLUSTER_BASE..CLUSTER_BASE + NodeFile::ALL.len() as u64).contains(&i) => {
+                NodeFile::ALL
+                    .get((i - CLUSTER_BASE) as usize)
+                    .map(|&f| Node::Cluster(f))
+            }
             i if i & NODE_BASE != 0 && i < NODE_BASE << 1 => {
                 let n = ((i & !NODE_BASE) >> 4) as u32;
                 match i & 0xf {

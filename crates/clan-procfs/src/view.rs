@@ -54,18 +54,9 @@ pub const PROC_NAMES_TTL: Duration = Duration::from_secs(3600);
 /// so tools size their PID columns for gpids.
 pub const PID_MAX: &[u8] = b"99999999\n";
 
-/// Names of the root that the view defines itself (never passed through).
-const OWN_NAMES: [&str; 9] = [
-    walk::DIR,
-    "self",
-    "thread-self",
-    "nodes",
-    "loadavg",
-    "meminfo",
-    "stat",
-    "uptime",
-    "cpuinfo",
-];
+/// Names of the root that the view defines itself besides the cluster files (never passed
+/// through).
+const OWN_NAMES: [&str; 4] = [walk::DIR, "self", "thread-self", "nodes"];
 
 /// An errno for the reader.
 pub type Errno = i32;
@@ -829,7 +820,10 @@ impl<S: Source> View<S> {
 
     /// Whether a name of the root is passed through.
     fn passed_through(name: &str) -> bool {
-        !OWN_NAMES.contains(&name) && !name.is_empty() && !name.contains('/')
+        !OWN_NAMES.contains(&name)
+            && NodeFile::from_name(name).is_none()
+            && !name.is_empty()
+            && !name.contains('/')
     }
 
     // ------------------------------------------------------------------ operations
@@ -1253,6 +1247,11 @@ mod tests {
         }
         std::fs::write(proc.join("sys/kernel/pid_max"), "4194304\n").unwrap();
         std::fs::write(proc.join("version"), "Linux\n").unwrap();
+        std::fs::write(
+            proc.join("locks"),
+            "1: FLOCK  ADVISORY  WRITE 9 00:2d:1 0 EOF\n",
+        )
+        .unwrap();
         std::fs::write(proc.join("stat"), "the host's own\n").unwrap();
         std::fs::write(proc.join("4711/status"), "Name:\thost\n").unwrap();
         let fake = Arc::new(Fake::default());
@@ -1329,7 +1328,14 @@ mod tests {
             !root.contains(&"4711".to_string()),
             "local pids are not listed"
         );
+        // The cluster's files, not the local node's.
         assert_eq!(root.iter().filter(|n| *n == "stat").count(), 1);
+        assert_eq!(root.iter().filter(|n| *n == "locks").count(), 1);
+        let locks = s.at(crate::inode::ROOT, "locks").await.unwrap();
+        assert_eq!(
+            s.view.node(locks.ino.0).unwrap(),
+            Node::Cluster(NodeFile::Locks)
+        );
     }
 
     #[tokio::test]
