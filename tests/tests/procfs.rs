@@ -797,6 +797,81 @@ fn a_power_cut_node_does_not_hang_a_listing() {
     assert!(m.read("loadavg").split_whitespace().count() == 5);
 }
 
+/// Readers of a node that stopped answering (cut off, not yet declared dead) wait for it
+/// without holding up the readers of the other nodes: the view's requests go in one lane
+/// per node.
+#[test]
+fn readers_of_a_silent_node_do_not_hold_up_the_others() {
+    root_or_skip!("readers_of_a_silent_node_do_not_hold_up_the_others");
+    // Node 3 is not declared dead while the test runs.
+    let c = Cluster::up_with(3, &["--heartbeat-ms", "200", "--dead-after-ms", "120000"]);
+    let (seen, two) = (c.spawn(2, &["sleep", "600"]), c.spawn(2, &["sleep", "600"]));
+    // More processes of node 3 than a lane lets through at once, each read by its own
+    // reader (the kernel would make readers of one name wait for one lookup).
+    let threes: Vec<Gpid> = (0..8).map(|_| c.spawn(3, &["sleep", "600"])).collect();
+    let m = Mounted::new(&c);
+    assert!(m.read(&format!("{seen}/status")).contains("Name:\tsleep"));
+
+    /// Stops a cland until dropped, also when the test fails.
+    struct Stopped(nix::unistd::Pid);
+    impl Drop for Stopped {
+        fn drop(&mut self) {
+            let _ = nix::sys::signal::kill(self.0, nix::sys::signal::Signal::SIGCONT);
+        }
+    }
+    let pid = nix::unistd::Pid::from_raw(c.cland_pid(3));
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let stopped = Stopped(pid);
+
+    let done = std::sync::Arc::new(AtomicU32::new(0));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let readers: Vec<_> = threes
+        .iter()
+        .map(|g| {
+            let (path, done, tx) = (m.path(&format!("{g}/status")), done.clone(), tx.clone());
+            std::thread::spawn(move || {
+                tx.send(nix::unistd::gettid().as_raw()).unwrap();
+                let r = std::fs::read_to_string(path);
+                done.fetch_add(1, Ordering::SeqCst);
+                r
+            })
+        })
+        .collect();
+    let tids: Vec<i32> = rx.iter().take(readers.len()).collect();
+    // Every reader is inside its open(2) of the view (waiting for node 3).
+    eventually(
+        "the readers to wait in open",
+        Duration::from_secs(10),
+        || {
+            tids.iter()
+                .all(|t| {
+                    std::fs::read_to_string(format!("/proc/self/task/{t}/syscall"))
+                        .is_ok_and(|s| s.starts_with(&format!("{} ", libc::SYS_openat)))
+                })
+                .then_some(())
+        },
+    );
+    // A process of node 2 that was never looked up reads while all of them still wait
+    // (its lookup in the root does not wait for theirs).
+    assert!(m.read(&format!("{two}/status")).contains("Name:\tsleep"));
+    assert_eq!(
+        done.load(Ordering::SeqCst),
+        0,
+        "a reader of node 3 finished before node 2's read did"
+    );
+    // Node 3 answers again: its readers get its file, or EIO if the view gave up first.
+    drop(stopped);
+    for r in readers {
+        match r.join().unwrap() {
+            Ok(text) => assert!(text.contains("Name:\tsleep"), "{text}"),
+            Err(e) => assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}"),
+        }
+    }
+    eventually("node 3's file again", Duration::from_secs(10), || {
+        std::fs::read_to_string(m.path(&format!("{}/status", threes[0]))).ok()
+    });
+}
+
 #[test]
 fn cland_restarting_gives_eio_then_the_view_reconnects() {
     root_or_skip!("cland_restarting_gives_eio_then_the_view_reconnects");

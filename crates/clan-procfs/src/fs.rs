@@ -1,13 +1,17 @@
 //! The FUSE layer: each request becomes a call of the [`View`] on a tokio task, which
-//! replies when the answer is there, so a slow node never holds up other readers.
+//! replies when the answer is there, so a slow node never holds up other readers. Lookups
+//! and listings of one directory run in parallel (`FUSE_PARALLEL_DIROPS`): without it the
+//! kernel makes them wait for each other, and a lookup of a process of a silent node would
+//! hold up every lookup of `/proc`.
 //! Files are opened with direct I/O: their size is unknown (0 in their attributes, as in
 //! /proc), and their contents, fetched at open, are read by offset.
 
 use crate::source::Source;
 use crate::view::{Contents, Dirent, View, Who};
 use fuser::{
-    AccessFlags, Errno, FileHandle, Filesystem, FopenFlags, Generation, INodeNo, LockOwner,
-    OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, Request,
+    AccessFlags, Errno, FileHandle, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
+    KernelConfig, LockOwner, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyEmpty,
+    ReplyEntry, ReplyOpen, Request,
 };
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -93,6 +97,12 @@ impl<S: Source> ProcFs<S> {
 }
 
 impl<S: Source> Filesystem for ProcFs<S> {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        // A kernel without it (before 4.7) keeps serializing: slower, still correct.
+        let _ = config.add_capabilities(InitFlags::FUSE_PARALLEL_DIROPS);
+        Ok(())
+    }
+
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let (view, who, name) = (self.view.clone(), who(req), name.to_owned());
         self.run(async move {

@@ -5,6 +5,7 @@ use clan_client::{Client, ClientError};
 use clan_core::NodeId;
 use clan_proto::pb;
 use parking_lot::Mutex;
+use std::collections::HashMap;
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -71,38 +72,65 @@ pub trait Source: Send + Sync + 'static {
     fn nodes(&self) -> impl Future<Output = Result<Vec<u32>, Failure>> + Send;
 }
 
-/// A node's cland, through a small pool of connections (one `Client` serves one request
-/// at a time). A request that fails for want of cland or takes longer than the timeout
+/// A node's cland, through a pool of connections (one `Client` serves one request at a
+/// time). Requests go in lanes, one per node whose process (or own file) they ask for and
+/// one for the rest (listings and cluster files, which leave out a node that does not
+/// answer in time), each with `size` requests in flight at most: readers of a node that
+/// was cut off and is not yet declared dead wait for it without holding up the readers of
+/// the other nodes. A request that fails for want of cland or takes longer than the timeout
 /// fails with [`Failure::Unavailable`]; its connection is dropped, and the next request
 /// connects again.
 pub struct Cland {
     path: PathBuf,
     node: NodeId,
     free: Mutex<Vec<Arc<Client>>>,
-    permits: Semaphore,
+    lanes: Mutex<HashMap<u32, Arc<Semaphore>>>,
+    size: usize,
     timeout: Duration,
 }
 
+/// The lane of requests that ask several nodes, or none in particular.
+const ANY_NODE: u32 = 0;
+
+/// The node whose process or file `req` asks for, if one.
+fn lane_of(req: &pb::ProcRequest) -> u32 {
+    use pb::ProcOp as P;
+    match P::try_from(req.op) {
+        Ok(P::ProcRead | P::ProcReadlink | P::ProcReaddir) => {
+            clan_core::Gpid::from_raw(req.gpid).map_or(ANY_NODE, |g| g.node().get())
+        }
+        Ok(P::ProcGlobal) if req.nodes.len() == 1 => req.nodes[0],
+        _ => ANY_NODE,
+    }
+}
+
 impl Cland {
-    /// `size` connections at most to the cland at `path` (node `node`).
+    /// At most `size` requests in flight to each node through the cland at `path` (node
+    /// `node`).
     pub fn new(path: PathBuf, node: NodeId, size: usize, timeout: Duration) -> Cland {
         Cland {
             path,
             node,
             free: Mutex::new(Vec::new()),
-            permits: Semaphore::new(size.max(1)),
+            lanes: Mutex::new(HashMap::new()),
+            size: size.max(1),
             timeout,
         }
     }
 
-    /// Runs `f` on a pooled client with the timeout.
-    async fn with<T, F, Fut>(&self, f: F) -> Result<T, Failure>
+    /// Runs `f` in `lane` on a pooled client with the timeout.
+    async fn with<T, F, Fut>(&self, lane: u32, f: F) -> Result<T, Failure>
     where
         F: FnOnce(Arc<Client>) -> Fut,
         Fut: Future<Output = Result<T, ClientError>>,
     {
-        let _permit = self
-            .permits
+        let lane = self
+            .lanes
+            .lock()
+            .entry(lane)
+            .or_insert_with(|| Arc::new(Semaphore::new(self.size)))
+            .clone();
+        let _permit = lane
             .acquire()
             .await
             .map_err(|_| Failure::Unavailable("shutting down".into()))?;
@@ -146,11 +174,12 @@ impl Cland {
 impl Source for Cland {
     async fn proc(&self, req: pb::ProcRequest) -> Result<pb::ProcReply, Failure> {
         tracing::debug!(op = req.op, gpid = req.gpid, path = %req.path, files = ?req.files, "proc request");
-        self.with(|c| async move { c.proc(req).await }).await
+        self.with(lane_of(&req), |c| async move { c.proc(req).await })
+            .await
     }
 
     async fn nodes(&self) -> Result<Vec<u32>, Failure> {
-        self.with(|c| async move { c.nodes().await })
+        self.with(ANY_NODE, |c| async move { c.nodes().await })
             .await
             .map(|v| v.into_iter().map(|n| n.id).collect())
     }
