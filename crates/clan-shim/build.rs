@@ -6,10 +6,15 @@ fn main() {
     // The shim is preloaded into the system's programs, which link glibc: it is built for the
     // host even when clan itself is built for another libc (a musl `clan` CLI, for instance).
     let host = std::env::var("HOST").expect("HOST");
-    let compiler = cc::Build::new().target(&host).get_compiler();
-    // The compiler alone, without the flags cc derives from the target's: a `clan` built
-    // with `crt-static` would otherwise get `-static`, which a shared object can not take.
-    let status = std::process::Command::new(compiler.path())
+    // Never `-static` (which cc adds when the target has `crt-static`, as a statically
+    // linked `clan` does): a shared object can not take it.
+    #[allow(deprecated)]
+    let compiler = cc::Build::new()
+        .target(&host)
+        .static_flag(false)
+        .get_compiler();
+    let status = compiler
+        .to_command()
         .args([
             "-shared", "-fPIC", "-O2", "-Wall", "-Wextra", "-Werror", "-o",
         ])

@@ -577,19 +577,27 @@ pub fn merge_cpuinfo(parts: &[(NodeId, String)]) -> String {
 
 /// `locks`: every node's locks (holders already gpids, see [`rewrite_locks`]), numbered
 /// node after node. A waiter's line (`N: -> ...`) keeps the number of the lock it waits for,
-/// as the kernel prints it: right after that lock's line.
+/// as the kernel prints it: right after that lock's line. A node's last line cut short (its
+/// file was longer than a read takes) is left out, and so is everything past
+/// [`SNAPSHOT_BUDGET`] bytes, which keeps the answer within a frame.
 pub fn merge_locks(parts: &[(NodeId, String)]) -> String {
     let mut out = String::new();
     let mut n = 0u64;
     for (_, t) in parts {
         let mut mine: Vec<(u64, u64)> = Vec::new(); // this node's number -> the merged one
-        for line in t.lines() {
+        for line in t.split_inclusive('\n') {
+            let Some(line) = line.strip_suffix('\n') else {
+                break; // cut short
+            };
             let Some((num, rest)) = line.split_once(':') else {
                 continue;
             };
             let Ok(num) = num.trim().parse::<u64>() else {
                 continue;
             };
+            if out.len() + line.len() >= SNAPSHOT_BUDGET {
+                return out;
+            }
             let new = if rest.trim_start().starts_with("->") {
                 match mine.iter().rev().find(|(o, _)| *o == num) {
                     Some(&(_, m)) => m,
@@ -1207,7 +1215,8 @@ NSsid:\t7\t1\nThreads:\t1\n";
             (n(1), out.clone()),
             (
                 n(2),
-                "1: FLOCK  ADVISORY  WRITE 20000007 00:2d:9 0 EOF\n2: -> torn\nx\n".into(),
+                "1: FLOCK  ADVISORY  WRITE 20000007 00:2d:9 0 EOF\n2: -> torn\nx\n3: POSIX  ADVIS"
+                    .into(),
             ),
         ]);
         assert_eq!(

@@ -72,21 +72,27 @@ pub trait Source: Send + Sync + 'static {
     fn nodes(&self) -> impl Future<Output = Result<Vec<u32>, Failure>> + Send;
 }
 
-/// A node's cland, through a pool of connections (one `Client` serves one request at a
+/// A node's cland, through pools of connections (one `Client` serves one request at a
 /// time). Requests go in lanes, one per node whose process (or own file) they ask for and
 /// one for the rest (listings and cluster files, which leave out a node that does not
-/// answer in time), each with `size` requests in flight at most: readers of a node that
-/// was cut off and is not yet declared dead wait for it without holding up the readers of
-/// the other nodes. A request that fails for want of cland or takes longer than the timeout
-/// fails with [`Failure::Unavailable`]; its connection is dropped, and the next request
-/// connects again.
+/// answer in time), each with `size` requests in flight and `size` clients at most: readers
+/// of a node that was cut off and is not yet declared dead wait for it without holding up
+/// the readers of the other nodes, and a client of a node's lane opens a direct link to
+/// that node only. A request that fails for want of cland or is not answered within the
+/// timeout (waiting for its lane included) fails with [`Failure::Unavailable`]; its
+/// connection is dropped, and the next request connects again.
 pub struct Cland {
     path: PathBuf,
     node: NodeId,
-    free: Mutex<Vec<Arc<Client>>>,
-    lanes: Mutex<HashMap<u32, Arc<Semaphore>>>,
+    lanes: Mutex<HashMap<u32, Arc<Lane>>>,
     size: usize,
     timeout: Duration,
+}
+
+/// The requests for one node (or for several).
+struct Lane {
+    permits: Semaphore,
+    free: Mutex<Vec<Arc<Client>>>,
 }
 
 /// The lane of requests that ask several nodes, or none in particular.
@@ -111,14 +117,13 @@ impl Cland {
         Cland {
             path,
             node,
-            free: Mutex::new(Vec::new()),
             lanes: Mutex::new(HashMap::new()),
             size: size.max(1),
             timeout,
         }
     }
 
-    /// Runs `f` in `lane` on a pooled client with the timeout.
+    /// Runs `f` in `lane` on one of its clients, within the timeout.
     async fn with<T, F, Fut>(&self, lane: u32, f: F) -> Result<T, Failure>
     where
         F: FnOnce(Arc<Client>) -> Fut,
@@ -128,34 +133,47 @@ impl Cland {
             .lanes
             .lock()
             .entry(lane)
-            .or_insert_with(|| Arc::new(Semaphore::new(self.size)))
+            .or_insert_with(|| {
+                Arc::new(Lane {
+                    permits: Semaphore::new(self.size),
+                    free: Mutex::new(Vec::new()),
+                })
+            })
             .clone();
-        let _permit = lane
-            .acquire()
+        let work = async {
+            let _permit = lane
+                .permits
+                .acquire()
+                .await
+                .map_err(|_| Failure::Unavailable("shutting down".into()))?;
+            let client = lane
+                .free
+                .lock()
+                .pop()
+                .unwrap_or_else(|| Arc::new(Client::at(self.path.clone(), self.node)));
+            match f(client.clone()).await {
+                Ok(v) => {
+                    lane.free.lock().push(client);
+                    Ok(v)
+                }
+                // cland answered: the connection is fine.
+                Err(e @ ClientError::Remote(_)) => {
+                    lane.free.lock().push(client);
+                    Err(Failure::from_client(e))
+                }
+                // Dropped: a connection whose reply was not read can not be reused.
+                Err(e) => Err(Failure::from_client(e)),
+            }
+        };
+        // A client whose request is abandoned here is dropped with it (not put back).
+        tokio::time::timeout(self.timeout, work)
             .await
-            .map_err(|_| Failure::Unavailable("shutting down".into()))?;
-        let client = self
-            .free
-            .lock()
-            .pop()
-            .unwrap_or_else(|| Arc::new(Client::at(self.path.clone(), self.node)));
-        match tokio::time::timeout(self.timeout, f(client.clone())).await {
-            Ok(Ok(v)) => {
-                self.free.lock().push(client);
-                Ok(v)
-            }
-            // cland answered: the connection is fine.
-            Ok(Err(e @ ClientError::Remote(_))) => {
-                self.free.lock().push(client);
-                Err(Failure::from_client(e))
-            }
-            // Dropped: a connection whose reply was not read can not be reused.
-            Ok(Err(e)) => Err(Failure::from_client(e)),
-            Err(_) => Err(Failure::Unavailable(format!(
-                "cland of node {} did not answer within {:?}",
-                self.node, self.timeout
-            ))),
-        }
+            .unwrap_or_else(|_| {
+                Err(Failure::Unavailable(format!(
+                    "cland of node {} did not answer within {:?}",
+                    self.node, self.timeout
+                )))
+            })
     }
 
     /// Whether cland answers at all (before mounting).
