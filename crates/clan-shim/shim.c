@@ -382,30 +382,34 @@ DIR *opendir(const char *name) {
     return d;
 }
 
-// stat(2) of /proc/GPID during a walk (walk.c); x86_64 and arm64 share struct stat and
-// struct stat64.
-#define STAT_HOOK(fn, type)                                                                    \
+// stat(2) of /proc/GPID and /proc/GPID/ns/NAME during a walk (walk.c); x86_64 and arm64
+// share struct stat and struct stat64.
+#define STAT_HOOK(fn, type, follow)                                                            \
     int fn(const char *restrict path, struct type *restrict st) {                              \
         static int (*real)(const char *restrict, struct type *restrict);                       \
-        if (node > 0 && shim_walk_stat(path, (struct stat *)st))                               \
-            return 0;                                                                          \
+        int served_ = node > 0 ? shim_walk_stat(path, (struct stat *)st, follow) : 0;         \
+        if (served_)                                                                           \
+            return served_ > 0 ? 0 : -1;                                                       \
         if (!real)                                                                             \
             real = (int (*)(const char *restrict, struct type *restrict))next(#fn);            \
         return real(path, st);                                                                 \
     }
 
 #if defined(__x86_64__) || defined(__aarch64__)
-STAT_HOOK(stat, stat)
-STAT_HOOK(stat64, stat64)
-STAT_HOOK(lstat, stat)
-STAT_HOOK(lstat64, stat64)
+STAT_HOOK(stat, stat, 1)
+STAT_HOOK(stat64, stat64, 1)
+STAT_HOOK(lstat, stat, 0)
+STAT_HOOK(lstat64, stat64, 0)
 
 #define STATAT_HOOK(fn, type)                                                                  \
     int fn(int dir, const char *restrict path, struct type *restrict st, int flags) {          \
         static int (*real)(int, const char *restrict, struct type *restrict, int);             \
-        if (node > 0 && absolute(path) && !(flags & AT_EMPTY_PATH) &&                          \
-            shim_walk_stat(path, (struct stat *)st))                                           \
-            return 0;                                                                          \
+        int served_ = node > 0 && absolute(path) && !(flags & AT_EMPTY_PATH)                   \
+                          ? shim_walk_stat(path, (struct stat *)st,                            \
+                                           !(flags & AT_SYMLINK_NOFOLLOW))                     \
+                          : 0;                                                                 \
+        if (served_)                                                                           \
+            return served_ > 0 ? 0 : -1;                                                       \
         if (!real)                                                                             \
             real = (int (*)(int, const char *restrict, struct type *restrict, int))next(#fn);  \
         return real(dir, path, st, flags);                                                     \

@@ -11,8 +11,9 @@ int shim_walk_open(const char *path, int flags, int *fd);
 
 struct stat;
 
-// If stat(2) of `path` is answered from a walk: 1, with *st filled; 0: ask the kernel.
-int shim_walk_stat(const char *path, struct stat *st);
+// If stat(2) of `path` (`follow`: not lstat) is answered from a walk: 1, with *st filled,
+// or -1 with errno; 0: ask the kernel.
+int shim_walk_stat(const char *path, struct stat *st, int follow);
 
 // The process listed directory `dir`: a listing of /proc starts a new walk.
 void shim_walk_listed(const char *dir);

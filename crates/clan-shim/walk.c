@@ -10,8 +10,13 @@
 // contents, which the tool reads, seeks and closes as the file it asked for. A file the
 // walk says the reader may not read fails as the view would (EACCES). The walk also
 // answers, as the view would, stat(2) of /proc/GPID (a directory owned by the process's
-// owner, inode gpid << 24) and opens of names a process directory of that node does not
-// have (ENOENT: ps tries `ctty`).
+// owner, inode gpid << 24), opens of names a process directory of that node does not
+// have (ENOENT: ps tries `ctty`), and stat(2) that follows /proc/GPID/ns/NAME (pstree asks
+// for eight per process): ENOENT for root (the view can not follow the kernel's magic
+// links), EACCES for a reader who is neither root nor the directory's owner (the kernel's
+// ptrace check fails: the directory of a process that is not dumpable is root's).
+// Opens of /proc/uptime (pstree and pgrep read it once per process) get the contents the
+// walk's first open read.
 //
 // The walk speaks for at most WALK_AGE after the listing and is dropped at the next
 // listing: a walk is never older than the process's last look at /proc. Anything else
@@ -78,6 +83,9 @@ static int listed;           // the process listed /proc and the walk may speak
 static long long listed_at;  // when (CLOCK_MONOTONIC, ns)
 static long long relisted;   // a listing made while another thread held `busy` (0: none)
 static char busy;            // held while the walks change or are read
+static char uptime[64];      // /proc/uptime as read in the walk of `uptime_at`
+static uint32_t uptime_len;
+static long long uptime_at;
 
 static long long now_ns(void) {
     struct timespec t;
@@ -239,6 +247,32 @@ static const char *parse(const char *path, uint64_t *gpid) {
     return p;
 }
 
+// The kernel's namespace links (fs/proc/namespaces.c).
+static const char *const ns_names[] = {"cgroup", "ipc", "mnt", "net", "pid", "pid_for_children",
+                                       "time", "time_for_children", "user", "uts"};
+
+// "/proc/GPID/ns/NAME" for one of `ns_names`: 1 with the gpid; 0 if the path is not one.
+static int parse_ns(const char *path, uint64_t *gpid) {
+    if (!path || strncmp(path, "/proc/", 6) != 0)
+        return 0;
+    const char *p = path + 6;
+    uint64_t g = 0;
+    int digits = 0;
+    for (; *p >= '0' && *p <= '9'; p++, digits++) {
+        if (digits >= 18)
+            return 0;
+        g = g * 10 + (uint64_t)(*p - '0');
+    }
+    if (digits == 0 || strncmp(p, "/ns/", 4) != 0)
+        return 0;
+    for (size_t i = 0; i < sizeof ns_names / sizeof ns_names[0]; i++)
+        if (strcmp(p + 4, ns_names[i]) == 0) {
+            *gpid = g;
+            return 1;
+        }
+    return 0;
+}
+
 static int walk_file(const char *name) {
     for (size_t i = 0; i < NFILES; i++)
         if (strcmp(name, walk_files[i]) == 0)
@@ -260,8 +294,8 @@ static int absent(const struct walk *w, uint64_t node, const char *name) {
     return 0;
 }
 
-// Walk i, loaded if it was not since the listing; NULL if the walk may not speak.
-static struct walk *walk_of(size_t i) {
+// Whether the walk may speak (a listing made meanwhile by another thread starts a new one).
+static int walk_live(void) {
     long long again = __atomic_exchange_n(&relisted, 0, __ATOMIC_ACQ_REL);
     if (again > listed_at) {
         drop_all();
@@ -271,8 +305,15 @@ static struct walk *walk_of(size_t i) {
     if (now_ns() - listed_at > WALK_AGE_NS) {
         __atomic_store_n(&listed, 0, __ATOMIC_RELAXED);
         drop_all();
-        return NULL;
+        return 0;
     }
+    return 1;
+}
+
+// Walk i, loaded if it was not since the listing; NULL if the walk may not speak.
+static struct walk *walk_of(size_t i) {
+    if (!walk_live())
+        return NULL;
     if (walks[i].state == 0) {
         load(i);
         struct stat st;
@@ -304,11 +345,45 @@ static int memfd_with(const char *data, uint32_t len, int cloexec) {
     return fd;
 }
 
+// /proc/uptime during a walk: the contents its first open read (0: open it for real).
+static int walk_uptime(int flags, int *fd) {
+    if (__atomic_test_and_set(&busy, __ATOMIC_ACQUIRE))
+        return 0;
+    int saved = errno, served = 0;
+    if (walk_live()) {
+        if (uptime_at != listed_at) {
+            uptime_len = 0;
+            int f = (int)shim_raw(SYS_openat, AT_FDCWD, (long)"/proc/uptime", O_RDONLY | O_CLOEXEC, 0);
+            if (f >= 0) {
+                long n;
+                do
+                    n = shim_raw(SYS_read, f, (long)uptime, sizeof uptime, 0);
+                while (n < 0 && errno == EINTR);
+                shim_raw(SYS_close, f, 0, 0, 0);
+                // All of it (a line of two numbers) or nothing.
+                if (n > 0 && (size_t)n < sizeof uptime && uptime[n - 1] == '\n') {
+                    uptime_len = (uint32_t)n;
+                    uptime_at = listed_at;
+                }
+            }
+        }
+        if (uptime_at == listed_at) {
+            *fd = memfd_with(uptime, uptime_len, flags & O_CLOEXEC);
+            served = *fd >= 0;
+        }
+    }
+    __atomic_clear(&busy, __ATOMIC_RELEASE);
+    errno = saved;
+    return served;
+}
+
 int shim_walk_open(const char *path, int flags, int *fd) {
     if (!__atomic_load_n(&listed, __ATOMIC_RELAXED))
         return 0;
     if ((flags & O_ACCMODE) != O_RDONLY || (flags & (O_CREAT | O_DIRECTORY | O_PATH | O_TRUNC)))
         return 0;
+    if (path && strcmp(path, "/proc/uptime") == 0)
+        return walk_uptime(flags, fd);
     uint64_t gpid;
     const char *name = parse(path, &gpid);
     if (!name || !*name)
@@ -337,19 +412,34 @@ int shim_walk_open(const char *path, int flags, int *fd) {
     return served;
 }
 
-int shim_walk_stat(const char *path, struct stat *st) {
+int shim_walk_stat(const char *path, struct stat *st, int follow) {
     if (!__atomic_load_n(&listed, __ATOMIC_RELAXED))
         return 0;
     uint64_t gpid;
     const char *name = parse(path, &gpid);
-    if (!name || *name)
+    int ns = 0;
+    if (!name) {
+        if (!follow || !parse_ns(path, &gpid))
+            return 0;
+        ns = 1;
+    } else if (*name) {
         return 0;
+    }
     if (__atomic_test_and_set(&busy, __ATOMIC_ACQUIRE))
         return 0;
     int saved = errno, served = 0;
     struct walk *w = walk_of(0);
     const struct rec *r = w && proc_dev ? find(w, gpid) : NULL;
-    if (r) {
+    if (r && ns) {
+        long me = shim_raw(SYS_geteuid, 0, 0, 0, 0);
+        if (me == 0) {
+            served = -1;
+            saved = ENOENT;
+        } else if (me != 0 && (uint32_t)me != r->uid) {
+            served = -1;
+            saved = EACCES;
+        }
+    } else if (r) {
         struct timespec now;
         clock_gettime(CLOCK_REALTIME, &now);
         memset(st, 0, sizeof *st);

@@ -398,6 +398,15 @@ def look():
         out["missing"] = 0
     except OSError as e:
         out["missing"] = e.errno
+    for ns in ["cgroup", "pid", "nosuch"]:
+        for follow in [True, False]:
+            try:
+                st = os.stat("/proc/%d/ns/%s" % (g, ns), follow_symlinks=follow)
+                r = ["ok", st.st_mode & 0o170000]
+            except OSError as e:
+                r = ["err", e.errno]
+            out["ns/%s %s" % (ns, follow)] = r
+    out["uptime"] = read_all("/proc/uptime")
     return out
 before = look()
 os.listdir("/proc")
@@ -466,6 +475,33 @@ PY"#
         assert_eq!(mount["dir"][1], g << 24, "the view's inode for /proc/{g}");
         assert_eq!(mount["missing"], libc::ENOENT);
         assert_eq!(walk["missing"], libc::ENOENT);
+        // The namespace links answer as through the mount: root can not follow them
+        // (ENOENT), another user may not (EACCES); lstat sees the links.
+        for ns in ["cgroup", "pid", "nosuch"] {
+            for follow in [true, false] {
+                let k = format!("ns/{ns} {}", if follow { "True" } else { "False" });
+                assert_eq!(mount[&k], walk[&k], "{k} (uid {uid:?})");
+                let want = match (uid, follow, ns) {
+                    // Not a namespace: the walk leaves it to the view (the same, above).
+                    (_, _, "nosuch") => continue,
+                    (None, true, _) => serde_json::json!(["err", libc::ENOENT]),
+                    (_, false, _) => serde_json::json!(["ok", libc::S_IFLNK]),
+                    (Some(_), true, _) => serde_json::json!(["err", libc::EACCES]),
+                };
+                assert_eq!(walk[&k], want, "{k} (uid {uid:?})");
+            }
+        }
+        // /proc/uptime: the walk's copy, in the kernel's format.
+        assert_eq!(mount["uptime"][2], false);
+        assert_eq!(walk["uptime"][2], true, "uptime during a walk: {walk}");
+        for u in [&mount["uptime"][1], &walk["uptime"][1]] {
+            let u = u.as_str().unwrap_or_default();
+            let f: Vec<f64> = u
+                .split_whitespace()
+                .filter_map(|x| x.parse().ok())
+                .collect();
+            assert!(f.len() == 2 && u.ends_with('\n'), "uptime {u:?}");
+        }
         assert!(v[2].is_i64(), "a served file is read-only: {}", v[2]);
     }
 
