@@ -599,6 +599,58 @@ fn procps_and_psmisc_list_every_node_with_gpids() {
     assert_eq!((init[1], init[2], init[4]), ("0", "root", "clan"), "{ps}");
 }
 
+/// `task/` right after a listing of the root (as pstree lists it for every process): one
+/// thread for a single-threaded process (answered from the listing's snapshot), every
+/// thread of a threaded one.
+#[test]
+fn task_listings_after_a_listing_of_the_root() {
+    root_or_skip!("task_listings_after_a_listing_of_the_root");
+    let c = Cluster::up(3);
+    let lone = c.spawn(2, &["sleep", "600"]);
+    let threaded = c.spawn(
+        3,
+        &[
+            "python3",
+            "-c",
+            "import threading, time\n\
+             for _ in range(3): threading.Thread(target=time.sleep, args=(600,)).start()\n\
+             time.sleep(600)",
+        ],
+    );
+    let m = Mounted::new(&c);
+    eventually("four threads", Duration::from_secs(10), || {
+        status_field(&m.read(&format!("{threaded}/status")), "Threads").filter(|t| t == "4")
+    });
+    let tasks = |g: Gpid| -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(m.path(&format!("{g}/task")))
+            .unwrap()
+            .flatten()
+            .map(|e| {
+                assert!(e.file_type().unwrap().is_dir(), "{e:?}");
+                e.file_name().to_string_lossy().into_owned()
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    for _ in 0..2 {
+        let listed: Vec<String> = std::fs::read_dir(&m.dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(listed.contains(&lone.to_string()) && listed.contains(&threaded.to_string()));
+        assert_eq!(tasks(lone), [lone.to_string()]);
+        let t = tasks(threaded);
+        assert_eq!(t.len(), 4, "{t:?}");
+        assert!(t.contains(&threaded.to_string()), "{t:?}");
+        for tid in &t {
+            let (id, _, _) = parse_stat(&m.read(&format!("{threaded}/task/{tid}/stat")));
+            assert_eq!(id.to_string(), *tid);
+        }
+    }
+}
+
 /// A user lists the processes root lists: clan's shepherds are hidden from both (a user may
 /// not read a shepherd's `exe` link, by which the node knows one).
 #[test]

@@ -395,6 +395,33 @@ impl<S: Source> View<S> {
         Ok(v)
     }
 
+    /// `task/` of a process whose `stat` in the reader's fresh snapshot says it has one
+    /// thread: that thread (the process itself), without asking its node. pstree lists
+    /// `task/` of every process.
+    fn lone_task(&self, who: &Who, gpid: u64, path: &str) -> Option<Arc<Vec<pb::DirEntry>>> {
+        if path != "task" {
+            return None;
+        }
+        let reader = self.reader(who);
+        let s = self.snapshot_for(gpid, Some(&reader), who.pid)?;
+        let e = s.procs.get(&gpid)?;
+        let stat = e
+            .files
+            .iter()
+            .find(|f| f.name == "stat" && f.error.is_none())?;
+        let after_comm = std::str::from_utf8(&stat.data).ok()?.rsplit_once(')')?.1;
+        // Field 20, num_threads (the state, field 3, comes first after the name).
+        let threads: u64 = after_comm.split_whitespace().nth(17)?.parse().ok()?;
+        (threads == 1).then(|| {
+            Arc::new(vec![pb::DirEntry {
+                name: gpid.to_string(),
+                mode: libc::S_IFDIR | 0o555,
+                uid: e.uid,
+                gid: e.gid,
+            }])
+        })
+    }
+
     /// The owner of `/GPID` (uid, gid): from a fresh snapshot, else from its listing.
     async fn owner(&self, who: &Who, gpid: u64) -> Result<(u32, u32), Errno> {
         if gpid == CLUSTER_INIT {
@@ -1071,7 +1098,11 @@ impl<S: Source> View<S> {
                 }
             }
             Node::ProcPath(g, p) => {
-                for e in self.listing(who, g, &p, true).await?.iter() {
+                let entries = match self.lone_task(who, g, &p) {
+                    Some(v) => v,
+                    None => self.listing(who, g, &p, true).await?,
+                };
+                for e in entries.iter() {
                     let path = format!("{p}/{}", e.name);
                     add(Node::ProcPath(g, path), kind_of_mode(e.mode), &e.name)?;
                 }
