@@ -186,8 +186,9 @@ fn bash_times(stderr: &[u8]) -> Samples {
     s
 }
 
-/// `ps aux` in a clan shell over every node's processes, against native `ps aux` of the
-/// same processes (on a local cluster every node's processes are on this machine).
+/// `ps aux` and `pstree -p` in a clan shell over every node's processes, against the same
+/// tools run natively over the same processes (on a local cluster every node's processes
+/// are on this machine).
 pub fn ps_aux(c: &Cluster, r: &mut Report, per_node: usize, n: usize) {
     let g = "ps aux in clan shell";
     println!("{g} ({} nodes x {per_node} processes):", c.nodes);
@@ -210,36 +211,36 @@ pub fn ps_aux(c: &Cluster, r: &mut Report, per_node: usize, n: usize) {
         assert!(Instant::now() < deadline, "sleepers did not start");
         std::thread::sleep(Duration::from_millis(200));
     }
-    let loop_script = format!(
-        "TIMEFORMAT=%R; for i in $(seq {n}); do time ps aux >/dev/null; done; \
-         echo listed $(ps aux | grep -c 'sleep 370[1]') >&2"
-    );
-    let native = std::process::Command::new("bash")
-        .args(["-c", &loop_script])
-        .output()
-        .expect("native ps aux");
-    r.latency(
-        g,
-        "native ps aux (same processes)",
-        &bash_times(&native.stderr),
-        None,
-    );
-    let shell = c
-        .cmd()
-        .args(["shell", "--node", "1", "--", "bash", "-c", &loop_script])
-        .output()
-        .expect("clan shell");
-    let listed = String::from_utf8_lossy(&shell.stderr)
-        .lines()
-        .find_map(|l| l.strip_prefix("listed ")?.trim().parse::<usize>().ok())
-        .unwrap_or(0);
-    println!("  (ps aux in clan shell listed {listed} of the {want} sleeps)");
-    r.latency(
-        g,
-        "ps aux in clan shell (4 nodes)",
-        &bash_times(&shell.stderr),
-        Some("native ps aux (same processes)"),
-    );
+    // ps aux, and pstree -p (which also lists each process's `task/` and asks for its
+    // namespaces), natively and in a clan shell on node 1.
+    for (tool, grep) in [("ps aux", "sleep 370[1]"), ("pstree -p", "sleep([0-9]")] {
+        let loop_script = format!(
+            "TIMEFORMAT=%R; for i in $(seq {n}); do time {tool} >/dev/null; done; \
+             echo listed $({tool} | grep -c '{grep}') >&2"
+        );
+        let base = format!("native {tool} (same processes)");
+        let native = std::process::Command::new("bash")
+            .args(["-c", &loop_script])
+            .output()
+            .expect("native run");
+        r.latency(g, &base, &bash_times(&native.stderr), None);
+        let shell = c
+            .cmd()
+            .args(["shell", "--node", "1", "--", "bash", "-c", &loop_script])
+            .output()
+            .expect("clan shell");
+        let listed = String::from_utf8_lossy(&shell.stderr)
+            .lines()
+            .find_map(|l| l.strip_prefix("listed ")?.trim().parse::<usize>().ok())
+            .unwrap_or(0);
+        println!("  ({tool} in clan shell listed {listed} of the {want} sleeps)");
+        r.latency(
+            g,
+            &format!("{tool} in clan shell ({} nodes)", c.nodes),
+            &bash_times(&shell.stderr),
+            Some(&base),
+        );
+    }
     for p in parents {
         c.kill_and_wait(p, true);
     }
