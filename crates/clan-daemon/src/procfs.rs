@@ -579,7 +579,7 @@ pub fn merge_cpuinfo(parts: &[(NodeId, String)]) -> String {
 /// node after node. A waiter's line (`N: -> ...`) keeps the number of the lock it waits for,
 /// as the kernel prints it: right after that lock's line. A node's last line cut short (its
 /// file was longer than a read takes) is left out, and so is everything past
-/// [`SNAPSHOT_BUDGET`] bytes, which keeps the answer within a frame.
+/// 8 MiB (`SNAPSHOT_BUDGET`), which keeps the answer within a frame.
 pub fn merge_locks(parts: &[(NodeId, String)]) -> String {
     let mut out = String::new();
     let mut n = 0u64;
