@@ -16,7 +16,8 @@
 // links), EACCES for a reader who is neither root nor the directory's owner (the kernel's
 // ptrace check fails: the directory of a process that is not dumpable is root's).
 // Opens of /proc/uptime (pstree and pgrep read it once per process) get the contents the
-// walk's first open read.
+// walk's first open read (a sealed memfd: reading it again gives the same line; procps
+// opens the file again for a new value).
 //
 // The walk speaks for at most WALK_AGE after the listing and is dropped at the next
 // listing: a walk is never older than the process's last look at /proc. Anything else
@@ -350,7 +351,8 @@ static int walk_uptime(int flags, int *fd) {
     if (__atomic_test_and_set(&busy, __ATOMIC_ACQUIRE))
         return 0;
     int saved = errno, served = 0;
-    if (walk_live()) {
+    // Only where /proc is the cluster view (its stat walk file loads).
+    if (walk_of(0) && proc_dev) {
         if (uptime_at != listed_at) {
             uptime_len = 0;
             int f = (int)shim_raw(SYS_openat, AT_FDCWD, (long)"/proc/uptime", O_RDONLY | O_CLOEXEC, 0);
@@ -430,16 +432,19 @@ int shim_walk_stat(const char *path, struct stat *st, int follow) {
     int saved = errno, served = 0;
     struct walk *w = walk_of(0);
     const struct rec *r = w && proc_dev ? find(w, gpid) : NULL;
-    if (r && ns) {
-        long me = shim_raw(SYS_geteuid, 0, 0, 0, 0);
+    // Not the cluster's init (gpid 1), which has no `ns` in the view.
+    if (r && ns && gpid >= SPAN) {
+        // The file system user id, by which the view's server knows the reader (an invalid
+        // id changes nothing and returns the current one).
+        long me = shim_raw(SYS_setfsuid, -1, 0, 0, 0);
         if (me == 0) {
             served = -1;
             saved = ENOENT;
-        } else if (me != 0 && (uint32_t)me != r->uid) {
+        } else if ((uint32_t)me != r->uid) {
             served = -1;
             saved = EACCES;
         }
-    } else if (r) {
+    } else if (r && !ns) {
         struct timespec now;
         clock_gettime(CLOCK_REALTIME, &now);
         memset(st, 0, sizeof *st);

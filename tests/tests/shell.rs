@@ -389,8 +389,10 @@ def read_all(path):
     os.close(fd)
     return ["ok", data.decode(errors="replace"), memfd]
 def look():
-    out = {{f: read_all("/proc/%d/%s" % (g, f))
-           for f in ["stat", "status", "cmdline", "statm", "environ", "ctty"]}}
+    # uptime first: the walk speaks for two seconds after the listing.
+    out = {{"uptime": read_all("/proc/uptime")}}
+    out.update({{f: read_all("/proc/%d/%s" % (g, f))
+               for f in ["stat", "status", "cmdline", "statm", "environ", "ctty"]}})
     st = os.stat("/proc/%d" % g)
     out["dir"] = [st.st_dev, st.st_ino, st.st_uid, st.st_gid, st.st_mode]
     try:
@@ -406,7 +408,11 @@ def look():
             except OSError as e:
                 r = ["err", e.errno]
             out["ns/%s %s" % (ns, follow)] = r
-    out["uptime"] = read_all("/proc/uptime")
+    try:
+        os.stat("/proc/1/ns/pid")
+        out["init ns"] = 0
+    except OSError as e:
+        out["init ns"] = e.errno
     return out
 before = look()
 os.listdir("/proc")
@@ -491,6 +497,9 @@ PY"#
                 assert_eq!(walk[&k], want, "{k} (uid {uid:?})");
             }
         }
+        // The cluster's init has no namespaces in the view.
+        assert_eq!(mount["init ns"], libc::ENOENT, "(uid {uid:?})");
+        assert_eq!(walk["init ns"], libc::ENOENT, "(uid {uid:?})");
         // /proc/uptime: the walk's copy, in the kernel's format.
         assert_eq!(mount["uptime"][2], false);
         assert_eq!(walk["uptime"][2], true, "uptime during a walk: {walk}");
