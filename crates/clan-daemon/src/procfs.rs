@@ -719,6 +719,14 @@ impl Node {
     /// May `reader` see what `rel` (a path of the view, under process `pid`) holds? Says
     /// whether it is a link.
     fn check_read(&self, reader: &Reader, pid: u32, parts: &[&str], rel: &str) -> Result<bool> {
+        // `stat`, `status` and `statm` (a thread's too) are files every reader may read
+        // (S_IRUGO in the kernel's tables): nothing to look at (the read itself finds a
+        // process that is gone).
+        if let [f] | ["task", _, f] = parts {
+            if matches!(*f, "stat" | "status" | "statm") {
+                return Ok(false);
+            }
+        }
         let (mode, uid, gid) = self.view.stat_entry(rel).map_err(|e| io_err(e, rel))?;
         let is_dir = mode & libc::S_IFMT == libc::S_IFDIR;
         let is_link = mode & libc::S_IFMT == libc::S_IFLNK;
