@@ -293,6 +293,27 @@ fn placement_spreads_and_obeys_policies() {
         .map(|l| l.split("job=").nth(1).unwrap())
         .collect();
     assert_eq!(jobs.len(), 1);
+    // A rank that starts a process does not pass its rank on; a caller's own CLAN_
+    // variable passes as any other.
+    let o = c
+        .cmd()
+        .args(["run", "-N", "2", "--", "sh", "-c"])
+        .arg("clan run -- sh -c 'echo rank=${CLAN_RANK:-none} size=${CLAN_SIZE:-none} mine=$CLAN_MINE'")
+        .env("CLAN_MINE", "kept")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{out}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_eq!(
+        out.lines().collect::<Vec<_>>(),
+        ["rank=none size=none mine=kept"; 2],
+        "{out}"
+    );
     // Too many copies for the live nodes.
     assert_eq!(
         c.clan(&["run", "-N", "4", "--", "true"]).status.code(),

@@ -599,6 +599,65 @@ fn procps_and_psmisc_list_every_node_with_gpids() {
     assert_eq!((init[1], init[2], init[4]), ("0", "root", "clan"), "{ps}");
 }
 
+/// A process of another node with a command line and an environment of 800 kB each (the
+/// two together near the kernel's limit for an exec): both read whole through the mount,
+/// byte for byte.
+#[test]
+fn huge_cmdlines_and_environs_read_whole() {
+    root_or_skip!("huge_cmdlines_and_environs_read_whole");
+    let c = Cluster::up(2);
+    // A shell that stays (its command is not its last): its arguments stay its own.
+    let script = "sleep 600; :";
+    let args: Vec<String> = (0..8)
+        .map(|i| format!("{i}{}", "a".repeat(100_000)))
+        .collect();
+    let vars: Vec<(String, String)> = (0..8)
+        .map(|i| (format!("CLAN_HUGE_{i}"), "b".repeat(100_000)))
+        .collect();
+    let mut cmd = c.cmd();
+    cmd.args(["run", "-d", "--node", "2", "--", "sh", "-c", script])
+        .args(&args)
+        .envs(vars.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::null());
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let g: Gpid = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+    let m = Mounted::new(&c);
+
+    let mut want = Vec::new();
+    for a in ["sh", "-c", script]
+        .iter()
+        .copied()
+        .chain(args.iter().map(String::as_str))
+    {
+        want.extend_from_slice(a.as_bytes());
+        want.push(0);
+    }
+    // Once the exec is done (`clan run -d` returns when the process is started).
+    let cmdline = eventually("the exec", Duration::from_secs(10), || {
+        std::fs::read(m.path(&format!("{g}/cmdline")))
+            .ok()
+            .filter(|c| c.starts_with(b"sh\0"))
+    });
+    assert_eq!(cmdline.len(), want.len());
+    assert!(cmdline == want, "the command line differs");
+
+    let environ = std::fs::read(m.path(&format!("{g}/environ"))).unwrap();
+    assert!(environ.len() > 800_000, "{} bytes", environ.len());
+    let entries: Vec<&[u8]> = environ.split(|&b| b == 0).collect();
+    for (k, v) in &vars {
+        let e = format!("{k}={v}");
+        assert!(
+            entries.contains(&e.as_bytes()),
+            "{k} missing or cut from the environment"
+        );
+    }
+}
+
 /// `task/` right after a listing of the root (as pstree lists it for every process): one
 /// thread for a single-threaded process (answered from the listing's snapshot), every
 /// thread of a threaded one.

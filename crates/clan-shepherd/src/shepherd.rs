@@ -575,10 +575,22 @@ fn start(
             .map_err(|e| internal("enter the node's pid namespace", &e))?;
     }
 
+    // The caller's environment but the variables clan sets for this process (a caller
+    // that is itself a rank of a job must not pass its rank on); other CLAN_ variables
+    // (CLAN_LINKS, a user's own) pass as any other.
+    const OURS: [&[u8]; 7] = [
+        b"CLAN_NODE=",
+        b"CLAN_GPID=",
+        b"CLAN_JOB=",
+        b"CLAN_RANK=",
+        b"CLAN_SIZE=",
+        b"CLAN_DIR=",
+        b"CLAN_BIN=",
+    ];
     let mut env: Vec<CString> = ps
         .env
         .iter()
-        .filter(|e| !e.starts_with(b"CLAN_"))
+        .filter(|e| !OURS.iter().any(|o| e.starts_with(o)))
         .filter_map(|e| cstr(e))
         .collect();
     let (err_r, err_w) = pipe2(OFlag::O_CLOEXEC).map_err(|e| internal("pipe", &e))?;
