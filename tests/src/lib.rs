@@ -66,9 +66,11 @@ pub struct Cluster {
 }
 
 impl Cluster {
-    /// `clan up --nodes n` with a short failure detector (1 s dead timeout), for tests.
+    /// `clan up --nodes n` with a short failure detector for tests: heartbeats every 200 ms,
+    /// dead after 2 s of silence (1 s once declared a debug-built node dead while a CI
+    /// machine started a dozen nodes at once).
     pub fn up(n: u32) -> Cluster {
-        Cluster::up_with(n, &["--heartbeat-ms", "200", "--dead-after-ms", "1000"])
+        Cluster::up_with(n, &["--heartbeat-ms", "200", "--dead-after-ms", "2000"])
     }
 
     pub fn up_with(n: u32, extra: &[&str]) -> Cluster {
