@@ -225,9 +225,8 @@ static const struct rec *find(const struct walk *w, uint64_t gpid) {
     return NULL;
 }
 
-// "/proc/GPID", "/proc/GPID/" or "/proc/GPID/NAME": the gpid and NAME ("" for the
-// directory); NULL if the path is none of them (NAME with a slash included).
-static const char *parse(const char *path, uint64_t *gpid) {
+// "/proc/GPID...": the gpid and what follows its digits; NULL if the path does not start so.
+static const char *after_gpid(const char *path, uint64_t *gpid) {
     if (!path || strncmp(path, "/proc/", 6) != 0)
         return NULL;
     const char *p = path + 6;
@@ -238,7 +237,18 @@ static const char *parse(const char *path, uint64_t *gpid) {
             return NULL;
         g = g * 10 + (uint64_t)(*p - '0');
     }
-    if (digits == 0 || (*p != '/' && *p != 0))
+    if (digits == 0)
+        return NULL;
+    *gpid = g;
+    return p;
+}
+
+// "/proc/GPID", "/proc/GPID/" or "/proc/GPID/NAME": the gpid and NAME ("" for the
+// directory); NULL if the path is none of them (NAME with a slash included).
+static const char *parse(const char *path, uint64_t *gpid) {
+    uint64_t g;
+    const char *p = after_gpid(path, &g);
+    if (!p || (*p != '/' && *p != 0))
         return NULL;
     if (*p == '/')
         p++;
@@ -254,17 +264,9 @@ static const char *const ns_names[] = {"cgroup", "ipc", "mnt", "net", "pid", "pi
 
 // "/proc/GPID/ns/NAME" for one of `ns_names`: 1 with the gpid; 0 if the path is not one.
 static int parse_ns(const char *path, uint64_t *gpid) {
-    if (!path || strncmp(path, "/proc/", 6) != 0)
-        return 0;
-    const char *p = path + 6;
-    uint64_t g = 0;
-    int digits = 0;
-    for (; *p >= '0' && *p <= '9'; p++, digits++) {
-        if (digits >= 18)
-            return 0;
-        g = g * 10 + (uint64_t)(*p - '0');
-    }
-    if (digits == 0 || strncmp(p, "/ns/", 4) != 0)
+    uint64_t g;
+    const char *p = after_gpid(path, &g);
+    if (!p || strncmp(p, "/ns/", 4) != 0)
         return 0;
     for (size_t i = 0; i < sizeof ns_names / sizeof ns_names[0]; i++)
         if (strcmp(p + 4, ns_names[i]) == 0) {

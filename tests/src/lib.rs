@@ -568,14 +568,11 @@ impl Net {
         net
     }
 
-    /// `clan up` options that put node N in its namespace.
-    pub fn up_args(&self) -> Vec<String> {
-        vec![
-            "--netns".into(),
-            self.prefix.clone(),
-            "--ip-base".into(),
-            self.ip_base.clone(),
-        ]
+    /// `clan up --nodes n` with each node in its namespace, and `extra` options.
+    pub fn cluster(&self, n: u32, extra: &[&str]) -> Cluster {
+        let mut args = vec!["--netns", &self.prefix, "--ip-base", &self.ip_base];
+        args.extend_from_slice(extra);
+        Cluster::up_with(n, &args)
     }
 
     /// Cuts node `n` off: its switch port goes down (the veth loses carrier).

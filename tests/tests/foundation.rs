@@ -1759,9 +1759,7 @@ fn a_link_to_a_cut_off_node_fails_naming_the_node() {
     root_or_skip!("a_link_to_a_cut_off_node_fails_naming_the_node");
     use clan_client::pb::ErrorCode;
     let net = Net::new(2);
-    let mut args: Vec<String> = net.up_args();
-    args.extend(["--heartbeat-ms", "200", "--dead-after-ms", "1500"].map(String::from));
-    let c = Cluster::up_with(2, &args.iter().map(String::as_str).collect::<Vec<_>>());
+    let c = net.cluster(2, &["--heartbeat-ms", "200", "--dead-after-ms", "1500"]);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

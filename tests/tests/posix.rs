@@ -907,9 +907,7 @@ fn a_cut_off_node_is_declared_dead_fences_itself_and_rejoins() {
     root_or_skip!("a_cut_off_node_is_declared_dead_fences_itself_and_rejoins");
     use std::os::unix::process::ExitStatusExt;
     let net = Net::new(3);
-    let mut args: Vec<String> = net.up_args();
-    args.extend(["--heartbeat-ms", "200", "--dead-after-ms", "1500"].map(String::from));
-    let c = Cluster::up_with(3, &args.iter().map(String::as_str).collect::<Vec<_>>());
+    let c = net.cluster(3, &["--heartbeat-ms", "200", "--dead-after-ms", "1500"]);
     // Each node follows process events though it lives in a network namespace of its own
     // (the proc connector answers in the initial one only).
     for n in 1..=3 {

@@ -57,16 +57,9 @@ fn edgy() -> impl Strategy<Value = i32> {
     ]
 }
 
-fn cfg(cases: u32) -> ProptestConfig {
-    ProptestConfig {
-        cases,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    }
-}
-
 proptest! {
-    #![proptest_config(cfg(3000))]
+    // No regression files written into the source tree.
+    #![proptest_config(ProptestConfig { failure_persistence: None, ..ProptestConfig::with_cases(3000) })]
 
     #[test]
     fn user_text_parses_or_fails(s in wordish()) {
@@ -92,7 +85,8 @@ proptest! {
 }
 
 proptest! {
-    #![proptest_config(cfg(500))]
+    // No regression files written into the source tree.
+    #![proptest_config(ProptestConfig { failure_persistence: None, ..ProptestConfig::with_cases(500) })]
 
     /// A cluster file with bytes changed and cut: loaded or refused with an error.
     #[test]

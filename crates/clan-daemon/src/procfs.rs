@@ -312,7 +312,10 @@ pub fn proc_file(name: &str, read: Result<Vec<u8>>) -> pb::ProcFile {
     }
 }
 
-/// The reader a request names (set by `proc_request` before it is used).
+/// The files of a process (or thread) the kernel makes as one seq_file record from the task
+/// and its counters, and gives every reader (S_IRUGO).
+const RECORDS: [&str; 3] = ["stat", "status", "statm"];
+
 /// Whether answering `req` takes a few reads that never wait for another process: the
 /// `stat`, `status` or `statm` of one process or thread, or the target of one of its links
 /// (the kernel makes them from the task and its counters, without the lock of the
@@ -330,7 +333,7 @@ pub fn quick(req: &pb::ProcRequest) -> bool {
         None => req.path.as_str(),
     };
     match P::try_from(req.op) {
-        Ok(P::ProcRead) => matches!(path, "stat" | "status" | "statm"),
+        Ok(P::ProcRead) => RECORDS.contains(&path),
         // Not `map_files/`, whose links are found in the memory map.
         Ok(P::ProcReadlink) => matches!(
             path.split('/').next(),
@@ -340,6 +343,7 @@ pub fn quick(req: &pb::ProcRequest) -> bool {
     }
 }
 
+/// The reader a request names (set by `proc_request` before it is used).
 fn reader_of(req: &pb::ProcRequest) -> pb::Creds {
     req.reader.clone().unwrap_or_default()
 }
@@ -719,11 +723,10 @@ impl Node {
     /// May `reader` see what `rel` (a path of the view, under process `pid`) holds? Says
     /// whether it is a link.
     fn check_read(&self, reader: &Reader, pid: u32, parts: &[&str], rel: &str) -> Result<bool> {
-        // `stat`, `status` and `statm` (a thread's too) are files every reader may read
-        // (S_IRUGO in the kernel's tables): nothing to look at (the read itself finds a
-        // process that is gone).
+        // Every reader may read these (a thread's too): nothing to look at (the read itself
+        // finds a process that is gone).
         if let [f] | ["task", _, f] = parts {
-            if matches!(*f, "stat" | "status" | "statm") {
+            if RECORDS.contains(f) {
                 return Ok(false);
             }
         }
@@ -814,7 +817,7 @@ impl Node {
             )));
         }
         let data = match parts.last() {
-            Some(&("stat" | "status" | "statm")) => self.view.read_record(&rel, MAX_FILE),
+            Some(f) if RECORDS.contains(f) => self.view.read_record(&rel, MAX_FILE),
             _ => self.view.read_file(&rel, MAX_FILE),
         }
         .map_err(|e| io_err(e, &rel))?;

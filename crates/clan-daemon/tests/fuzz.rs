@@ -38,14 +38,6 @@ const STATF: &str = "cpu  10 0 20 300 0 0 0 0 0 0\ncpu0 5 0 10 150 0 0 0 0 0 0\n
 const UPTIME: &str = "1234.56 2345.67\n";
 const CPUINFO: &str = "processor\t: 0\nmodel name\t: x\n\nprocessor\t: 1\nmodel name\t: x\n\n";
 
-fn cfg(cases: u32) -> ProptestConfig {
-    ProptestConfig {
-        cases,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    }
-}
-
 /// `sample` with bytes changed and cut.
 fn damaged(sample: &[u8], edits: &[(usize, u8)], cut: usize) -> Vec<u8> {
     let mut b = sample.to_vec();
@@ -84,7 +76,8 @@ fn merge_all(texts: &[String]) {
 }
 
 proptest! {
-    #![proptest_config(cfg(2000))]
+    // No regression files written into the source tree.
+    #![proptest_config(ProptestConfig { failure_persistence: None, ..ProptestConfig::with_cases(2000) })]
 
     #[test]
     fn proc_files_of_any_content_are_rewritten_or_kept(bytes in vec(any::<u8>(), 0..1024)) {

@@ -409,9 +409,10 @@ impl<S: Source> View<S> {
             .files
             .iter()
             .find(|f| f.name == "stat" && f.error.is_none())?;
-        let after_comm = std::str::from_utf8(&stat.data).ok()?.rsplit_once(')')?.1;
-        // Field 20, num_threads (the state, field 3, comes first after the name).
-        let threads: u64 = after_comm.split_whitespace().nth(17)?.parse().ok()?;
+        use procfs_core::FromRead;
+        let threads = procfs_core::process::Stat::from_read(stat.data.as_slice())
+            .ok()?
+            .num_threads;
         (threads == 1).then(|| {
             Arc::new(vec![pb::DirEntry {
                 name: gpid.to_string(),

@@ -11,16 +11,9 @@ const MOUNTINFO: &str =
 41 22 0:37 / /proc/sys/fs/binfmt_misc rw,relatime shared:20 - autofs systemd-1 rw,fd=29\n\
 60 1 0:52 / /tmp/x\\040y rw - fuse clanproc rw,user_id=0,group_id=0\n";
 
-fn cfg(cases: u32) -> ProptestConfig {
-    ProptestConfig {
-        cases,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    }
-}
-
 proptest! {
-    #![proptest_config(cfg(2000))]
+    // No regression files written into the source tree.
+    #![proptest_config(ProptestConfig { failure_persistence: None, ..ProptestConfig::with_cases(2000) })]
 
     #[test]
     fn walk_files_of_any_content_decode_or_fail(bytes in vec(any::<u8>(), 0..1024)) {

@@ -194,16 +194,9 @@ fn me() -> Identity {
     }
 }
 
-fn cfg(cases: u32) -> ProptestConfig {
-    ProptestConfig {
-        cases,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    }
-}
-
 proptest! {
-    #![proptest_config(cfg(2000))]
+    // No regression files written into the source tree.
+    #![proptest_config(ProptestConfig { failure_persistence: None, ..ProptestConfig::with_cases(2000) })]
 
     #[test]
     fn random_bytes_decode_or_fail(bytes in vec(any::<u8>(), 0..2048)) {
@@ -230,7 +223,8 @@ proptest! {
 }
 
 proptest! {
-    #![proptest_config(cfg(300))]
+    // No regression files written into the source tree.
+    #![proptest_config(ProptestConfig { failure_persistence: None, ..ProptestConfig::with_cases(300) })]
 
     /// What a stranger sends to a node's port: refused, at the end of its bytes at the
     /// latest (a node that waits for more is bounded by its own timeout elsewhere).
