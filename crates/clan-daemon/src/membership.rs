@@ -110,7 +110,13 @@ impl Node {
             }
         }
         let quorum = self.in_quorum();
-        let had = self.quorum.swap(quorum, Ordering::AcqRel);
+        // A fence under way drops this node's view of every peer on purpose, and leaves
+        // quorum off until it hears them again (see `fence`): not a loss to fence for.
+        let had = if self.fencing.load(Ordering::Acquire) {
+            quorum // no change to act on
+        } else {
+            self.quorum.swap(quorum, Ordering::AcqRel)
+        };
         for p in &newly_dead {
             let (inc, goodbye) = {
                 let mut st = p.state.lock();
@@ -242,6 +248,9 @@ impl Node {
                 self.node_lost(p);
             }
         }
+        // It sees no peer now: without quorum until it hears them as the new incarnation
+        // (else the next check would take this for a partition and fence again).
+        self.quorum.store(false, Ordering::Release);
         let new = fresh_incarnation();
         self.prev_incarnation.store(0, Ordering::Release);
         self.set_incarnation(new);
