@@ -1567,6 +1567,15 @@ fn a_client_that_keeps_asking_a_node_gets_a_link_to_it() {
     let relayed = c.client(1).without_links();
     let target = c.spawn(2, &["sleep", "1000"]);
     assert_eq!(links_served(&c, 2), 0);
+    // cland holds a socket (and a /proc handle) per link and more: its open-file limit is
+    // its hard one.
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", c.cland_pid(2))).unwrap();
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap();
+    let f: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(f[3], f[4], "{line}");
     // The first requests go through cland, then the client asks for a link.
     rt.block_on(async {
         for _ in 0..=clan_client::LINK_AFTER {
@@ -1603,6 +1612,13 @@ fn a_client_that_keeps_asking_a_node_gets_a_link_to_it() {
     let o = c.clan(&["wait", &target.to_string()]);
     assert_eq!(o.status.code(), Some(128 + 15));
     assert_eq!(links_served(&c, 2), 1, "still the one link");
+    // The link kept the process's handle for the next signal: its process gone, the kernel
+    // refuses signals through it, and a look for the gpid finds nothing.
+    for sig in [0, libc::SIGTERM] {
+        let e = rt.block_on(client.kill_one(target, sig)).unwrap_err();
+        assert_eq!(e.code(), Some(pb::ErrorCode::NotFound), "{e}");
+        assert!(e.to_string().contains(&target.to_string()), "{e}");
+    }
     // Nothing but signals and reads: a spawn sent on a link is refused, and not done.
     let spawn = pb::peer_request::Op::Spawn(pb::SpawnRequest {
         spec: Some(pb::ProcSpec {

@@ -872,6 +872,65 @@ fn an_exited_process_is_enoent() {
     assert!(!listed);
 }
 
+/// Each open of a file has the contents of its own moment, also while other opens of the
+/// same file are held (FUSE passthrough, which would serve reads from a memfd in the
+/// kernel, was tried and refused such opens: the kernel wants one backing file for all the
+/// opens of an inode); seeks and positioned reads work, and an ioctl gets ENOTTY, as from
+/// the kernel's /proc.
+#[test]
+fn opens_of_one_file_at_once_each_read_their_own() {
+    use std::io::{Read, Seek, SeekFrom};
+    use std::os::unix::fs::FileExt;
+    root_or_skip!("opens_of_one_file_at_once_each_read_their_own");
+    let c = Cluster::up(2);
+    let g = c.spawn(2, &["sleep", "600"]);
+    let m = Mounted::new(&c);
+    let file = m.path(&format!("{g}/status"));
+    let pid_line = format!("\nPid:\t{g}\n");
+    let whole = |f: &mut std::fs::File| {
+        let mut s = String::new();
+        f.read_to_string(&mut s).expect("read");
+        s
+    };
+    // Three opens held at once.
+    let mut files: Vec<std::fs::File> = (0..3)
+        .map(|_| std::fs::File::open(&file).expect("open"))
+        .collect();
+    for f in &mut files {
+        let s = whole(f);
+        assert!(
+            s.starts_with("Name:\tsleep\n") && s.contains(&pid_line),
+            "{s}"
+        );
+        // At its end: nothing more. Back to the start: the same again.
+        assert_eq!(whole(f), "");
+        f.seek(SeekFrom::Start(0)).expect("seek");
+        assert_eq!(whole(f), s);
+        let mut head = [0u8; 5];
+        assert_eq!(f.read_at(&mut head, 0).expect("pread"), 5);
+        assert_eq!(&head, b"Name:");
+        // SAFETY: isatty only looks at the descriptor.
+        let tty = unsafe { libc::isatty(std::os::fd::AsRawFd::as_raw_fd(f)) };
+        let e = std::io::Error::last_os_error();
+        assert_eq!((tty, e.raw_os_error()), (0, Some(libc::ENOTTY)));
+    }
+    drop(files);
+    // Opens one after the other, each closed before the next (its release may come to
+    // the server after the next open).
+    for _ in 0..200 {
+        let s = whole(&mut std::fs::File::open(&file).expect("open"));
+        assert!(s.contains(&pid_line), "{s}");
+    }
+    // A file of the process's own moment: its state after a stop.
+    c.clan_ok(&["kill", "-s", "STOP", &g.to_string()]);
+    eventually("the stop in status", Duration::from_secs(5), || {
+        let s = whole(&mut std::fs::File::open(&file).ok()?);
+        s.contains("State:\tT (stopped)").then_some(())
+    });
+    c.clan_ok(&["kill", "-s", "KILL", &g.to_string()]);
+    drop(m);
+}
+
 #[test]
 fn a_power_cut_node_does_not_hang_a_listing() {
     root_or_skip!("a_power_cut_node_does_not_hang_a_listing");

@@ -177,6 +177,22 @@ mod tests {
     use super::*;
 
     #[test]
+    fn programs_started_get_the_open_file_limit_this_process_started_with() {
+        use nix::sys::resource::{getrlimit, setrlimit, Resource};
+        let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
+        // A soft limit below the hard one, as a service's usually is.
+        let first = if soft < hard { soft } else { hard - 1 };
+        setrlimit(Resource::RLIMIT_NOFILE, first, hard).unwrap();
+        raise_open_files();
+        assert_eq!(getrlimit(Resource::RLIMIT_NOFILE).unwrap(), (hard, hard));
+        let mut cmd = std::process::Command::new("sh");
+        cmd.args(["-c", "ulimit -Sn; ulimit -Hn"]);
+        first_open_files_for(&mut cmd);
+        let out = String::from_utf8(cmd.output().unwrap().stdout).unwrap();
+        assert_eq!(out, format!("{first}\n{hard}\n"));
+    }
+
+    #[test]
     fn pidfd_wait_keeps_the_zombie_until_reaped() {
         let child = std::process::Command::new("sh")
             .args(["-c", "exit 7"])
@@ -265,6 +281,42 @@ pub unsafe fn fork_into(cgroup_dir: &impl AsRawFd) -> io::Result<i32> {
         Err(io::Error::last_os_error())
     } else {
         Ok(r as i32)
+    }
+}
+
+/// The open-file limit of this process before [`raise_open_files`] raised it.
+static FIRST_NOFILE: std::sync::OnceLock<(u64, u64)> = std::sync::OnceLock::new();
+
+/// Raises this process's soft limit of open files to its hard limit, remembering the
+/// limit it had for the programs it starts ([`first_open_files_for`]). A daemon that holds
+/// a socket per peer, per session and per link, and a /proc directory per link, needs more
+/// than the usual 1,024.
+pub fn raise_open_files() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+        let _ = FIRST_NOFILE.set((soft, hard));
+        let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+    }
+}
+
+/// Makes `cmd`'s program start with the open-file limit this process started with (not
+/// the one [`raise_open_files`] raised it to), as the programs a user starts would.
+pub fn first_open_files_for(cmd: &mut std::process::Command) {
+    use std::os::unix::process::CommandExt;
+    let Some(&(soft, hard)) = FIRST_NOFILE.get() else {
+        return;
+    };
+    let lim = libc::rlimit {
+        rlim_cur: soft,
+        rlim_max: hard,
+    };
+    // SAFETY: the closure runs between fork and exec and makes one async-signal-safe
+    // call (setrlimit) on data prepared before the fork.
+    unsafe {
+        cmd.pre_exec(move || {
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+            Ok(())
+        });
     }
 }
 

@@ -80,6 +80,7 @@ fn ensure_init(
         }
     }
     let mut cmd = std::process::Command::new(bin.join("clan-shepherd"));
+    clan_core::sys::first_open_files_for(&mut cmd);
     cmd.args(["node-init", "--hostname", &format!("node{node}")]);
     if let Some(cg) = cg {
         cmd.arg("--cgroup").arg(cg.sub("init"));

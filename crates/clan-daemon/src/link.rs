@@ -16,9 +16,11 @@
 use crate::error::{Error, Result};
 use crate::node::Node;
 use crate::peer::{is_down, reply_frame};
+use crate::process::view::ProcHandle;
 use clan_core::{Gpid, NodeId};
-use clan_proto::auth::{PeerReader, PeerWriter};
+use clan_proto::auth::{PeerReader, PeerWriter, ReaderKeys, WriterKeys};
 use clan_proto::pb::{self, peer_frame::Frame, peer_reply::Reply, peer_request::Op};
+use clan_proto::FrameError;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::BufReader;
@@ -49,12 +51,12 @@ fn verdict(res: Result<Reply>) -> pb::PeerFrame {
 }
 
 /// One link counted in [`Node::direct_links`] until dropped.
-struct Counted<'a> {
-    node: &'a Node,
+struct Counted {
+    node: Arc<Node>,
     key: (NodeId, u32),
 }
 
-impl Drop for Counted<'_> {
+impl Drop for Counted {
     fn drop(&mut self) {
         let mut links = self.node.direct_links.lock();
         if let Some(n) = links.get_mut(&self.key) {
@@ -153,12 +155,18 @@ impl Node {
     /// Serves a link a peer (its incarnation `incarnation`) opened for one of its clients,
     /// whose credentials its Hello carried: one request at a time, in order, until the
     /// client hangs up, stays silent for [`LINK_IDLE`], or its node's incarnation is fenced.
+    ///
+    /// A link taken is served by a thread of its own, with blocking reads and writes: a
+    /// request then wakes that thread straight from the socket, and the thread answers it
+    /// with the system calls the request needs and nothing else (no runtime between the
+    /// socket and the kernel, which on these VMs cost more than the request itself).
+    /// Everything a link carries is served without waiting for anything but the kernel.
     pub async fn serve_link(
         self: &Arc<Self>,
         from: NodeId,
         incarnation: u64,
         creds: Option<pb::Creds>,
-        mut rd: PeerReader<BufReader<OwnedReadHalf>>,
+        rd: PeerReader<BufReader<OwnedReadHalf>>,
         mut wr: PeerWriter<OwnedWriteHalf>,
     ) {
         let refuse = |why: String| verdict(Err(Error::NodeDown(why)));
@@ -167,7 +175,7 @@ impl Node {
             let _ = wr.write(&refuse("a link needs credentials".into())).await;
             return;
         };
-        let Ok(_permit) = LINKS.try_acquire() else {
+        let Ok(permit) = LINKS.try_acquire() else {
             warn!(node = %from, "refused a link: {MAX_LINKS} links are open already");
             let why = format!("{MAX_LINKS} links are open already");
             let _ = wr.write(&refuse(why)).await;
@@ -192,62 +200,129 @@ impl Node {
             let _ = wr.write(&refuse(why)).await;
             return;
         }
-        let _counted = Counted { node: self, key };
-        if wr.write(&verdict(Ok(Reply::Ok(pb::Ok {})))).await.is_err() {
+        let counted = Counted {
+            node: self.clone(),
+            key,
+        };
+        // The client says nothing before the verdict: nothing is buffered that the
+        // thread's reader would miss.
+        let (r, rk) = rd.into_parts();
+        if !r.buffer().is_empty() {
+            warn!(node = %from, "dropping a link: frames before its verdict");
             return;
         }
-        debug!(node = %from, uid = creds.uid, pid = creds.pid, "link opened");
+        let (w, wk) = wr.into_parts();
+        let stream = match r.into_inner().reunite(w).map(|s| s.into_std()) {
+            Ok(Ok(s)) => s,
+            _ => return,
+        };
+        let link = Served {
+            node: self.clone(),
+            from,
+            incarnation,
+            creds,
+            _permit: permit,
+            _counted: counted,
+            held: None,
+        };
+        let spawned = std::thread::Builder::new()
+            .name("clan-link".into())
+            .spawn(move || link.serve(stream, rk, wk));
+        if let Err(e) = spawned {
+            // The link is dropped unanswered: its dialing cland sends the client through
+            // itself.
+            warn!(node = %from, "dropping a link: no thread for it: {e}");
+        }
+    }
+}
+
+/// A link taken, counted until its thread ends.
+struct Served {
+    node: Arc<Node>,
+    from: NodeId,
+    incarnation: u64,
+    creds: pb::Creds,
+    _permit: tokio::sync::SemaphorePermit<'static>,
+    _counted: Counted,
+    /// The process this link signalled last, kept open while it lives.
+    held: Option<ProcHandle>,
+}
+
+impl Served {
+    /// The link's thread: the verdict, then one request after the other.
+    fn serve(mut self, stream: std::net::TcpStream, rk: ReaderKeys, wk: WriterKeys) {
+        let from = self.from;
+        let (uid, pid) = (self.creds.uid, self.creds.pid);
+        // A client that stops reading its answers does not hold the thread for ever.
+        let stuck = self.node.cfg.dead_after().max(Duration::from_millis(100));
+        let set_up = stream.set_nonblocking(false).and_then(|()| {
+            stream.set_read_timeout(Some(LINK_IDLE))?;
+            stream.set_write_timeout(Some(stuck))
+        });
+        if let Err(e) = set_up {
+            warn!(node = %from, "dropping a link: {e}");
+            return;
+        }
+        // One descriptor for both directions (`&TcpStream` reads and writes).
+        let mut rd = PeerReader::from_parts(std::io::BufReader::new(&stream), rk);
+        let mut wr = PeerWriter::from_parts(&stream, wk);
+        if wr.write_sync(&verdict(Ok(Reply::Ok(pb::Ok {})))).is_err() {
+            return;
+        }
+        debug!(node = %from, uid, pid, "link opened");
         loop {
-            let req = match tokio::time::timeout(LINK_IDLE, rd.read_max(MAX_LINK_FRAME)).await {
-                Ok(Ok(Some(pb::PeerFrame {
+            let req = match rd.read_max_sync(MAX_LINK_FRAME) {
+                Ok(Some(pb::PeerFrame {
                     frame: Some(Frame::Request(req)),
-                }))) => req,
-                Ok(Ok(None)) => break,
-                Ok(Ok(Some(_))) => {
+                })) => req,
+                Ok(None) => break,
+                Ok(Some(_)) => {
                     warn!(node = %from, "dropping a link: a frame other than a request");
                     break;
                 }
-                Ok(Err(e)) => {
-                    debug!(node = %from, "dropping a link: {e}");
+                Err(FrameError::Io(e))
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    debug!(node = %from, "closing a link idle for {} s", LINK_IDLE.as_secs());
                     break;
                 }
-                Err(_) => {
-                    debug!(node = %from, "closing a link idle for {} s", LINK_IDLE.as_secs());
+                Err(e) => {
+                    debug!(node = %from, "dropping a link: {e}");
                     break;
                 }
             };
             // The node that vouched for the client was declared dead since: its clients'
             // links end with it.
-            if self.is_fenced(from, incarnation) {
+            if self.node.is_fenced(from, self.incarnation) {
                 break;
             }
-            let id = req.id;
-            let f = reply_frame(id, self.link_request(from, &creds, req).await);
-            if wr.write(&f).await.is_err() {
+            let f = reply_frame(req.id, self.request(req));
+            if wr.write_sync(&f).is_err() {
                 break;
             }
         }
-        debug!(node = %from, uid = creds.uid, pid = creds.pid, "link closed");
+        debug!(node = %from, uid, pid, "link closed");
     }
 
-    /// One request of a link, served as its peer would have asked for `creds`.
-    async fn link_request(
-        self: &Arc<Self>,
-        from: NodeId,
-        creds: &pb::Creds,
-        req: pb::PeerRequest,
-    ) -> Result<Reply> {
+    /// One request of the link, served as its peer would have asked for the client.
+    fn request(&mut self, req: pb::PeerRequest) -> Result<Reply> {
+        let node = self.node.clone();
         let here = |raw: u64| match Gpid::from_raw(raw) {
-            Some(g) if g.node() == self.id => Ok(()),
+            Some(g) if g.node() == node.id => Ok(g),
             _ => Err(Error::Invalid(format!(
                 "{raw} is not a process of node {}",
-                self.id
+                node.id
             ))),
         };
-        let op = match req.op {
+        match req.op {
             Some(Op::Signal(s)) => {
-                here(s.gpid)?;
-                Op::Signal(s)
+                let g = here(s.gpid)?;
+                let q = s.queued.as_ref();
+                node.signal_local_with(g, s.signal, &self.creds, q, &mut self.held)?;
+                Ok(Reply::Ok(pb::Ok {}))
             }
             Some(Op::Proc(mut p)) => {
                 use pb::ProcOp as P;
@@ -263,26 +338,15 @@ impl Node {
                 // As the client's own node decides: a root client (the view server) reads
                 // on behalf of its callers, anyone else as itself.
                 let reader = match p.reader.take() {
-                    Some(r) if creds.uid == 0 => r,
-                    _ => creds.clone(),
+                    Some(r) if self.creds.uid == 0 => r,
+                    _ => self.creds.clone(),
                 };
                 p.reader = Some(reader);
-                Op::Proc(p)
+                Ok(Reply::Proc(node.proc_local(&p)?))
             }
-            _ => {
-                return Err(Error::Invalid(
-                    "a link carries signals and /proc reads only".into(),
-                ))
-            }
-        };
-        self.handle_peer(
-            from,
-            pb::PeerRequest {
-                id: req.id,
-                creds: Some(creds.clone()),
-                op: Some(op),
-            },
-        )
-        .await
+            _ => Err(Error::Invalid(
+                "a link carries signals and /proc reads only".into(),
+            )),
+        }
     }
 }

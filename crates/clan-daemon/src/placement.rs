@@ -233,7 +233,9 @@ async fn query(m: &LoadManager, line: String) -> Result<String> {
     let io = |e: std::io::Error| Error::internal("load manager", e);
     match m {
         LoadManager::Command(argv) => {
-            let mut child = tokio::process::Command::new(&argv[0])
+            let mut cmd = tokio::process::Command::new(&argv[0]);
+            clan_core::sys::first_open_files_for(cmd.as_std_mut());
+            let mut child = cmd
                 .args(&argv[1..])
                 .stdin(std::process::Stdio::piped())
                 .stdout(std::process::Stdio::piped())

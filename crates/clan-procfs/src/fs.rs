@@ -10,8 +10,8 @@ use crate::source::Source;
 use crate::view::{Contents, Dirent, View, Who};
 use fuser::{
     AccessFlags, Errno, FileHandle, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
-    KernelConfig, LockOwner, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyEmpty,
-    ReplyEntry, ReplyOpen, Request,
+    IoctlFlags, KernelConfig, LockOwner, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory,
+    ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyOpen, Request,
 };
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -210,6 +210,23 @@ impl<S: Source> Filesystem for ProcFs<S> {
     ) {
         self.files.lock().remove(&fh.0);
         reply.ok();
+    }
+
+    /// No file of /proc is a terminal or takes an ioctl (isatty's TCGETS comes here from
+    /// every buffered reader that opens one, Python's `open` for one): ENOTTY, the
+    /// kernel's own answer, without a warning logged for each.
+    fn ioctl(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: IoctlFlags,
+        _cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: ReplyIoctl,
+    ) {
+        reply.error(Errno::ENOTTY);
     }
 
     fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {

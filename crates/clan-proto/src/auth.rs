@@ -23,7 +23,7 @@
 //! unauthenticated connection makes cland allocate little. Frames are not encrypted;
 //! deployments that need confidentiality run clan over WireGuard or IPsec.
 
-use crate::frame::{read_raw_max, write_frame, FrameError};
+use crate::frame::{read_raw_max, read_raw_max_sync, write_frame, FrameError};
 use crate::pb::{self, peer_frame::Frame, PeerFrame};
 use hmac::{Hmac, Mac};
 use prost::Message;
@@ -125,9 +125,41 @@ impl<R: AsyncRead + Unpin> PeerReader<R> {
     /// [`PeerReader::read`] of a frame of at most `max` bytes (a longer one is an error,
     /// refused from its length before its body is allocated).
     pub async fn read_max(&mut self, max: usize) -> Result<Option<PeerFrame>, FrameError> {
-        let Some(raw) = read_raw_max(&mut self.inner, max).await? else {
-            return Ok(None);
-        };
+        match read_raw_max(&mut self.inner, max).await? {
+            Some(raw) => self.open(&raw).map(Some),
+            None => Ok(None),
+        }
+    }
+}
+
+impl<R: std::io::Read> PeerReader<R> {
+    /// Blocking [`PeerReader::read_max`], for a connection served by a thread of its own.
+    pub fn read_max_sync(&mut self, max: usize) -> Result<Option<PeerFrame>, FrameError> {
+        match read_raw_max_sync(&mut self.inner, max)? {
+            Some(raw) => self.open(&raw).map(Some),
+            None => Ok(None),
+        }
+    }
+}
+
+/// The keyed state of one direction of an authenticated connection (its session key, its
+/// direction and its next sequence number), apart from the connection: for a connection
+/// that changes hands (from tokio's sockets to a blocking one) between two frames.
+struct Keyed {
+    key: [u8; TAG],
+    dir: u8,
+    seq: u64,
+}
+
+/// What a [`PeerReader`] leaves of itself without its connection ([`PeerReader::into_parts`]).
+pub struct ReaderKeys(Keyed);
+
+/// What a [`PeerWriter`] leaves of itself without its connection ([`PeerWriter::into_parts`]).
+pub struct WriterKeys(Keyed);
+
+impl<R> PeerReader<R> {
+    /// Checks the MAC of a frame's raw body (its tag last) and decodes it.
+    fn open(&mut self, raw: &[u8]) -> Result<PeerFrame, FrameError> {
         if raw.len() < TAG {
             return Err(FrameError::BadMac);
         }
@@ -140,11 +172,30 @@ impl<R: AsyncRead + Unpin> PeerReader<R> {
             return Err(FrameError::BadMac);
         }
         self.seq += 1;
-        Ok(Some(PeerFrame::decode(body)?))
+        Ok(PeerFrame::decode(body)?)
     }
-}
 
-impl<R> PeerReader<R> {
+    /// The connection and this direction's keyed state, to go on with elsewhere
+    /// ([`PeerReader::from_parts`]).
+    pub fn into_parts(self) -> (R, ReaderKeys) {
+        let keys = Keyed {
+            key: self.key,
+            dir: self.dir,
+            seq: self.seq,
+        };
+        (self.inner, ReaderKeys(keys))
+    }
+
+    /// Reads on `inner` with the keyed state a reader left ([`PeerReader::into_parts`]).
+    pub fn from_parts(inner: R, ReaderKeys(k): ReaderKeys) -> Self {
+        PeerReader {
+            inner,
+            key: k.key,
+            dir: k.dir,
+            seq: k.seq,
+        }
+    }
+
     /// The sequence number of the next frame this side reads.
     pub fn seq(&self) -> u64 {
         self.seq
@@ -167,6 +218,38 @@ impl<R> PeerReader<R> {
 }
 
 impl<W> PeerWriter<W> {
+    /// The connection and this direction's keyed state ([`PeerWriter::from_parts`]).
+    pub fn into_parts(self) -> (W, WriterKeys) {
+        let keys = Keyed {
+            key: self.key,
+            dir: self.dir,
+            seq: self.seq,
+        };
+        (self.inner, WriterKeys(keys))
+    }
+
+    /// Writes on `inner` with the keyed state a writer left ([`PeerWriter::into_parts`]).
+    pub fn from_parts(inner: W, WriterKeys(k): WriterKeys) -> Self {
+        PeerWriter {
+            inner,
+            key: k.key,
+            dir: k.dir,
+            seq: k.seq,
+        }
+    }
+
+    /// Encodes `frame` into the bytes of one frame, its MAC last, advancing the sequence.
+    pub fn seal(&mut self, frame: &PeerFrame) -> Vec<u8> {
+        let body = frame.encode_to_vec();
+        let tag = mac(&self.key, &[&[self.dir], &self.seq.to_be_bytes(), &body]);
+        self.seq += 1;
+        let mut out = Vec::with_capacity(4 + body.len() + TAG);
+        out.extend_from_slice(&((body.len() + TAG) as u32).to_be_bytes());
+        out.extend_from_slice(&body);
+        out.extend_from_slice(&tag);
+        out
+    }
+
     /// The sequence number of the next frame this side writes.
     pub fn seq(&self) -> u64 {
         self.seq
@@ -211,19 +294,15 @@ pub fn resume<R, W>(
     ))
 }
 
-impl<W: AsyncWrite + Unpin> PeerWriter<W> {
-    /// Encodes `frame` into the bytes [`PeerWriter::write_raw`] sends, advancing the sequence.
-    pub fn seal(&mut self, frame: &PeerFrame) -> Vec<u8> {
-        let body = frame.encode_to_vec();
-        let tag = mac(&self.key, &[&[self.dir], &self.seq.to_be_bytes(), &body]);
-        self.seq += 1;
-        let mut out = Vec::with_capacity(4 + body.len() + TAG);
-        out.extend_from_slice(&((body.len() + TAG) as u32).to_be_bytes());
-        out.extend_from_slice(&body);
-        out.extend_from_slice(&tag);
-        out
+impl<W: std::io::Write> PeerWriter<W> {
+    /// Blocking [`PeerWriter::write`].
+    pub fn write_sync(&mut self, frame: &PeerFrame) -> io::Result<()> {
+        let bytes = self.seal(frame);
+        self.inner.write_all(&bytes)
     }
+}
 
+impl<W: AsyncWrite + Unpin> PeerWriter<W> {
     pub async fn write(&mut self, frame: &PeerFrame) -> io::Result<()> {
         let bytes = self.seal(frame);
         self.inner.write_all(&bytes).await

@@ -108,6 +108,14 @@ pub async fn write_frame<M: Message, W: AsyncWrite + Unpin>(w: &mut W, msg: &M) 
 
 /// Blocking [`read_frame`], for the shepherd.
 pub fn read_frame_sync<M: Message + Default, R: Read>(r: &mut R) -> Result<Option<M>, FrameError> {
+    match read_raw_max_sync(r, crate::MAX_FRAME)? {
+        None => Ok(None),
+        Some(body) => Ok(Some(M::decode(body.as_slice())?)),
+    }
+}
+
+/// Blocking [`read_raw_max`].
+pub fn read_raw_max_sync<R: Read>(r: &mut R, max: usize) -> Result<Option<Vec<u8>>, FrameError> {
     let mut len = [0u8; 4];
     let mut got = 0;
     while got < 4 {
@@ -125,7 +133,7 @@ pub fn read_frame_sync<M: Message + Default, R: Read>(r: &mut R) -> Result<Optio
         }
     }
     let len = u32::from_be_bytes(len) as usize;
-    check_len(len)?;
+    check_len_max(len, max.min(crate::MAX_FRAME))?;
     let mut body = vec![0u8; len];
     r.read_exact(&mut body).map_err(|e| {
         if e.kind() == io::ErrorKind::UnexpectedEof {
@@ -134,7 +142,7 @@ pub fn read_frame_sync<M: Message + Default, R: Read>(r: &mut R) -> Result<Optio
             FrameError::Io(e)
         }
     })?;
-    Ok(Some(M::decode(body.as_slice())?))
+    Ok(Some(body))
 }
 
 /// Blocking [`write_frame`].

@@ -24,6 +24,9 @@ fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
+    // Sockets and /proc handles for every peer, session and link: the hard limit, not
+    // the usual soft 1,024 (the programs it starts get the limit it started with).
+    clan_core::sys::raise_open_files();
     // Worker threads of the daemon's runtime: CLAN_WORKERS, default 2.
     let workers = std::env::var("CLAN_WORKERS")
         .ok()

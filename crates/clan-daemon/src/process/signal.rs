@@ -6,6 +6,7 @@
 
 use crate::error::{Error, Result};
 use crate::node::Node;
+use crate::process::view::ProcHandle;
 use clan_core::sys::{pidfd_send_queued, pidfd_send_signal};
 use clan_core::Gpid;
 use clan_proto::pb;
@@ -28,6 +29,23 @@ impl Node {
         creds: &pb::Creds,
         queued: Option<&pb::Queued>,
     ) -> Result<()> {
+        self.signal_local_with(gpid, sig, creds, queued, &mut None)
+    }
+
+    /// [`Node::signal_local_queued`] through `held`, the handle of the process a caller
+    /// signalled last (a direct link keeps one): reused while it is that gpid's, so a
+    /// program that keeps signalling one process costs no open of its /proc directory each
+    /// time. A handle outlives nothing: once its process is gone, the kernel refuses
+    /// signals through it (ESRCH), and the gpid's directory is opened again, once, in case
+    /// the number now stands for another process.
+    pub fn signal_local_with(
+        &self,
+        gpid: Gpid,
+        sig: i32,
+        creds: &pb::Creds,
+        queued: Option<&pb::Queued>,
+        held: &mut Option<ProcHandle>,
+    ) -> Result<()> {
         let _g = clan_core::lock::giant();
         if !(0..=libc::SIGRTMAX()).contains(&sig) {
             return Err(Error::Invalid(format!("invalid signal {sig}")));
@@ -38,7 +56,28 @@ impl Node {
                 self.id
             )));
         }
+        if let Some(h) = held.as_ref().filter(|h| h.gpid == gpid) {
+            match self.signal_handle(h, sig, creds, queued) {
+                Err(Error::NoSuchProcess(_)) => {}
+                done => return done,
+            }
+        }
+        *held = None;
         let h = self.view.open_process(gpid)?;
+        let done = self.signal_handle(&h, sig, creds, queued);
+        *held = Some(h);
+        done
+    }
+
+    /// Checks and sends `sig` through an open /proc directory.
+    fn signal_handle(
+        &self,
+        h: &ProcHandle,
+        sig: i32,
+        creds: &pb::Creds,
+        queued: Option<&pb::Queued>,
+    ) -> Result<()> {
+        let gpid = h.gpid;
         // Root may signal anything; others need the target's real and saved uids.
         if creds.uid != 0 {
             let u = h.uids()?;
@@ -49,16 +88,17 @@ impl Node {
                 )));
             }
         }
-        if sig == 0 {
-            return Ok(());
-        }
+        // Signal 0 asks whether the process is there: the handle's process, which may
+        // have gone since the handle was opened.
         let sent = match self.terminal_stop(gpid.local(), sig) {
             Some(s) => s,
             None => return Ok(()), // ignored: nothing to deliver
         };
         let res = match queued {
             // A stop clan applies itself (SIGSTOP for a default SIGTSTP) carries nothing.
-            Some(q) if sent == sig => pidfd_send_queued(&h.dir, sig, 0, creds.uid, q.value),
+            Some(q) if sent == sig && sig != 0 => {
+                pidfd_send_queued(&h.dir, sig, 0, creds.uid, q.value)
+            }
             _ => pidfd_send_signal(&h.dir, sent),
         };
         res.map_err(|e| match e.raw_os_error() {

@@ -460,6 +460,8 @@ impl Node {
             .open(self.state_dir.join("shepherd.log"))
             .map_err(|e| Error::internal("open shepherd.log", e))?;
         let mut cmd = tokio::process::Command::new(&self.shepherd_bin);
+        // The processes clan starts get the open-file limit cland started with.
+        clan_core::sys::first_open_files_for(cmd.as_std_mut());
         cmd.arg(sub);
         if self.view.ns_init != 0 {
             cmd.arg("--ns-init").arg(self.view.ns_init.to_string());
