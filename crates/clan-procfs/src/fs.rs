@@ -25,11 +25,20 @@ use tokio::runtime::Handle;
 /// Open directories: their entries once listed (at the first readdir).
 type OpenDirs = Arc<Mutex<HashMap<u64, Option<Arc<Vec<Dirent>>>>>>;
 
+/// An open file: its contents, and whether a read has taken them yet.
+struct OpenFile {
+    contents: Arc<Contents>,
+    read: bool,
+}
+
+/// Open files by handle.
+type OpenFiles = Arc<Mutex<HashMap<u64, OpenFile>>>;
+
 /// The file system served to the kernel.
 pub struct ProcFs<S> {
     view: Arc<View<S>>,
     rt: Handle,
-    files: Arc<Mutex<HashMap<u64, Arc<Contents>>>>,
+    files: OpenFiles,
     dirs: OpenDirs,
     next: AtomicU64,
 }
@@ -153,7 +162,14 @@ impl<S: Source> Filesystem for ProcFs<S> {
         self.run(async move {
             match view.open(&who, ino.0).await {
                 Ok(c) => {
-                    files.lock().insert(fh, Arc::new(c));
+                    let contents = Arc::new(c);
+                    files.lock().insert(
+                        fh,
+                        OpenFile {
+                            contents,
+                            read: false,
+                        },
+                    );
                     reply.opened(FileHandle(fh), FopenFlags::FOPEN_DIRECT_IO);
                 }
                 Err(e) => reply.error(errno(e)),
@@ -161,10 +177,14 @@ impl<S: Source> Filesystem for ProcFs<S> {
         });
     }
 
+    /// Contents fetched at open are read by offset. A read from the start after a first
+    /// read fetches them again, as of now: the kernel makes its files anew for each read
+    /// from their start, and tools keep some open and read them again after a seek to 0
+    /// (procps's `top` and `free` do so with `/proc/stat`, `meminfo` and `uptime`).
     fn read(
         &self,
-        _req: &Request,
-        _ino: INodeNo,
+        req: &Request,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         size: u32,
@@ -172,10 +192,35 @@ impl<S: Source> Filesystem for ProcFs<S> {
         _lock: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        let Some(c) = self.files.lock().get(&fh.0).cloned() else {
-            return reply.error(Errno::EBADF);
+        let (c, again) = {
+            let mut files = self.files.lock();
+            let Some(f) = files.get_mut(&fh.0) else {
+                return reply.error(Errno::EBADF);
+            };
+            let again = offset == 0 && f.read && self.view.made_anew(ino.0);
+            f.read = true;
+            (f.contents.clone(), again)
         };
         match &*c {
+            Contents::Data(_) if again => {
+                let (view, who, files) = (self.view.clone(), who(req), self.files.clone());
+                self.run(async move {
+                    match view.open(&who, ino.0).await {
+                        Ok(c) => {
+                            // Kept before the reply: the next read goes on from it.
+                            let c = Arc::new(c);
+                            if let Some(f) = files.lock().get_mut(&fh.0) {
+                                f.contents = c.clone();
+                            }
+                            match &*c {
+                                Contents::Data(d) => reply.data(slice(d, 0, size)),
+                                Contents::File(..) => reply.error(Errno::EIO),
+                            }
+                        }
+                        Err(e) => reply.error(errno(e)),
+                    }
+                });
+            }
             Contents::Data(d) => reply.data(slice(d, offset, size)),
             Contents::File(..) => {
                 // A local file may block (or be slow): read it off the loop, as the reader.

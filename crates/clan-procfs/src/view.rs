@@ -1013,6 +1013,16 @@ impl<S: Source> View<S> {
     }
 
     /// Opens the file `ino` for reading: its contents, or the local file to read.
+    /// Whether the contents of `ino` are made anew for a read from its start on the same
+    /// open file, as the kernel's are: a process's files and the cluster's, not a walk
+    /// (the snapshot of its open) nor a constant.
+    pub fn made_anew(&self, ino: u64) -> bool {
+        matches!(
+            self.node(ino),
+            Ok(Node::Cluster(_) | Node::NodeFile(..) | Node::ProcPath(..))
+        )
+    }
+
     pub async fn open(&self, who: &Who, ino: u64) -> Result<Contents, Errno> {
         match self.node(ino)? {
             Node::Cluster(f) => self.node_file(who, None, f).await.map(Contents::Data),
