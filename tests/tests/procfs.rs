@@ -934,6 +934,7 @@ fn opens_of_one_file_at_once_each_read_their_own() {
         up.seek(SeekFrom::Start(0)).ok()?;
         (whole(&mut up) != first).then_some(())
     });
+    let mut held = files.remove(0);
     drop(files);
     // Opens one after the other, each closed before the next (its release may come to
     // the server after the next open).
@@ -941,7 +942,15 @@ fn opens_of_one_file_at_once_each_read_their_own() {
         let s = whole(&mut std::fs::File::open(&file).expect("open"));
         assert!(s.contains(&pid_line), "{s}");
     }
+    // Once the process is gone, a read from the start of a file opened before: ESRCH, as
+    // the kernel's.
     c.clan_ok(&["kill", "-s", "KILL", &g.to_string()]);
+    c.clan(&["wait", &g.to_string()]);
+    eventually("ESRCH from the held file", Duration::from_secs(5), || {
+        held.seek(SeekFrom::Start(0)).ok()?;
+        let e = held.read(&mut [0u8; 64]).err()?;
+        (e.raw_os_error() == Some(libc::ESRCH)).then_some(())
+    });
     drop(m);
 }
 

@@ -6,6 +6,7 @@
 //! Files are opened with direct I/O: their size is unknown (0 in their attributes, as in
 //! /proc), and their contents, fetched at open, are read by offset.
 
+use crate::inode::Node;
 use crate::source::Source;
 use crate::view::{Contents, Dirent, View, Who};
 use fuser::{
@@ -29,6 +30,12 @@ type OpenDirs = Arc<Mutex<HashMap<u64, Option<Arc<Vec<Dirent>>>>>>;
 struct OpenFile {
     contents: Arc<Contents>,
     read: bool,
+    /// What to fetch again for a read from the start, and as whom: the opener.
+    again: Option<(Node, Who)>,
+    /// Fetches asked for so far, and the number of the one `contents` holds: of two
+    /// fetches at once (threads sharing the descriptor), the later is kept.
+    asked: u64,
+    held: u64,
 }
 
 /// Open files by handle.
@@ -162,12 +169,15 @@ impl<S: Source> Filesystem for ProcFs<S> {
         self.run(async move {
             match view.open(&who, ino.0).await {
                 Ok(c) => {
-                    let contents = Arc::new(c);
+                    let again = view.made_anew(ino.0).map(|n| (n, who));
                     files.lock().insert(
                         fh,
                         OpenFile {
-                            contents,
+                            contents: Arc::new(c),
                             read: false,
+                            again,
+                            asked: 0,
+                            held: 0,
                         },
                     );
                     reply.opened(FileHandle(fh), FopenFlags::FOPEN_DIRECT_IO);
@@ -183,8 +193,8 @@ impl<S: Source> Filesystem for ProcFs<S> {
     /// (procps's `top` and `free` do so with `/proc/stat`, `meminfo` and `uptime`).
     fn read(
         &self,
-        req: &Request,
-        ino: INodeNo,
+        _req: &Request,
+        _ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         size: u32,
@@ -197,32 +207,45 @@ impl<S: Source> Filesystem for ProcFs<S> {
             let Some(f) = files.get_mut(&fh.0) else {
                 return reply.error(Errno::EBADF);
             };
-            let again = offset == 0 && f.read && self.view.made_anew(ino.0);
+            let again = match &f.again {
+                Some(a) if offset == 0 && f.read => {
+                    f.asked += 1;
+                    Some((a.clone(), f.asked))
+                }
+                _ => None,
+            };
             f.read = true;
             (f.contents.clone(), again)
         };
-        match &*c {
-            Contents::Data(_) if again => {
-                let (view, who, files) = (self.view.clone(), who(req), self.files.clone());
+        match (&*c, again) {
+            (Contents::Data(_), Some(((node, who), n))) => {
+                let (view, files) = (self.view.clone(), self.files.clone());
+                let process = matches!(node, Node::ProcPath(..));
                 self.run(async move {
-                    match view.open(&who, ino.0).await {
+                    match view.open_node(&who, node).await {
                         Ok(c) => {
                             // Kept before the reply: the next read goes on from it.
                             let c = Arc::new(c);
                             if let Some(f) = files.lock().get_mut(&fh.0) {
-                                f.contents = c.clone();
+                                if n > f.held {
+                                    f.contents = c.clone();
+                                    f.held = n;
+                                }
                             }
                             match &*c {
                                 Contents::Data(d) => reply.data(slice(d, 0, size)),
                                 Contents::File(..) => reply.error(Errno::EIO),
                             }
                         }
+                        // A file of a process that has exited since its open: ESRCH, as
+                        // the kernel's read says.
+                        Err(libc::ENOENT) if process => reply.error(Errno::ESRCH),
                         Err(e) => reply.error(errno(e)),
                     }
                 });
             }
-            Contents::Data(d) => reply.data(slice(d, offset, size)),
-            Contents::File(..) => {
+            (Contents::Data(d), _) => reply.data(slice(d, offset, size)),
+            (Contents::File(..), _) => {
                 // A local file may block (or be slow): read it off the loop, as the reader.
                 self.rt.spawn_blocking(move || {
                     let Contents::File(f, reader, switch) = &*c else {

@@ -1012,19 +1012,27 @@ impl<S: Source> View<S> {
         self.locator.caller(who.pid)
     }
 
-    /// Opens the file `ino` for reading: its contents, or the local file to read.
-    /// Whether the contents of `ino` are made anew for a read from its start on the same
-    /// open file, as the kernel's are: a process's files and the cluster's, not a walk
-    /// (the snapshot of its open) nor a constant.
-    pub fn made_anew(&self, ino: u64) -> bool {
-        matches!(
-            self.node(ino),
-            Ok(Node::Cluster(_) | Node::NodeFile(..) | Node::ProcPath(..))
-        )
+    /// What `ino` stands for, when its contents are made anew for a read from its start on
+    /// the same open file, as the kernel's are: a process's files and the cluster's, not a
+    /// walk (the snapshot of its open) nor a constant. Kept with the open file and given
+    /// back to [`View::open_node`]: the inode's number may stand for another file later.
+    pub fn made_anew(&self, ino: u64) -> Option<Node> {
+        self.node(ino).ok().filter(|n| {
+            matches!(
+                n,
+                Node::Cluster(_) | Node::NodeFile(..) | Node::ProcPath(..)
+            )
+        })
     }
 
+    /// Opens the file `ino` for reading: its contents, or the local file to read.
     pub async fn open(&self, who: &Who, ino: u64) -> Result<Contents, Errno> {
-        match self.node(ino)? {
+        self.open_node(who, self.node(ino)?).await
+    }
+
+    /// [`View::open`] of what an inode stands for.
+    pub async fn open_node(&self, who: &Who, node: Node) -> Result<Contents, Errno> {
+        match node {
             Node::Cluster(f) => self.node_file(who, None, f).await.map(Contents::Data),
             Node::NodeFile(n, f) => self.node_file(who, Some(n), f).await.map(Contents::Data),
             Node::ProcPath(g, p) => self.proc_file(who, g, &p).await.map(Contents::Data),
