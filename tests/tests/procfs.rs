@@ -873,10 +873,10 @@ fn an_exited_process_is_enoent() {
 }
 
 /// Each open of a file has the contents of its own moment (and of the moment of each read
-/// from its start), also while other opens of the same file are held (FUSE passthrough, which would serve reads from a memfd in the
-/// kernel, was tried and refused such opens: the kernel wants one backing file for all the
-/// opens of an inode); seeks and positioned reads work, and an ioctl gets ENOTTY, as from
-/// the kernel's /proc.
+/// from its start), also while other opens of the same file are held (FUSE passthrough,
+/// which would serve reads from a memfd in the kernel, was tried and refused such opens:
+/// the kernel wants one backing file for all the opens of an inode); seeks and positioned
+/// reads work, and an ioctl gets ENOTTY, as from the kernel's /proc.
 #[test]
 fn opens_of_one_file_at_once_each_read_their_own() {
     use std::io::{Read, Seek, SeekFrom};

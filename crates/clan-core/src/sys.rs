@@ -288,9 +288,9 @@ pub unsafe fn fork_into(cgroup_dir: &impl AsRawFd) -> io::Result<i32> {
 static FIRST_NOFILE: std::sync::OnceLock<(u64, u64)> = std::sync::OnceLock::new();
 
 /// Raises this process's soft limit of open files to its hard limit, remembering the
-/// limit it had for the programs it starts ([`first_open_files_for`]). A daemon that holds
-/// a socket per peer, per session and per link, and a /proc directory per link, needs more
-/// than the usual 1,024.
+/// limit it had for the programs it starts ([`first_open_files_for`]). cland (a socket per
+/// peer, session and link, a /proc directory per link) and the view server (connections
+/// and links per node) need more than the usual 1,024.
 pub fn raise_open_files() {
     use nix::sys::resource::{getrlimit, setrlimit, Resource};
     if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {

@@ -309,7 +309,9 @@ impl Served {
 
     /// One request of the link, served as its peer would have asked for the client.
     fn request(&mut self, req: pb::PeerRequest) -> Result<Reply> {
-        let node = self.node.clone();
+        let Served {
+            node, creds, held, ..
+        } = self;
         let here = |raw: u64| match Gpid::from_raw(raw) {
             Some(g) if g.node() == node.id => Ok(g),
             _ => Err(Error::Invalid(format!(
@@ -321,7 +323,7 @@ impl Served {
             Some(Op::Signal(s)) => {
                 let g = here(s.gpid)?;
                 let q = s.queued.as_ref();
-                node.signal_local_with(g, s.signal, &self.creds, q, &mut self.held)?;
+                node.signal_local_with(g, s.signal, creds, q, held)?;
                 Ok(Reply::Ok(pb::Ok {}))
             }
             Some(Op::Proc(mut p)) => {
@@ -338,8 +340,8 @@ impl Served {
                 // As the client's own node decides: a root client (the view server) reads
                 // on behalf of its callers, anyone else as itself.
                 let reader = match p.reader.take() {
-                    Some(r) if self.creds.uid == 0 => r,
-                    _ => self.creds.clone(),
+                    Some(r) if creds.uid == 0 => r,
+                    _ => creds.clone(),
                 };
                 p.reader = Some(reader);
                 Ok(Reply::Proc(node.proc_local(&p)?))

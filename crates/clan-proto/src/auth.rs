@@ -101,17 +101,13 @@ pub struct Identity {
 /// Reads MAC'd frames from an authenticated peer.
 pub struct PeerReader<R> {
     inner: R,
-    key: [u8; TAG],
-    dir: u8,
-    seq: u64,
+    k: Keyed,
 }
 
 /// Writes MAC'd frames to an authenticated peer.
 pub struct PeerWriter<W> {
     inner: W,
-    key: [u8; TAG],
-    dir: u8,
-    seq: u64,
+    k: Keyed,
 }
 
 impl<R: AsyncRead + Unpin> PeerReader<R> {
@@ -142,16 +138,33 @@ impl<R: std::io::Read> PeerReader<R> {
     }
 }
 
-/// The keyed state of one direction of an authenticated connection (its session key, its
-/// direction and its next sequence number), apart from the connection: for a connection
-/// that changes hands (from tokio's sockets to a blocking one) between two frames.
+/// The keyed state of one direction of an authenticated connection: its session key, its
+/// direction and the sequence number of its next frame, each frame's MAC covering all three.
 struct Keyed {
     key: [u8; TAG],
     dir: u8,
     seq: u64,
 }
 
-/// What a [`PeerReader`] leaves of itself without its connection ([`PeerReader::into_parts`]).
+impl Keyed {
+    /// The MAC of the next frame's `body`.
+    fn tag(&self, body: &[u8]) -> [u8; TAG] {
+        mac(&self.key, &[&[self.dir], &self.seq.to_be_bytes(), body])
+    }
+
+    /// Whether `tag` is the MAC of the next frame's `body`.
+    fn checks(&self, body: &[u8], tag: &[u8]) -> bool {
+        verify(
+            &self.key,
+            &[&[self.dir], &self.seq.to_be_bytes(), body],
+            tag,
+        )
+    }
+}
+
+/// What a [`PeerReader`] leaves of itself without its connection ([`PeerReader::into_parts`]),
+/// for a connection that changes hands (from tokio's sockets to a blocking one) between
+/// two frames.
 pub struct ReaderKeys(Keyed);
 
 /// What a [`PeerWriter`] leaves of itself without its connection ([`PeerWriter::into_parts`]).
@@ -164,41 +177,27 @@ impl<R> PeerReader<R> {
             return Err(FrameError::BadMac);
         }
         let (body, tag) = raw.split_at(raw.len() - TAG);
-        if !verify(
-            &self.key,
-            &[&[self.dir], &self.seq.to_be_bytes(), body],
-            tag,
-        ) {
+        if !self.k.checks(body, tag) {
             return Err(FrameError::BadMac);
         }
-        self.seq += 1;
+        self.k.seq += 1;
         Ok(PeerFrame::decode(body)?)
     }
 
     /// The connection and this direction's keyed state, to go on with elsewhere
     /// ([`PeerReader::from_parts`]).
     pub fn into_parts(self) -> (R, ReaderKeys) {
-        let keys = Keyed {
-            key: self.key,
-            dir: self.dir,
-            seq: self.seq,
-        };
-        (self.inner, ReaderKeys(keys))
+        (self.inner, ReaderKeys(self.k))
     }
 
     /// Reads on `inner` with the keyed state a reader left ([`PeerReader::into_parts`]).
     pub fn from_parts(inner: R, ReaderKeys(k): ReaderKeys) -> Self {
-        PeerReader {
-            inner,
-            key: k.key,
-            dir: k.dir,
-            seq: k.seq,
-        }
+        PeerReader { inner, k }
     }
 
     /// The sequence number of the next frame this side reads.
     pub fn seq(&self) -> u64 {
-        self.seq
+        self.k.seq
     }
 
     /// The connection itself, once its frames are to be read elsewhere (see [`resume`]).
@@ -220,29 +219,19 @@ impl<R> PeerReader<R> {
 impl<W> PeerWriter<W> {
     /// The connection and this direction's keyed state ([`PeerWriter::from_parts`]).
     pub fn into_parts(self) -> (W, WriterKeys) {
-        let keys = Keyed {
-            key: self.key,
-            dir: self.dir,
-            seq: self.seq,
-        };
-        (self.inner, WriterKeys(keys))
+        (self.inner, WriterKeys(self.k))
     }
 
     /// Writes on `inner` with the keyed state a writer left ([`PeerWriter::into_parts`]).
     pub fn from_parts(inner: W, WriterKeys(k): WriterKeys) -> Self {
-        PeerWriter {
-            inner,
-            key: k.key,
-            dir: k.dir,
-            seq: k.seq,
-        }
+        PeerWriter { inner, k }
     }
 
     /// Encodes `frame` into the bytes of one frame, its MAC last, advancing the sequence.
     pub fn seal(&mut self, frame: &PeerFrame) -> Vec<u8> {
         let body = frame.encode_to_vec();
-        let tag = mac(&self.key, &[&[self.dir], &self.seq.to_be_bytes(), &body]);
-        self.seq += 1;
+        let tag = self.k.tag(&body);
+        self.k.seq += 1;
         let mut out = Vec::with_capacity(4 + body.len() + TAG);
         out.extend_from_slice(&((body.len() + TAG) as u32).to_be_bytes());
         out.extend_from_slice(&body);
@@ -252,13 +241,13 @@ impl<W> PeerWriter<W> {
 
     /// The sequence number of the next frame this side writes.
     pub fn seq(&self) -> u64 {
-        self.seq
+        self.k.seq
     }
 
     /// The connection's session key (derived from the cluster key and both nonces; it
     /// authenticates this connection's frames and nothing else).
     pub fn session_key(&self) -> [u8; TAG] {
-        self.key
+        self.k.key
     }
 
     /// The connection itself, once its frames are to be written elsewhere (see [`resume`]).
@@ -278,19 +267,10 @@ pub fn resume<R, W>(
     read_seq: u64,
 ) -> Option<(PeerReader<R>, PeerWriter<W>)> {
     let key: [u8; TAG] = session_key.try_into().ok()?;
+    let k = |dir, seq| Keyed { key, dir, seq };
     Some((
-        PeerReader {
-            inner: r,
-            key,
-            dir: 1,
-            seq: read_seq,
-        },
-        PeerWriter {
-            inner: w,
-            key,
-            dir: 0,
-            seq: write_seq,
-        },
+        PeerReader::from_parts(r, ReaderKeys(k(1, read_seq))),
+        PeerWriter::from_parts(w, WriterKeys(k(0, write_seq))),
     ))
 }
 
@@ -437,21 +417,12 @@ fn session<R, W>(
     nr: &[u8],
     initiator: bool,
 ) -> (PeerReader<R>, PeerWriter<W>) {
-    let session = mac(key, &[b"s", ni, nr]);
+    let key = mac(key, &[b"s", ni, nr]);
     let (mine, theirs) = if initiator { (0, 1) } else { (1, 0) };
+    let k = |dir| Keyed { key, dir, seq: 0 };
     (
-        PeerReader {
-            inner: r,
-            key: session,
-            dir: theirs,
-            seq: 0,
-        },
-        PeerWriter {
-            inner: w,
-            key: session,
-            dir: mine,
-            seq: 0,
-        },
+        PeerReader::from_parts(r, ReaderKeys(k(theirs))),
+        PeerWriter::from_parts(w, WriterKeys(k(mine))),
     )
 }
 
@@ -660,9 +631,7 @@ mod tests {
         let mut reflected = sealed.as_slice();
         let mut back = PeerReader {
             inner: &mut reflected,
-            key: r1.key,
-            dir: r1.dir,
-            seq: 0,
+            k: Keyed { seq: 0, ..r1.k },
         };
         assert!(matches!(back.read().await.unwrap_err(), FrameError::BadMac));
     }

@@ -98,10 +98,7 @@ fn main() -> ExitCode {
     }
     // Up to eight descriptors per node of the cluster (its lane's connections to cland and
     // their direct links to the node): as many as the hard limit allows.
-    use nix::sys::resource::{getrlimit, setrlimit, Resource};
-    if let Ok((_, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
-        let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
-    }
+    clan_core::sys::raise_open_files();
     let o = ServeOptions {
         mountpoint: a.mountpoint,
         cluster_dir,
