@@ -28,7 +28,7 @@ mod session;
 pub use session::{Session, SessionReader, SessionWriter};
 
 mod link;
-pub use link::{LINK_AFTER, RETRY_AFTER};
+pub use link::{BlockingLink, Unanswered, LINK_AFTER, RETRY_AFTER};
 use tokio::sync::Mutex;
 
 pub use clan_proto::pb;

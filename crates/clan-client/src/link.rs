@@ -251,8 +251,8 @@ fn closed(rd: &mut PeerReader<BufReader<OwnedReadHalf>>) -> bool {
 }
 
 /// Asks cland at `path` for a link to `node`, on a connection of its own (the socket
-/// comes with the reply).
-async fn open(path: &Path, node: NodeId) -> Result<Link> {
+/// comes with the reply): the socket, blocking, and what cland said of it.
+async fn ask(path: &Path, node: NodeId) -> Result<(std::net::TcpStream, pb::LinkReply)> {
     let (mut rd, mut wr) = UnixConn::connect(path).await?.into_split();
     let req = pb::LocalRequest {
         id: 1,
@@ -289,20 +289,92 @@ async fn open(path: &Path, node: NodeId) -> Result<Link> {
         .pop()
         .ok_or_else(|| ClientError::Protocol("no socket came with the link".into()))?;
     let s = std::net::TcpStream::from(fd);
+    s.set_nonblocking(false)?;
+    Ok((s, link))
+}
+
+/// The keyed halves of a link's connection, as cland handed it over.
+fn keyed<R, W>(r: R, w: W, link: &pb::LinkReply) -> Result<(PeerReader<R>, PeerWriter<W>)> {
+    auth::resume(r, w, &link.session_key, link.write_seq, link.read_seq)
+        .ok_or_else(|| ClientError::Protocol("a link's session key of the wrong size".into()))
+}
+
+/// Asks cland at `path` for a link to `node`.
+async fn open(path: &Path, node: NodeId) -> Result<Link> {
+    let (s, link) = ask(path, node).await?;
     s.set_nonblocking(true)?;
     let (r, w) = tokio::net::TcpStream::from_std(s)?.into_split();
-    let (rd, wr) = auth::resume(
-        BufReader::new(r),
-        w,
-        &link.session_key,
-        link.write_seq,
-        link.read_seq,
-    )
-    .ok_or_else(|| ClientError::Protocol("a link's session key of the wrong size".into()))?;
+    let (rd, wr) = keyed(BufReader::new(r), w, &link)?;
     Ok(Link {
         io: tokio::sync::Mutex::new((rd, wr)),
         clean: AtomicBool::new(true),
         next: AtomicU64::new(1),
         limit: Duration::from_millis(u64::from(link.dead_after_ms.max(100))),
     })
+}
+
+/// A link called with blocking I/O from a thread of the caller's own (a FUSE loop
+/// thread, which can wait for a quick answer): the node's answer wakes that thread
+/// straight from its socket, with no runtime's thread in between. Requests are answered
+/// one at a time, each within the limit it was opened with.
+pub struct BlockingLink {
+    rd: PeerReader<std::io::BufReader<std::net::TcpStream>>,
+    wr: PeerWriter<std::net::TcpStream>,
+    next: u64,
+}
+
+/// Why a [`BlockingLink::call`] has no answer. The link is not to be used again either way.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Unanswered {
+    /// Not within the limit: the node is slow, or cut off.
+    Late,
+    /// The connection failed or was closed (a node closes a link idle too long).
+    Broken,
+}
+
+impl BlockingLink {
+    /// Asks cland at `path` for a link to `node` whose calls wait at most `limit` (for
+    /// the request to be taken, and again for its answer).
+    pub async fn open(path: &Path, node: NodeId, limit: Duration) -> Result<BlockingLink> {
+        let (s, link) = ask(path, node).await?;
+        s.set_read_timeout(Some(limit))?;
+        s.set_write_timeout(Some(limit))?;
+        s.set_nodelay(true)?;
+        let (rd, wr) = keyed(std::io::BufReader::new(s.try_clone()?), s, &link)?;
+        Ok(BlockingLink { rd, wr, next: 1 })
+    }
+
+    /// Sends `op` and waits for its answer (the node serves it as the credentials the
+    /// link was opened with, and a `ProcRequest` as its reader's).
+    pub fn call(
+        &mut self,
+        op: pb::peer_request::Op,
+    ) -> std::result::Result<pb::peer_reply::Reply, Unanswered> {
+        use std::io::ErrorKind as K;
+        let id = self.next;
+        self.next += 1;
+        let f = pb::PeerFrame {
+            frame: Some(Frame::Request(pb::PeerRequest {
+                id,
+                creds: None,
+                op: Some(op),
+            })),
+        };
+        let late = |e: &std::io::Error| matches!(e.kind(), K::WouldBlock | K::TimedOut);
+        match self.wr.write_sync(&f) {
+            Ok(()) => {}
+            Err(e) if late(&e) => return Err(Unanswered::Late),
+            Err(_) => return Err(Unanswered::Broken),
+        }
+        loop {
+            match self.rd.read_max_sync(clan_proto::MAX_FRAME) {
+                Ok(Some(pb::PeerFrame {
+                    frame: Some(Frame::Reply(r)),
+                })) if r.id == id => return r.reply.ok_or(Unanswered::Broken),
+                Ok(Some(_)) => continue,
+                Err(clan_proto::FrameError::Io(e)) if late(&e) => return Err(Unanswered::Late),
+                _ => return Err(Unanswered::Broken),
+            }
+        }
+    }
 }

@@ -91,7 +91,7 @@ impl<S: Source> ProcFs<S> {
         let _in_runtime = self.rt.enter();
         let mut work = Box::pin(work);
         let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-        if work.as_mut().poll(&mut cx).is_pending() {
+        if crate::source::may_wait_in(|| work.as_mut().poll(&mut cx)).is_pending() {
             // Polled again there with a real waker, as the Future contract allows.
             self.rt.spawn(work);
         }

@@ -1,15 +1,16 @@
 //! Where the view's contents come from: a node's cland (`ProcRequest` on its local
 //! socket), behind a trait so that the view's logic can be tested with a fake.
 
-use clan_client::{Client, ClientError};
+use clan_client::{BlockingLink, Client, ClientError, Unanswered};
 use clan_core::NodeId;
 use clan_proto::pb;
 use parking_lot::Mutex;
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::sync::Semaphore;
 
 /// Why a request to the source failed, as the view tells a reader.
@@ -70,7 +71,43 @@ pub trait Source: Send + Sync + 'static {
     ) -> impl Future<Output = Result<pb::ProcReply, Failure>> + Send;
     /// The nodes of the cluster.
     fn nodes(&self) -> impl Future<Output = Result<Vec<u32>, Failure>> + Send;
+    /// The answer to `req` at once, waiting on this thread, when this thread may wait
+    /// ([`may_wait_in`]) and the source can ask without its runtime; else `None`, and
+    /// the caller asks with [`Source::proc`].
+    fn proc_now(&self, _req: &pb::ProcRequest) -> Option<Result<pb::ProcReply, Failure>> {
+        None
+    }
 }
+
+thread_local! {
+    static MAY_WAIT: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `f` on a thread that may wait a moment for a node's answer ([`Source::proc_now`]):
+/// a FUSE loop thread polling a request's work before it hands the rest to the runtime.
+pub fn may_wait_in<T>(f: impl FnOnce() -> T) -> T {
+    MAY_WAIT.with(|m| m.set(true));
+    let out = f();
+    MAY_WAIT.with(|m| m.set(false));
+    out
+}
+
+/// How long a FUSE loop thread waits for a node on a blocking link before it gives the
+/// request to the runtime (the answer of a quick read is there within a millisecond).
+pub const WAIT_ON_LINK: Duration = Duration::from_millis(200);
+
+/// Blocking links to one node (for [`Source::proc_now`]).
+#[derive(Default)]
+struct Blocking {
+    free: Vec<BlockingLink>,
+    /// Links in use, free or being opened.
+    links: usize,
+    /// No blocking link to the node until then (one was late, or could not be had).
+    off_until: Option<Instant>,
+}
+
+/// At most this many blocking links to a node: one per FUSE loop thread.
+const BLOCKING_LINKS: usize = 2;
 
 /// A node's cland, through pools of connections (one `Client` serves one request at a
 /// time). Requests go in lanes, one per node whose process (or own file) they ask for and
@@ -85,6 +122,7 @@ pub struct Cland {
     path: PathBuf,
     node: NodeId,
     lanes: Mutex<HashMap<u32, Arc<Lane>>>,
+    blocking: Arc<Mutex<HashMap<u32, Blocking>>>,
     size: usize,
     timeout: Duration,
 }
@@ -118,6 +156,7 @@ impl Cland {
             path,
             node,
             lanes: Mutex::new(HashMap::new()),
+            blocking: Arc::new(Mutex::new(HashMap::new())),
             size: size.max(1),
             timeout,
         }
@@ -200,5 +239,86 @@ impl Source for Cland {
         self.with(ANY_NODE, |c| async move { c.nodes().await })
             .await
             .map(|v| v.into_iter().map(|n| n.id).collect())
+    }
+
+    /// A read of one process of another node, on a blocking link to it: the node's answer
+    /// wakes the waiting FUSE thread itself, where through the runtime it wakes one of the
+    /// runtime's threads, which wakes the reader (docs/procfs.md). A link is opened by the
+    /// runtime when there is none free (this request is then asked through it); one whose
+    /// node is late (or that can not be had) is given up, and the node is asked through
+    /// the runtime for [`clan_client::RETRY_AFTER`].
+    fn proc_now(&self, req: &pb::ProcRequest) -> Option<Result<pb::ProcReply, Failure>> {
+        if !MAY_WAIT.with(Cell::get) {
+            return None;
+        }
+        let node = lane_of(req);
+        if node == ANY_NODE || node == self.node.get() || req.op == pb::ProcOp::ProcGlobal as i32 {
+            return None;
+        }
+        let mut link = {
+            let mut m = self.blocking.lock();
+            let b = m.entry(node).or_default();
+            if b.off_until.is_some_and(|t| Instant::now() < t) {
+                return None;
+            }
+            match b.free.pop() {
+                Some(l) => l,
+                None => {
+                    if b.links < BLOCKING_LINKS {
+                        b.links += 1;
+                        self.open_blocking(node);
+                    }
+                    return None;
+                }
+            }
+        };
+        let answer = link.call(pb::peer_request::Op::Proc(req.clone()));
+        let mut m = self.blocking.lock();
+        let b = m.entry(node).or_default();
+        match answer {
+            Ok(r) => {
+                b.free.push(link);
+                match r {
+                    pb::peer_reply::Reply::Proc(p) => Some(Ok(p)),
+                    pb::peer_reply::Reply::Error(e) => Some(Err(Failure::from_pb(&e))),
+                    other => Some(Err(Failure::Unavailable(format!(
+                        "node {node}: unexpected reply {other:?}"
+                    )))),
+                }
+            }
+            Err(why) => {
+                b.links -= 1;
+                if why == Unanswered::Late {
+                    b.off_until = Some(Instant::now() + clan_client::RETRY_AFTER);
+                }
+                None
+            }
+        }
+    }
+}
+
+impl Cland {
+    /// Opens a blocking link to `node` on the runtime (counted in its `links` already).
+    fn open_blocking(&self, node: u32) {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            self.blocking.lock().entry(node).or_default().links -= 1;
+            return;
+        };
+        let (path, pool) = (self.path.clone(), self.blocking.clone());
+        rt.spawn(async move {
+            let opened = match NodeId::new(node) {
+                Some(n) => BlockingLink::open(&path, n, WAIT_ON_LINK).await.ok(),
+                None => None,
+            };
+            let mut m = pool.lock();
+            let b = m.entry(node).or_default();
+            match opened {
+                Some(l) => b.free.push(l),
+                None => {
+                    b.links -= 1;
+                    b.off_until = Some(Instant::now() + clan_client::RETRY_AFTER);
+                }
+            }
+        });
     }
 }

@@ -323,16 +323,17 @@ impl<S: Source> View<S> {
         path: &str,
     ) -> Result<pb::ProcReply, Failure> {
         let reader = self.reader(who);
-        let r = self
-            .src
-            .proc(pb::ProcRequest {
-                op: op as i32,
-                gpid,
-                path: path.to_string(),
-                reader: Some(reader.to_creds(who.pid)),
-                ..Default::default()
-            })
-            .await;
+        let req = pb::ProcRequest {
+            op: op as i32,
+            gpid,
+            path: path.to_string(),
+            reader: Some(reader.to_creds(who.pid)),
+            ..Default::default()
+        };
+        let r = match self.src.proc_now(&req) {
+            Some(r) => r,
+            None => self.src.proc(req).await,
+        };
         // Gone: its node is down, or a name every process has is not there.
         let always = path.is_empty() || SNAPSHOT_FILES.contains(&path);
         if matches!(r, Err(Failure::NodeDown(_)))
