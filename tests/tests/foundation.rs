@@ -4,7 +4,8 @@
 use clan_core::Gpid;
 use clan_tests::*;
 use std::io::{BufRead, BufReader, Write};
-use std::process::Stdio;
+use std::os::unix::process::ExitStatusExt;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 macro_rules! root_or_skip {
@@ -38,6 +39,89 @@ fn up_nodes_down_leaves_nothing() {
     assert!(!host_processes_mentioning("sleep 1000")
         .iter()
         .any(|p| p.contains(&g.to_string())));
+}
+
+/// The `SigIgn` and `SigBlk` masks of a /proc/PID/status text.
+fn sig_masks(status: &str) -> (u64, u64) {
+    let field = |k: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(k))
+            .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+            .unwrap_or_else(|| panic!("no {k} in {status}"))
+    };
+    (field("SigIgn:"), field("SigBlk:"))
+}
+
+/// A process started by clan begins as after an exec by its stub's caller: the signals
+/// that caller ignored stay ignored (`nohup`, the background jobs of a script), every other
+/// one at its default and none blocked, though its shepherd ignores seven and blocks
+/// SIGCHLD. The stub does not forward what it ignores: a SIGHUP to the stub of a `nohup`
+/// run is nothing to the process, as to a local one.
+#[test]
+fn a_remote_process_starts_with_the_signals_its_caller_ignored() {
+    root_or_skip!("a_remote_process_starts_with_the_signals_its_caller_ignored");
+    let c = Cluster::up(3);
+    let bit = clan_core::sys::signal_bit;
+    // What a local exec from here gets (glibc's posix_spawn, which Rust's Command uses,
+    // ignores the two signals glibc keeps for itself in its child).
+    let local = |cmd: &mut Command| {
+        let o = cmd.output().unwrap();
+        sig_masks(&String::from_utf8_lossy(&o.stdout))
+    };
+    let here = local(Command::new("cat").arg("/proc/self/status"));
+    assert_eq!(here.0 & bit(libc::SIGHUP), 0);
+    let out = c.clan_ok(&["run", "--node", "2", "--", "cat", "/proc/self/status"]);
+    assert_eq!(sig_masks(&out), here, "{out}");
+    // A caller that ignores SIGHUP and SIGINT.
+    let ignoring = |args: &[&str]| {
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", "trap '' HUP INT; exec \"$0\" \"$@\""])
+            .arg(bin("clan"))
+            .args(args)
+            .env("CLAN_DIR", &c.dir)
+            .env_remove("CLAN_NODE");
+        cmd
+    };
+    let o = ignoring(&["run", "--node", "3", "--", "cat", "/proc/self/status"])
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    let there =
+        local(Command::new("sh").args(["-c", "trap '' HUP INT; exec cat /proc/self/status"]));
+    assert_eq!(there.0, here.0 | bit(libc::SIGHUP) | bit(libc::SIGINT));
+    assert_eq!(sig_masks(&out), there, "{out}");
+    // Its stub: SIGHUP is not forwarded, SIGUSR1 is (after it, in order), SIGTERM ends it.
+    let mut child = ignoring(&[
+        "run",
+        "--node",
+        "2",
+        "--",
+        "sh",
+        "-c",
+        "trap 'echo usr1' USR1; echo ready; while :; do sleep 0.05; done",
+    ])
+    .stdin(Stdio::null())
+    .stdout(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut l = String::new();
+    out.read_line(&mut l).unwrap();
+    assert_eq!(l, "ready\n");
+    let stub = nix::unistd::Pid::from_raw(child.id() as i32);
+    for sig in [
+        nix::sys::signal::Signal::SIGHUP,
+        nix::sys::signal::Signal::SIGUSR1,
+    ] {
+        nix::sys::signal::kill(stub, sig).unwrap();
+    }
+    l.clear();
+    out.read_line(&mut l).unwrap();
+    assert_eq!(l, "usr1\n", "the process ended before SIGUSR1 came");
+    nix::sys::signal::kill(stub, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let st = child.wait().unwrap();
+    assert_eq!(st.signal(), Some(libc::SIGTERM), "{st:?}");
 }
 
 #[test]

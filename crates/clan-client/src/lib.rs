@@ -122,6 +122,10 @@ pub struct RunSpec {
     pub max_procs: u32,
     /// `clan shell`: /proc is the cluster view and signals to gpids go through clan.
     pub cluster_proc: bool,
+    /// The signals the process starts with ignored (bit `n - 1` for signal `n`), as a local
+    /// exec keeps those its caller ignored (`nohup`, a script's background job). `None`:
+    /// what this process's caller left ignored ([`clan_core::sys::ignored_by_caller`]).
+    pub ignored_signals: Option<u64>,
 }
 
 impl RunSpec {
@@ -199,6 +203,9 @@ impl RunSpec {
                 cols: u32::from(self.winsize.1),
                 max_procs: self.max_procs,
                 cluster_proc: self.cluster_proc,
+                ignored_signals: self
+                    .ignored_signals
+                    .unwrap_or_else(clan_core::sys::ignored_by_caller),
             }),
             node: self.node.map(|n| n.get()).unwrap_or(0),
             policy: self.policy as i32,

@@ -320,6 +320,69 @@ pub fn first_open_files_for(cmd: &mut std::process::Command) {
     }
 }
 
+/// The signals whose disposition an exec keeps: those ignored (a handler does not survive
+/// an exec), as a mask with bit `n - 1` for signal `n` (the form of `SigIgn` in
+/// /proc/PID/status). The kernel's view, which also covers the two real-time signals glibc
+/// keeps for itself.
+pub fn ignored_signals() -> u64 {
+    read_small("/proc/self/status")
+        .ok()
+        .and_then(|s| u64::from_str_radix(status_field(&s, "SigIgn")?.trim(), 16).ok())
+        .unwrap_or(0)
+}
+
+/// What this program's caller left ignored, as far as it can tell: [`ignored_signals`]
+/// but SIGPIPE, which every Rust program ignores from its start (so whether its caller
+/// did is unknown; its processes get it at its default).
+pub fn ignored_by_caller() -> u64 {
+    ignored_signals() & !signal_bit(libc::SIGPIPE)
+}
+
+/// The bit of signal `sig` in a mask of [`ignored_signals`].
+pub fn signal_bit(sig: i32) -> u64 {
+    if (1..=64).contains(&sig) {
+        1 << (sig - 1)
+    } else {
+        0
+    }
+}
+
+/// Sets signal `sig` to its default action (`ignore` false) or to be ignored, with the
+/// system call itself: glibc refuses signals 32 and 33, which a process can still have
+/// been given ignored. Async-signal-safe (for a child between fork and exec).
+pub fn set_ignored(sig: i32, ignore: bool) -> io::Result<()> {
+    /// The kernel's `struct sigaction` where it has a restorer (x86-64, arm64, riscv64).
+    #[repr(C)]
+    struct KernelSigaction {
+        handler: libc::sighandler_t,
+        flags: libc::c_ulong,
+        restorer: usize,
+        mask: u64,
+    }
+    let act = KernelSigaction {
+        handler: if ignore { libc::SIG_IGN } else { libc::SIG_DFL },
+        flags: 0,
+        restorer: 0,
+        mask: 0,
+    };
+    // SAFETY: rt_sigaction reads `act` (a valid kernel sigaction) and writes nothing (no
+    // old action asked for); SIG_DFL and SIG_IGN run no code of ours.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_rt_sigaction,
+            sig,
+            &act as *const KernelSigaction,
+            std::ptr::null_mut::<KernelSigaction>(),
+            8usize,
+        )
+    };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
 /// The contents of a small kernel file (/proc, cgroupfs): one read into a page-sized
 /// buffer, no `stat` first and no growing reads (std's `read_to_string` stats the file,
 /// then reads it in chunks of 32, 32, 64, ... bytes, as these files have size 0); more
@@ -380,6 +443,36 @@ pub fn ns_pid_of_host(host: u32) -> Option<u32> {
 #[cfg(test)]
 mod status_tests {
     use super::*;
+
+    #[test]
+    fn signals_set_ignored_and_back_show_in_sig_ign() {
+        // In a child (dispositions are the whole process's): ignore SIGUSR1 and signal 32
+        // (which glibc refuses), then set SIGUSR1 back; the exit code says what SigIgn had.
+        // SAFETY: the child makes only raw system calls and reads /proc before _exit.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            let before = ignored_signals();
+            let ok = set_ignored(libc::SIGUSR1, true).is_ok() && set_ignored(32, true).is_ok();
+            let both = ignored_signals();
+            let back = set_ignored(libc::SIGUSR1, false).is_ok();
+            let after = ignored_signals();
+            let want = signal_bit(libc::SIGUSR1) | signal_bit(32);
+            let good = ok
+                && back
+                && both == before | want
+                && after == (before | signal_bit(32)) & !signal_bit(libc::SIGUSR1);
+            // SAFETY: ends the child at once.
+            unsafe { libc::_exit(if good { 0 } else { 1 }) };
+        }
+        let mut st = 0;
+        // SAFETY: waits for our own child.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut st, 0) }, pid);
+        assert!(
+            libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0,
+            "status {st:#x}"
+        );
+    }
 
     #[test]
     fn a_queued_signal_carries_its_value_and_sender() {

@@ -46,10 +46,32 @@ impl UnixConn {
         Ok(UnixConn { fd: Arc::new(fd) })
     }
 
-    /// Connects to the socket at `path`.
+    /// Connects to the socket at `path`. A Unix socket's connect completes at once unless
+    /// the listener's backlog is full, and the connection is then returned in the same
+    /// poll, so that the caller's first request goes out before anything else its task
+    /// joins with runs (tokio's own connect waits for the reactor to report the socket
+    /// writable: a turn of the runtime, in which `clan run` used to install its fifty
+    /// signal handlers before it sent the spawn).
     pub async fn connect(path: impl AsRef<std::path::Path>) -> io::Result<UnixConn> {
-        let s = tokio::net::UnixStream::connect(path).await?;
-        UnixConn::from_std(s.into_std()?)
+        use nix::errno::Errno;
+        use nix::sys::socket::{connect, socket, AddressFamily, SockFlag, SockType};
+        let fd = socket(
+            AddressFamily::Unix,
+            SockType::Stream,
+            SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
+            None,
+        )?;
+        let addr = UnixAddr::new(path.as_ref())?;
+        match connect(fd.as_raw_fd(), &addr) {
+            Ok(()) => UnixConn::from_std(std::os::unix::net::UnixStream::from(fd)),
+            // The backlog is full: wait for room as tokio does.
+            Err(Errno::EAGAIN | Errno::EINPROGRESS) => {
+                drop(fd);
+                let s = tokio::net::UnixStream::connect(path).await?;
+                UnixConn::from_std(s.into_std()?)
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// The halves, usable from different tasks.

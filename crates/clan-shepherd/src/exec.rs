@@ -32,6 +32,13 @@ pub struct ChildPlan {
     pub uts_ns: Option<OwnedFd>,
     pub stdio: [RawFd; 3],
     pub tty: bool,
+    /// The signals ignored in the child (a mask, bit `n - 1` for signal `n`): set back to
+    /// their default before the exec, unless in `ignore` (handlers do not survive an
+    /// exec; ignored signals do). `None`: not known, every signal is set.
+    pub ignored: Option<u64>,
+    /// The signals the process starts with ignored: what its caller had ignored, as a
+    /// local exec keeps them (`nohup`, a script's background job).
+    pub ignore: u64,
 }
 
 /// Executable candidates for `argv0` along `path`, as execvp(3) tries them.
@@ -300,10 +307,13 @@ pub fn child(plan: ChildPlan, err_fd: RawFd) -> ! {
             libc::CLOSE_RANGE_CLOEXEC,
         )
     };
-    for sig in 1..32 {
-        if sig != libc::SIGKILL && sig != libc::SIGSTOP {
-            // SAFETY: restoring default dispositions runs no code of ours.
-            unsafe { libc::signal(sig, libc::SIG_DFL) };
+    let settable = |sig: i32| sig != libc::SIGKILL && sig != libc::SIGSTOP;
+    let ignored = plan.ignored.unwrap_or(u64::MAX);
+    for sig in (1..=64).filter(|&s| settable(s)) {
+        let bit = clan_core::sys::signal_bit(sig);
+        let ignore = plan.ignore & bit != 0;
+        if ignore || ignored & bit != 0 {
+            let _ = clan_core::sys::set_ignored(sig, ignore);
         }
     }
     let _ = sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None);

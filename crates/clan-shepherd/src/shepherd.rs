@@ -96,6 +96,7 @@ pub fn zygote(args: &[String]) -> ExitCode {
     };
     // fd 1 stays open (/dev/null) but is no longer ours: each shepherd takes its own.
     let _ = out.into_raw_fd();
+    let _ = INHERITED_IGNORED.set(clan_core::sys::ignored_signals());
     loop {
         let fds = match receive_pipes() {
             Ok(Some(fds)) => fds,
@@ -275,6 +276,9 @@ fn settle(args: &[String], out: &mut File) -> Result<Settled, ExitCode> {
 /// A settled shepherd's life: says it waits (one byte, `w`, on its report pipe: cland takes
 /// no shepherd that has not), reads its spec on stdin, starts the process, serves it.
 fn serve_spec(mut out: File, at: &Settled) -> ExitCode {
+    // What does not depend on the spec is done before it is waited for.
+    let _ = setsid();
+    ignore_signals();
     if out.write_all(&[clan_proto::SHEPHERD_WAITING]).is_err() {
         return ExitCode::SUCCESS; // cland gave up on us (or went away) before we settled
     }
@@ -441,6 +445,42 @@ fn fork_in(dir: &str) -> nix::Result<(i32, bool)> {
     }
 }
 
+/// The signals a shepherd ignores (its process's signals are its process's business).
+const IGNORED: [Signal; 7] = [
+    Signal::SIGPIPE,
+    Signal::SIGHUP,
+    Signal::SIGINT,
+    Signal::SIGQUIT,
+    Signal::SIGTSTP,
+    Signal::SIGTTIN,
+    Signal::SIGTTOU,
+];
+
+/// The signals a zygote found ignored when it started (inherited from cland's own
+/// parent), which its shepherds' children inherit too: set once, before any fork.
+static INHERITED_IGNORED: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+
+/// Ignores [`IGNORED`] (idempotent: a shepherd of a zygote does it before it waits for
+/// its spec, off the path of the spawn).
+fn ignore_signals() {
+    for sig in IGNORED {
+        // SAFETY: ignoring a signal installs no handler code. The child restores defaults.
+        let _ = unsafe { signal(sig, SigHandler::SigIgn) };
+    }
+}
+
+/// The signals a shepherd's child finds ignored, as a mask (`clan_core::sys::
+/// ignored_signals`): what its child must set back before its exec (an exec resets
+/// handlers, not ignored signals). `None` when not known (no zygote looked).
+fn ignored_in_child() -> Option<u64> {
+    let inherited = INHERITED_IGNORED.get()?;
+    Some(
+        IGNORED
+            .iter()
+            .fold(*inherited, |m, s| m | clan_core::sys::signal_bit(*s as i32)),
+    )
+}
+
 fn start(
     spec: &pb::ShepherdSpec,
     out: &mut File,
@@ -451,25 +491,14 @@ fn start(
     let internal = |what: &str, e: &dyn std::fmt::Display| {
         error_reply(pb::ErrorCode::Internal, format!("shepherd: {what}: {e}"))
     };
-    let _ = setsid();
+    // (A session leader already: `serve_spec` made it one before the spec came.)
     // SAFETY: prctl(PR_SET_CHILD_SUBREAPER, 1) only changes a flag of this process.
     unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
     if !spec.shepherd_cgroup.is_empty() && !placed {
         std::fs::write(format!("{}/cgroup.procs", spec.shepherd_cgroup), "0")
             .map_err(|e| internal("join cgroup", &e))?;
     }
-    for sig in [
-        Signal::SIGPIPE,
-        Signal::SIGHUP,
-        Signal::SIGINT,
-        Signal::SIGQUIT,
-        Signal::SIGTSTP,
-        Signal::SIGTTIN,
-        Signal::SIGTTOU,
-    ] {
-        // SAFETY: ignoring a signal installs no handler code. The child restores defaults.
-        let _ = unsafe { signal(sig, SigHandler::SigIgn) };
-    }
+    ignore_signals();
     let node = NodeId::new(spec.node)
         .ok_or_else(|| error_reply(pb::ErrorCode::Invalid, format!("bad node {}", spec.node)))?;
     let ps = spec.spec.clone().unwrap_or_default();
@@ -648,6 +677,7 @@ fn start(
             ))
         }
     }
+    let ignored = ignored_in_child();
     let child = match fork_in(&spec.cgroup) {
         Err(e) => return Err(internal("fork", &e)),
         Ok((0, placed)) => {
@@ -678,6 +708,8 @@ fn start(
                 uts_ns,
                 stdio: child_fds,
                 tty: ps.tty && !ps.detached,
+                ignored,
+                ignore: ps.ignored_signals,
             };
             exec::child(plan, err_w.as_raw_fd())
         }

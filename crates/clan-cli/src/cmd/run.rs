@@ -92,6 +92,36 @@ fn forwarded(tty: bool) -> Vec<i32> {
     v
 }
 
+/// Signals of this thread blocked until dropped (then the mask is what it was, and any
+/// that came meanwhile are delivered).
+struct HeldSignals(libc::sigset_t);
+
+impl HeldSignals {
+    fn hold(sigs: &[i32]) -> HeldSignals {
+        // SAFETY: sigset_t is plain data, initialised by sigemptyset before use; the calls
+        // only read and write the sets passed.
+        unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            let mut old: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            for &s in sigs {
+                libc::sigaddset(&mut set, s);
+            }
+            libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old);
+            HeldSignals(old)
+        }
+    }
+}
+
+impl Drop for HeldSignals {
+    fn drop(&mut self) {
+        // SAFETY: restores the mask saved by `hold`.
+        unsafe {
+            libc::pthread_sigmask(libc::SIG_SETMASK, &self.0, std::ptr::null_mut());
+        }
+    }
+}
+
 fn start_error(e: &ClientError) -> ExitCode {
     crate::fail(e);
     ExitCode::from(match e.code() {
@@ -308,8 +338,18 @@ pub async fn run(c: Client, a: Args) -> ExitCode {
 
 /// Runs `spec` as `clan run` does: detached, or attached with this process as its stub;
 /// `label` prefixes each output line with the copy's rank.
-pub async fn run_spec(c: Client, spec: RunSpec, label: bool) -> ExitCode {
+pub async fn run_spec(c: Client, mut spec: RunSpec, label: bool) -> ExitCode {
     let tty = spec.tty;
+    // What the stub's caller ignored, the process starts with ignored, as a local exec
+    // would (`nohup clan run`, `clan run ... &` in a script); the stub does not forward
+    // those either.
+    let ignored = *spec
+        .ignored_signals
+        .get_or_insert_with(clan_core::sys::ignored_by_caller);
+    let forwarded: Vec<i32> = forwarded(tty)
+        .into_iter()
+        .filter(|&s| ignored & clan_core::sys::signal_bit(s) == 0)
+        .collect();
     if spec.detached {
         return match c.spawn(spec).await {
             Ok(s) => {
@@ -323,14 +363,20 @@ pub async fn run_spec(c: Client, spec: RunSpec, label: bool) -> ExitCode {
             Err(e) => start_error(&e),
         };
     }
-    // The stub's own setup (its signal handlers) overlaps the wait for the process to start.
+    // The stub's own setup (its fifty signal handlers) overlaps the wait for the process
+    // to start: the spawn goes out first (its connection is made in the same poll). A
+    // signal that comes before the handlers are in place waits, blocked, and is forwarded
+    // once they are, as any later one.
+    let held = HeldSignals::hold(&forwarded);
     let setup = async {
-        forwarded(tty)
-            .into_iter()
+        forwarded
+            .iter()
+            .copied()
             .filter_map(|sig| signal(SignalKind::from_raw(sig)).ok().map(|s| (sig, s)))
             .collect::<Vec<_>>()
     };
     let (session, handlers) = tokio::join!(c.run(spec), setup);
+    drop(held);
     let session = match session {
         Ok(s) => s,
         Err(e) => return start_error(&e),
