@@ -321,6 +321,10 @@ pub struct BlockingLink {
     rd: PeerReader<std::io::BufReader<std::net::TcpStream>>,
     wr: PeerWriter<std::net::TcpStream>,
     next: u64,
+    /// How long a call may wait, and the socket's receive timeout now (shortened within a
+    /// call that waits through frames not its answer).
+    limit: Duration,
+    timeout: Duration,
 }
 
 /// Why a [`BlockingLink::call`] has no answer. The link is not to be used again either way.
@@ -341,11 +345,27 @@ impl BlockingLink {
         s.set_write_timeout(Some(limit))?;
         s.set_nodelay(true)?;
         let (rd, wr) = keyed(std::io::BufReader::new(s.try_clone()?), s, &link)?;
-        Ok(BlockingLink { rd, wr, next: 1 })
+        Ok(BlockingLink {
+            rd,
+            wr,
+            next: 1,
+            limit,
+            timeout: limit,
+        })
     }
 
-    /// Sends `op` and waits for its answer (the node serves it as the credentials the
-    /// link was opened with, and a `ProcRequest` as its reader's).
+    /// Sets the socket's receive timeout to `t` unless it is that already.
+    fn receive_within(&mut self, t: Duration) -> std::io::Result<()> {
+        if t != self.timeout {
+            self.rd.get_ref().get_ref().set_read_timeout(Some(t))?;
+            self.timeout = t;
+        }
+        Ok(())
+    }
+
+    /// Sends `op` and waits for its answer, within the link's limit in all (the node
+    /// serves it as the credentials the link was opened with, and a `ProcRequest` as its
+    /// reader's).
     pub fn call(
         &mut self,
         op: pb::peer_request::Op,
@@ -361,12 +381,26 @@ impl BlockingLink {
             })),
         };
         let late = |e: &std::io::Error| matches!(e.kind(), K::WouldBlock | K::TimedOut);
+        let deadline = Instant::now() + self.limit;
+        if self.receive_within(self.limit).is_err() {
+            return Err(Unanswered::Broken);
+        }
         match self.wr.write_sync(&f) {
             Ok(()) => {}
             Err(e) if late(&e) => return Err(Unanswered::Late),
             Err(_) => return Err(Unanswered::Broken),
         }
         loop {
+            // What is left of the limit (the socket's timeout counts each receive anew);
+            // the receive timeout is set again only when a call waits long.
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(Unanswered::Late);
+            }
+            if left + Duration::from_millis(1) < self.timeout && self.receive_within(left).is_err()
+            {
+                return Err(Unanswered::Broken);
+            }
             match self.rd.read_max_sync(clan_proto::MAX_FRAME) {
                 Ok(Some(pb::PeerFrame {
                     frame: Some(Frame::Reply(r)),

@@ -324,18 +324,18 @@ pub fn first_open_files_for(cmd: &mut std::process::Command) {
 /// an exec), as a mask with bit `n - 1` for signal `n` (the form of `SigIgn` in
 /// /proc/PID/status). The kernel's view, which also covers the two real-time signals glibc
 /// keeps for itself.
-pub fn ignored_signals() -> u64 {
+/// `None` when /proc can not tell.
+pub fn ignored_signals() -> Option<u64> {
     read_small("/proc/self/status")
         .ok()
         .and_then(|s| u64::from_str_radix(status_field(&s, "SigIgn")?.trim(), 16).ok())
-        .unwrap_or(0)
 }
 
 /// What this program's caller left ignored, as far as it can tell: [`ignored_signals`]
 /// but SIGPIPE, which every Rust program ignores from its start (so whether its caller
-/// did is unknown; its processes get it at its default).
+/// did is unknown; its processes get it at its default). None when /proc can not tell.
 pub fn ignored_by_caller() -> u64 {
-    ignored_signals() & !signal_bit(libc::SIGPIPE)
+    ignored_signals().unwrap_or(0) & !signal_bit(libc::SIGPIPE)
 }
 
 /// The bit of signal `sig` in a mask of [`ignored_signals`].
@@ -351,7 +351,8 @@ pub fn signal_bit(sig: i32) -> u64 {
 /// system call itself: glibc refuses signals 32 and 33, which a process can still have
 /// been given ignored. Async-signal-safe (for a child between fork and exec).
 pub fn set_ignored(sig: i32, ignore: bool) -> io::Result<()> {
-    /// The kernel's `struct sigaction` where it has a restorer (x86-64, arm64, riscv64).
+    /// The kernel's `struct sigaction` (x86-64, arm64; riscv64 has no restorer, and reads
+    /// the zero restorer as the zero mask).
     #[repr(C)]
     struct KernelSigaction {
         handler: libc::sighandler_t,
@@ -448,15 +449,16 @@ mod status_tests {
     fn signals_set_ignored_and_back_show_in_sig_ign() {
         // In a child (dispositions are the whole process's): ignore SIGUSR1 and signal 32
         // (which glibc refuses), then set SIGUSR1 back; the exit code says what SigIgn had.
-        // SAFETY: the child makes only raw system calls and reads /proc before _exit.
+        // SAFETY: the child of this (possibly multi-threaded) test makes raw system calls
+        // and reads /proc (allocating, which glibc's malloc allows after fork) before _exit.
         let pid = unsafe { libc::fork() };
         assert!(pid >= 0);
         if pid == 0 {
-            let before = ignored_signals();
+            let before = ignored_signals().unwrap_or(u64::MAX);
             let ok = set_ignored(libc::SIGUSR1, true).is_ok() && set_ignored(32, true).is_ok();
-            let both = ignored_signals();
+            let both = ignored_signals().unwrap_or(0);
             let back = set_ignored(libc::SIGUSR1, false).is_ok();
-            let after = ignored_signals();
+            let after = ignored_signals().unwrap_or(0);
             let want = signal_bit(libc::SIGUSR1) | signal_bit(32);
             let good = ok
                 && back

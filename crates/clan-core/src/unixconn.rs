@@ -51,26 +51,23 @@ impl UnixConn {
     /// poll, so that the caller's first request goes out before anything else its task
     /// joins with runs (tokio's own connect waits for the reactor to report the socket
     /// writable: a turn of the runtime, in which `clan run` used to install its fifty
-    /// signal handlers before it sent the spawn).
+    /// signal handlers before it sent the spawn). A full backlog (EAGAIN: the listener is
+    /// slow to accept) is tried again, a little later each time, for two seconds.
     pub async fn connect(path: impl AsRef<std::path::Path>) -> io::Result<UnixConn> {
-        use nix::errno::Errno;
-        use nix::sys::socket::{connect, socket, AddressFamily, SockFlag, SockType};
-        let fd = socket(
-            AddressFamily::Unix,
-            SockType::Stream,
-            SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
-            None,
-        )?;
-        let addr = UnixAddr::new(path.as_ref())?;
-        match connect(fd.as_raw_fd(), &addr) {
-            Ok(()) => UnixConn::from_std(std::os::unix::net::UnixStream::from(fd)),
-            // The backlog is full: wait for room as tokio does.
-            Err(Errno::EAGAIN | Errno::EINPROGRESS) => {
-                drop(fd);
-                let s = tokio::net::UnixStream::connect(path).await?;
-                UnixConn::from_std(s.into_std()?)
+        let give_up = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        let mut pause = std::time::Duration::from_millis(1);
+        loop {
+            match connect_now(path.as_ref()) {
+                Ok(s) => return UnixConn::from_std(s),
+                Err(e)
+                    if e.raw_os_error() == Some(libc::EAGAIN)
+                        && std::time::Instant::now() < give_up =>
+                {
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(std::time::Duration::from_millis(50));
+                }
+                Err(e) => return Err(e),
             }
-            Err(e) => Err(e.into()),
         }
     }
 
@@ -86,6 +83,19 @@ impl UnixConn {
             },
         )
     }
+}
+
+/// A connected Unix stream socket to `path`, or the error of its (non-blocking) connect.
+fn connect_now(path: &std::path::Path) -> io::Result<std::os::unix::net::UnixStream> {
+    use nix::sys::socket::{connect, socket, AddressFamily, SockFlag, SockType};
+    let fd = socket(
+        AddressFamily::Unix,
+        SockType::Stream,
+        SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
+        None,
+    )?;
+    connect(fd.as_raw_fd(), &UnixAddr::new(path)?)?;
+    Ok(std::os::unix::net::UnixStream::from(fd))
 }
 
 fn last_error() -> io::Error {

@@ -86,15 +86,22 @@ thread_local! {
 /// Runs `f` on a thread that may wait a moment for a node's answer ([`Source::proc_now`]):
 /// a FUSE loop thread polling a request's work before it hands the rest to the runtime.
 pub fn may_wait_in<T>(f: impl FnOnce() -> T) -> T {
-    MAY_WAIT.with(|m| m.set(true));
-    let out = f();
-    MAY_WAIT.with(|m| m.set(false));
-    out
+    /// Puts the thread's previous word back, also when `f` panics.
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            MAY_WAIT.with(|m| m.set(self.0));
+        }
+    }
+    let _restore = Restore(MAY_WAIT.with(|m| m.replace(true)));
+    f()
 }
 
 /// How long a FUSE loop thread waits for a node on a blocking link before it gives the
-/// request to the runtime (the answer of a quick read is there within a millisecond).
-pub const WAIT_ON_LINK: Duration = Duration::from_millis(200);
+/// request to the runtime (the answer of a quick read is there within a millisecond; more
+/// than TCP's least retransmission timeout, 200 ms, so that one lost segment of a healthy
+/// node's answer does not count as the node being late).
+pub const WAIT_ON_LINK: Duration = Duration::from_millis(500);
 
 /// Blocking links to one node (for [`Source::proc_now`]).
 #[derive(Default)]
@@ -107,7 +114,7 @@ struct Blocking {
 }
 
 /// At most this many blocking links to a node: one per FUSE loop thread.
-const BLOCKING_LINKS: usize = 2;
+pub const BLOCKING_LINKS: usize = 2;
 
 /// A node's cland, through pools of connections (one `Client` serves one request at a
 /// time). Requests go in lanes, one per node whose process (or own file) they ask for and
@@ -243,7 +250,7 @@ impl Source for Cland {
 
     /// A read of one process of another node, on a blocking link to it: the node's answer
     /// wakes the waiting FUSE thread itself, where through the runtime it wakes one of the
-    /// runtime's threads, which wakes the reader (docs/procfs.md). A link is opened by the
+    /// runtime's threads, which wakes the reader (docs/links.md). A link is opened by the
     /// runtime when there is none free (this request is then asked through it); one whose
     /// node is late (or that can not be had) is given up, and the node is asked through
     /// the runtime for [`clan_client::RETRY_AFTER`].
@@ -265,8 +272,10 @@ impl Source for Cland {
                 Some(l) => l,
                 None => {
                     if b.links < BLOCKING_LINKS {
-                        b.links += 1;
-                        self.open_blocking(node);
+                        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                            b.links += 1;
+                            self.open_blocking(&rt, node);
+                        }
                     }
                     return None;
                 }
@@ -298,16 +307,17 @@ impl Source for Cland {
 }
 
 impl Cland {
-    /// Opens a blocking link to `node` on the runtime (counted in its `links` already).
-    fn open_blocking(&self, node: u32) {
-        let Ok(rt) = tokio::runtime::Handle::try_current() else {
-            self.blocking.lock().entry(node).or_default().links -= 1;
-            return;
-        };
+    /// Opens a blocking link to `node` on `rt` (counted in its `links` already); one not
+    /// had within the request timeout (a cland that does not answer) is given up.
+    fn open_blocking(&self, rt: &tokio::runtime::Handle, node: u32) {
         let (path, pool) = (self.path.clone(), self.blocking.clone());
+        let limit = self.timeout;
         rt.spawn(async move {
             let opened = match NodeId::new(node) {
-                Some(n) => BlockingLink::open(&path, n, WAIT_ON_LINK).await.ok(),
+                Some(n) => tokio::time::timeout(limit, BlockingLink::open(&path, n, WAIT_ON_LINK))
+                    .await
+                    .ok()
+                    .and_then(Result::ok),
                 None => None,
             };
             let mut m = pool.lock();

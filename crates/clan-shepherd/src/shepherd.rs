@@ -96,7 +96,9 @@ pub fn zygote(args: &[String]) -> ExitCode {
     };
     // fd 1 stays open (/dev/null) but is no longer ours: each shepherd takes its own.
     let _ = out.into_raw_fd();
-    let _ = INHERITED_IGNORED.set(clan_core::sys::ignored_signals());
+    if let Some(m) = clan_core::sys::ignored_signals() {
+        let _ = INHERITED_IGNORED.set(m);
+    }
     loop {
         let fds = match receive_pipes() {
             Ok(Some(fds)) => fds,

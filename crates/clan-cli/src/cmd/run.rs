@@ -342,13 +342,14 @@ pub async fn run_spec(c: Client, mut spec: RunSpec, label: bool) -> ExitCode {
     let tty = spec.tty;
     // What the stub's caller ignored, the process starts with ignored, as a local exec
     // would (`nohup clan run`, `clan run ... &` in a script); the stub does not forward
-    // those either.
+    // those either, but SIGCONT, which continues a stopped stub whatever its disposition
+    // (and `fg` must continue the process with it).
     let ignored = *spec
         .ignored_signals
         .get_or_insert_with(clan_core::sys::ignored_by_caller);
     let forwarded: Vec<i32> = forwarded(tty)
         .into_iter()
-        .filter(|&s| ignored & clan_core::sys::signal_bit(s) == 0)
+        .filter(|&s| s == libc::SIGCONT || ignored & clan_core::sys::signal_bit(s) == 0)
         .collect();
     if spec.detached {
         return match c.spawn(spec).await {

@@ -105,7 +105,9 @@ fn main() -> ExitCode {
         node: client.node(),
         ready,
         timeout: Duration::from_millis(a.timeout_ms),
-        threads: 2,
+        // Twice the blocking links to a node (`source::BLOCKING_LINKS`): a node that stops
+        // answering holds two loop threads for a moment at most, and two others go on.
+        threads: 4,
         mount_ns: a.mount_ns,
         node_proc: a.node_proc,
         for_shells: a.for_shells,
