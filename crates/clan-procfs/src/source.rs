@@ -98,10 +98,11 @@ pub fn may_wait_in<T>(f: impl FnOnce() -> T) -> T {
 }
 
 /// How long a FUSE loop thread waits for a node on a blocking link before it gives the
-/// request to the runtime (the answer of a quick read is there within a millisecond; more
-/// than TCP's least retransmission timeout, 200 ms, so that one lost segment of a healthy
-/// node's answer does not count as the node being late).
-pub const WAIT_ON_LINK: Duration = Duration::from_millis(500);
+/// request to the runtime (the answer of a quick read is there within a millisecond; a
+/// little more than TCP's least retransmission timeout, 200 ms, so that one lost segment
+/// of a healthy node's answer does not count as the node being late, and short enough
+/// that a silent node stalls the view's threads only for a moment, once).
+pub const WAIT_ON_LINK: Duration = Duration::from_millis(250);
 
 /// Blocking links to one node (for [`Source::proc_now`]).
 #[derive(Default)]

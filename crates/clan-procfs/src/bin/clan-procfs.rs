@@ -105,9 +105,12 @@ fn main() -> ExitCode {
         node: client.node(),
         ready,
         timeout: Duration::from_millis(a.timeout_ms),
-        // Twice the blocking links to a node (`source::BLOCKING_LINKS`): a node that stops
-        // answering holds two loop threads for a moment at most, and two others go on.
-        threads: 4,
+        // As many as the blocking links to a node (`source::BLOCKING_LINKS`). More threads
+        // would let others go on while a node that stopped answering holds two for a
+        // moment ([`source::WAIT_ON_LINK`], once per `RETRY_AFTER`), but cost every read:
+        // the kernel wakes the thread idle longest, more often on the other CPU (reads of
+        // 40 µs instead of 15 with four threads, performance.md, 2026-11-26).
+        threads: clan_procfs::source::BLOCKING_LINKS,
         mount_ns: a.mount_ns,
         node_proc: a.node_proc,
         for_shells: a.for_shells,
