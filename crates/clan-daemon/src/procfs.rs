@@ -865,7 +865,10 @@ impl Node {
 
     fn proc_local_inner(&self, req: &pb::ProcRequest) -> Result<pb::ProcReply> {
         use pb::ProcOp as P;
-        let reader = Reader::from_creds(req.reader.as_ref().unwrap_or(&self.own_creds()));
+        let reader = match &req.reader {
+            Some(c) => Reader::from_creds(c),
+            None => Reader::from_creds(&self.own_creds()),
+        };
         // Everything below reads as the reader: what the kernel shows depends on who asks
         // (a `stat`'s addresses, `wchan`, `stack`, `kallsyms`), not only whether it opens.
         let _as = clan_core::sys::ActingAs::user(reader.uid, reader.gid, &reader.groups)
