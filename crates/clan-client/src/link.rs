@@ -251,7 +251,7 @@ fn closed(rd: &mut PeerReader<BufReader<OwnedReadHalf>>) -> bool {
 }
 
 /// Asks cland at `path` for a link to `node`, on a connection of its own (the socket
-/// comes with the reply): the socket, blocking, and what cland said of it.
+/// comes with the reply): the socket, as cland passed it, and what cland said of it.
 async fn ask(path: &Path, node: NodeId) -> Result<(std::net::TcpStream, pb::LinkReply)> {
     let (mut rd, mut wr) = UnixConn::connect(path).await?.into_split();
     let req = pb::LocalRequest {
@@ -288,9 +288,7 @@ async fn ask(path: &Path, node: NodeId) -> Result<(std::net::TcpStream, pb::Link
     let fd = fds
         .pop()
         .ok_or_else(|| ClientError::Protocol("no socket came with the link".into()))?;
-    let s = std::net::TcpStream::from(fd);
-    s.set_nonblocking(false)?;
-    Ok((s, link))
+    Ok((std::net::TcpStream::from(fd), link))
 }
 
 /// The keyed halves of a link's connection, as cland handed it over.
@@ -341,6 +339,7 @@ impl BlockingLink {
     /// the request to be taken, and again for its answer).
     pub async fn open(path: &Path, node: NodeId, limit: Duration) -> Result<BlockingLink> {
         let (s, link) = ask(path, node).await?;
+        s.set_nonblocking(false)?;
         s.set_read_timeout(Some(limit))?;
         s.set_write_timeout(Some(limit))?;
         s.set_nodelay(true)?;

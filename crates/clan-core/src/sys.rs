@@ -333,7 +333,8 @@ pub fn ignored_signals() -> Option<u64> {
 
 /// What this program's caller left ignored, as far as it can tell: [`ignored_signals`]
 /// but SIGPIPE, which every Rust program ignores from its start (so whether its caller
-/// did is unknown; its processes get it at its default). None when /proc can not tell.
+/// did is unknown; its processes get it at its default). None ignored when /proc can not
+/// tell.
 pub fn ignored_by_caller() -> u64 {
     ignored_signals().unwrap_or(0) & !signal_bit(libc::SIGPIPE)
 }

@@ -114,6 +114,17 @@ struct Blocking {
     off_until: Option<Instant>,
 }
 
+impl Blocking {
+    /// One link less (broken, or never had); a node that was late, or whose link could
+    /// not be had, is asked through the runtime for [`clan_client::RETRY_AFTER`].
+    fn lost(&mut self, off: bool) {
+        self.links -= 1;
+        if off {
+            self.off_until = Some(Instant::now() + clan_client::RETRY_AFTER);
+        }
+    }
+}
+
 /// At most this many blocking links to a node: one per FUSE loop thread.
 pub const BLOCKING_LINKS: usize = 2;
 
@@ -297,10 +308,7 @@ impl Source for Cland {
                 }
             }
             Err(why) => {
-                b.links -= 1;
-                if why == Unanswered::Late {
-                    b.off_until = Some(Instant::now() + clan_client::RETRY_AFTER);
-                }
+                b.lost(why == Unanswered::Late);
                 None
             }
         }
@@ -325,10 +333,7 @@ impl Cland {
             let b = m.entry(node).or_default();
             match opened {
                 Some(l) => b.free.push(l),
-                None => {
-                    b.links -= 1;
-                    b.off_until = Some(Instant::now() + clan_client::RETRY_AFTER);
-                }
+                None => b.lost(true),
             }
         });
     }

@@ -32,10 +32,10 @@ pub struct ChildPlan {
     pub uts_ns: Option<OwnedFd>,
     pub stdio: [RawFd; 3],
     pub tty: bool,
-    /// The signals ignored in the child (a mask, bit `n - 1` for signal `n`): set back to
-    /// their default before the exec, unless in `ignore` (handlers do not survive an
-    /// exec; ignored signals do). `None`: not known, every signal is set.
-    pub ignored: Option<u64>,
+    /// The signals ignored in the child (a mask, bit `n - 1` for signal `n`; all of them
+    /// when not known): set back to their default before the exec, unless in `ignore`
+    /// (handlers do not survive an exec; ignored signals do).
+    pub ignored: u64,
     /// The signals the process starts with ignored: what its caller had ignored, as a
     /// local exec keeps them (`nohup`, a script's background job).
     pub ignore: u64,
@@ -307,12 +307,10 @@ pub fn child(plan: ChildPlan, err_fd: RawFd) -> ! {
             libc::CLOSE_RANGE_CLOEXEC,
         )
     };
-    let settable = |sig: i32| sig != libc::SIGKILL && sig != libc::SIGSTOP;
-    let ignored = plan.ignored.unwrap_or(u64::MAX);
-    for sig in (1..=64).filter(|&s| settable(s)) {
+    for sig in (1..=64).filter(|&s| s != libc::SIGKILL && s != libc::SIGSTOP) {
         let bit = clan_core::sys::signal_bit(sig);
         let ignore = plan.ignore & bit != 0;
-        if ignore || ignored & bit != 0 {
+        if ignore || plan.ignored & bit != 0 {
             let _ = clan_core::sys::set_ignored(sig, ignore);
         }
     }

@@ -462,8 +462,8 @@ const IGNORED: [Signal; 7] = [
 /// parent), which its shepherds' children inherit too: set once, before any fork.
 static INHERITED_IGNORED: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
 
-/// Ignores [`IGNORED`] (idempotent: a shepherd of a zygote does it before it waits for
-/// its spec, off the path of the spawn).
+/// Ignores [`IGNORED`] (a shepherd does it before it waits for its spec, off the path of
+/// the spawn).
 fn ignore_signals() {
     for sig in IGNORED {
         // SAFETY: ignoring a signal installs no handler code. The child restores defaults.
@@ -473,14 +473,14 @@ fn ignore_signals() {
 
 /// The signals a shepherd's child finds ignored, as a mask (`clan_core::sys::
 /// ignored_signals`): what its child must set back before its exec (an exec resets
-/// handlers, not ignored signals). `None` when not known (no zygote looked).
-fn ignored_in_child() -> Option<u64> {
-    let inherited = INHERITED_IGNORED.get()?;
-    Some(
-        IGNORED
+/// handlers, not ignored signals). Every signal when not known (no zygote looked).
+fn ignored_in_child() -> u64 {
+    match INHERITED_IGNORED.get() {
+        Some(inherited) => IGNORED
             .iter()
             .fold(*inherited, |m, s| m | clan_core::sys::signal_bit(*s as i32)),
-    )
+        None => u64::MAX,
+    }
 }
 
 fn start(
@@ -493,14 +493,14 @@ fn start(
     let internal = |what: &str, e: &dyn std::fmt::Display| {
         error_reply(pb::ErrorCode::Internal, format!("shepherd: {what}: {e}"))
     };
-    // (A session leader already: `serve_spec` made it one before the spec came.)
+    // (A session leader ignoring its signals already: `serve_spec` did both before the
+    // spec came.)
     // SAFETY: prctl(PR_SET_CHILD_SUBREAPER, 1) only changes a flag of this process.
     unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
     if !spec.shepherd_cgroup.is_empty() && !placed {
         std::fs::write(format!("{}/cgroup.procs", spec.shepherd_cgroup), "0")
             .map_err(|e| internal("join cgroup", &e))?;
     }
-    ignore_signals();
     let node = NodeId::new(spec.node)
         .ok_or_else(|| error_reply(pb::ErrorCode::Invalid, format!("bad node {}", spec.node)))?;
     let ps = spec.spec.clone().unwrap_or_default();
