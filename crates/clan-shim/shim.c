@@ -3,7 +3,8 @@
 // Processes of a clan shell see the cluster's /proc, where every process is named by its
 // gpid (node * 10,000,000 + its pid on its node). This library makes the calls that take a
 // pid accept those numbers:
-//   - a gpid of the shell's own node (CLAN_NODE) becomes the local pid;
+//   - a gpid of the shell's own node (CLAN_SHIM_NODE, see shim_init) becomes the local pid;
+//     one whose local part is 0 names no process (ESRCH);
 //   - a gpid of another node goes through `clan kill` (CLAN_BIN), whose exit code becomes
 //     errno (3 ESRCH, 4 EPERM, 2 EINVAL, others EIO);
 //   - a process group id below -10,000,000 (kill(-PGID)) is a cluster group, whose members
@@ -13,9 +14,13 @@
 //     EREMOTE rather than give a wrong answer.
 // It also serves the opens of a process that walks /proc (ps, top, pgrep) from walk files
 // (walk.c).
-// kill() may run in a signal handler: the remote path uses only fork, execve, waitpid and
-// stack buffers, and blocks SIGCHLD meanwhile so that a shell's SIGCHLD handler does not
-// reap the helper before we do.
+// kill() may run in a signal handler: the remote path uses only system calls (a vfork-like
+// clone on a stack of its own, execve, wait4) and stack buffers: no lock, no malloc, no
+// atfork handler. SIGCHLD stays blocked in the calling thread until the helper is reaped,
+// so that a shell's SIGCHLD handler does not reap it first; a helper reaped by someone else
+// all the same (SIGCHLD ignored, another thread's wait) counts as failed (EIO), never as
+// success. The helper gets 30 s (an alarm) before it counts as failed too, so a stuck cland
+// can not hold a kill(2) forever.
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <dlfcn.h>
@@ -27,6 +32,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
+#include <sys/mman.h>
+#include <sys/time.h>
 #include <sys/ptrace.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
@@ -43,16 +51,40 @@
 static long node;                 // this shell's node (0: not in a cluster: pass everything)
 static char clan_bin[4096];       // the `clan` binary
 static long (*real_syscall)(long, ...);
+static int (*real_sigqueue)(pid_t, int, const union sigval);
+static long (*real_ptrace)(enum __ptrace_request, ...);
 
+// A node number from the environment: 1..=213 written in full, else 0.
+static long node_of(const char *v) {
+    if (!v || !*v)
+        return 0;
+    char *end;
+    errno = 0;
+    long n = strtol(v, &end, 10);
+    return errno == 0 && *end == 0 && n >= 1 && n <= 213 ? n : 0;
+}
+
+// The node comes from CLAN_SHIM_NODE, which the first process of a chain sets from the
+// CLAN_NODE its shepherd gave it: a user may point `clan` at another node with CLAN_NODE
+// (docs/cli.md), and that must not turn another node's gpids into local pids here. cland
+// does not pass CLAN_SHIM_NODE from one node to another.
 __attribute__((constructor)) static void shim_init(void) {
-    const char *n = getenv("CLAN_NODE");
     const char *b = getenv("CLAN_BIN");
-    node = n ? atol(n) : 0;
+    node = node_of(getenv("CLAN_SHIM_NODE"));
+    if (node == 0) {
+        node = node_of(getenv("CLAN_NODE"));
+        char v[8];
+        if (node > 0 && snprintf(v, sizeof v, "%ld", node) > 0)
+            setenv("CLAN_SHIM_NODE", v, 1);
+    }
     if (b && strlen(b) < sizeof clan_bin)
         strcpy(clan_bin, b);
     else
         strcpy(clan_bin, "/usr/bin/clan");
+    // Every function looked up now: dlsym is not async-signal-safe, kill and sigqueue are.
     real_syscall = (long (*)(long, ...))dlsym(RTLD_NEXT, "syscall");
+    real_sigqueue = (int (*)(pid_t, int, const union sigval))dlsym(RTLD_NEXT, "sigqueue");
+    real_ptrace = (long (*)(enum __ptrace_request, ...))dlsym(RTLD_NEXT, "ptrace");
 }
 
 static long raw(long n, long a, long b, long c, long d) {
@@ -65,6 +97,11 @@ long shim_raw(long n, long a, long b, long c, long d) { return raw(n, a, b, c, d
 
 static int is_gpid(long pid) { return pid >= SPAN; }
 static int is_local_gpid(long pid) { return node > 0 && pid / SPAN == node; }
+// A gpid with local part 0 names no process (it would be kill(0) once translated).
+static int no_process(void) {
+    errno = ESRCH;
+    return -1;
+}
 
 // Decimal of v into buf (no allocation; for the helper's argv).
 static const char *dec(long v, char *buf, size_t len) {
@@ -84,8 +121,40 @@ static const char *dec(long v, char *buf, size_t len) {
     return buf;
 }
 
-// `clan kill -s SIG [-g | --value V] ID`: 0 or -1 with errno. `queued`: a sigqueue(3)
-// carrying `value`.
+// What the helper runs: `clan kill -s SIG [-g | --value V] ID`.
+struct helper {
+    const char *argv[9];
+    sigset_t mask; // the caller's signal mask, the helper's after exec
+};
+
+// The helper, on its own stack in the caller's memory until its exec (CLONE_VM|CLONE_VFORK:
+// the calling thread waits meanwhile): only system calls, since it shares the caller's
+// memory. Handlers are reset first so that no signal runs the caller's code here.
+static int helper_main(void *arg) {
+    const struct helper *h = arg;
+    for (int sig = 1; sig < 65; sig++) {
+        struct sigaction sa;
+        if (sig != SIGKILL && sig != SIGSTOP && sigaction(sig, NULL, &sa) == 0 &&
+            sa.sa_handler != SIG_DFL && sa.sa_handler != SIG_IGN) {
+            memset(&sa, 0, sizeof sa);
+            sa.sa_handler = SIG_DFL;
+            sigaction(sig, &sa, NULL);
+        }
+    }
+    int null = (int)raw(SYS_openat, AT_FDCWD, (long)"/dev/null", O_RDWR | O_CLOEXEC, 0);
+    if (null >= 0) {
+        raw(SYS_dup3, null, 1, 0, 0);
+        raw(SYS_dup3, null, 2, 0, 0);
+    }
+    struct itimerval limit = {.it_value = {.tv_sec = 30}};
+    raw(SYS_setitimer, ITIMER_REAL, (long)&limit, 0, 0);
+    raw(SYS_rt_sigprocmask, SIG_SETMASK, (long)&h->mask, 0, 8);
+    raw(SYS_execve, (long)clan_bin, (long)h->argv, (long)environ, 0);
+    raw(SYS_exit, 127, 0, 0, 0);
+    return 127;
+}
+
+// `clan kill`: 0 or -1 with errno. `queued`: a sigqueue(3) carrying `value`.
 static int via_clan_queued(long id, int sig, int group, int queued, long value) {
     if (node == 0) {
         errno = ESRCH;
@@ -95,31 +164,39 @@ static int via_clan_queued(long id, int sig, int group, int queued, long value) 
     dec(sig, s, sizeof s);
     dec(id, g, sizeof g);
     dec(value, v, sizeof v);
-    sigset_t block, old;
-    sigemptyset(&block);
-    sigaddset(&block, SIGCHLD);
-    sigprocmask(SIG_BLOCK, &block, &old);
-    pid_t child = fork();
-    if (child == 0) {
-        int null = open("/dev/null", O_RDWR);
-        if (null >= 0) {
-            dup2(null, 1);
-            dup2(null, 2);
-        }
-        sigprocmask(SIG_SETMASK, &old, NULL);
-        if (group)
-            execl(clan_bin, "clan", "kill", "-s", s, "-g", g, (char *)NULL);
-        else if (queued)
-            execl(clan_bin, "clan", "kill", "-s", s, "--value", v, g, (char *)NULL);
-        else
-            execl(clan_bin, "clan", "kill", "-s", s, g, (char *)NULL);
-        _exit(127);
+    int saved = errno; // kept on success: a signal handler's kill must not change it
+    struct helper h = {.argv = {"clan", "kill", "-s", s}};
+    int k = 4;
+    if (group) {
+        h.argv[k++] = "-g";
+    } else if (queued) {
+        h.argv[k++] = "--value";
+        h.argv[k++] = v;
     }
-    int status = 0, rc = -1, err = EIO;
+    h.argv[k++] = g;
+    h.argv[k] = NULL;
+    // Every signal blocked until the helper has exec'd (the clone returns then): a handler
+    // of the caller's must not run in the helper, which shares its memory.
+    sigset_t all;
+    sigfillset(&all);
+    raw(SYS_rt_sigprocmask, SIG_SETMASK, (long)&all, (long)&h.mask, 8);
+    const long size = 64 * 1024;
+    void *stack = (void *)real_syscall(SYS_mmap, 0L, size, (long)(PROT_READ | PROT_WRITE),
+                                       (long)(MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK), -1L, 0L);
+    pid_t child = stack == MAP_FAILED ? -1
+                                      : clone(helper_main, (char *)stack + size,
+                                              CLONE_VM | CLONE_VFORK | SIGCHLD, &h);
+    sigset_t waiting = h.mask;
+    sigaddset(&waiting, SIGCHLD);
+    raw(SYS_rt_sigprocmask, SIG_SETMASK, (long)&waiting, 0, 8);
+    int rc = -1, err = EAGAIN;
     if (child > 0) {
-        while (waitpid(child, &status, 0) < 0 && errno == EINTR) {
+        int status = 0;
+        long w;
+        while ((w = raw(SYS_wait4, child, (long)&status, 0, 0)) < 0 && errno == EINTR) {
         }
-        if (WIFEXITED(status)) {
+        err = EIO;
+        if (w == child && WIFEXITED(status)) {
             switch (WEXITSTATUS(status)) {
             case 0: rc = 0; break;
             case 2: err = EINVAL; break;
@@ -129,12 +206,11 @@ static int via_clan_queued(long id, int sig, int group, int queued, long value) 
             default: err = EIO;
             }
         }
-    } else {
-        err = EAGAIN;
     }
-    sigprocmask(SIG_SETMASK, &old, NULL);
-    if (rc < 0)
-        errno = err;
+    if (stack != MAP_FAILED)
+        raw(SYS_munmap, (long)stack, size, 0, 0);
+    raw(SYS_rt_sigprocmask, SIG_SETMASK, (long)&h.mask, 0, 8);
+    errno = rc < 0 ? err : saved;
     return rc;
 }
 
@@ -147,6 +223,8 @@ int kill(pid_t pid, int sig) {
     if (p <= -SPAN)
         return via_clan(-p, sig, 1);
     if (is_gpid(p)) {
+        if (p % SPAN == 0)
+            return no_process();
         if (is_local_gpid(p))
             return (int)raw(SYS_kill, p % SPAN, sig, 0, 0);
         return via_clan(p, sig, 0);
@@ -164,24 +242,35 @@ int killpg(pid_t pgrp, int sig) {
 }
 
 int sigqueue(pid_t pid, int sig, const union sigval value) {
-    static int (*real)(pid_t, int, const union sigval);
-    if (!real)
-        real = (int (*)(pid_t, int, const union sigval))dlsym(RTLD_NEXT, "sigqueue");
     long p = pid;
     if (is_gpid(p)) {
+        if (p % SPAN == 0)
+            return no_process();
         if (is_local_gpid(p))
-            return real((pid_t)(p % SPAN), sig, value);
+            return real_sigqueue((pid_t)(p % SPAN), sig, value);
         return via_clan_queued(p, sig, 0, 1, (long)(intptr_t)value.sival_ptr);
     }
-    return real(pid, sig, value);
+    return real_sigqueue(pid, sig, value);
 }
 
 int tgkill(pid_t tgid, pid_t tid, int sig) {
     long g = tgid, t = tid;
     if (is_gpid(g)) {
+        if (t <= 0) {
+            errno = EINVAL;
+            return -1;
+        }
+        if (g % SPAN == 0)
+            return no_process();
         if (is_local_gpid(g))
             return (int)raw(SYS_tgkill, g % SPAN, is_gpid(t) ? t % SPAN : t, sig, 0);
-        return via_clan(g, sig, 0); // to the process: threads do not cross nodes
+        // Threads do not cross nodes: the main thread's signal goes to its process; another
+        // thread of a remote process can not be named from here.
+        if (t != g) {
+            errno = EREMOTE;
+            return -1;
+        }
+        return via_clan(g, sig, 0);
     }
     return (int)raw(SYS_tgkill, g, t, sig, 0);
 }
@@ -189,6 +278,8 @@ int tgkill(pid_t tgid, pid_t tid, int sig) {
 int pidfd_open(pid_t pid, unsigned int flags) {
     long p = pid;
     if (is_gpid(p)) {
+        if (p % SPAN == 0)
+            return no_process();
         if (is_local_gpid(p))
             return (int)raw(SYS_pidfd_open, p % SPAN, flags, 0, 0);
         errno = EREMOTE;
@@ -213,17 +304,24 @@ static long gpid_of_dir_fd(int fd) {
 int pidfd_send_signal(int fd, int sig, siginfo_t *info, unsigned int flags) {
     long g = gpid_of_dir_fd(fd);
     if (g) {
-        if (is_local_gpid(g))
+        if (flags != 0) {
+            errno = EINVAL;
+            return -1;
+        }
+        if (is_local_gpid(g)) {
+            if (info)
+                return (int)raw(SYS_rt_sigqueueinfo, g % SPAN, sig, (long)info, 0);
             return kill((pid_t)(g % SPAN), sig);
+        }
+        // A siginfo a program may send (sigqueue's SI_QUEUE) carries its value across.
+        if (info && info->si_code == SI_QUEUE)
+            return via_clan_queued(g, sig, 0, 1, (long)(intptr_t)info->si_value.sival_ptr);
         return via_clan(g, sig, 0);
     }
     return (int)raw(SYS_pidfd_send_signal, fd, sig, (long)info, flags);
 }
 
 long ptrace(enum __ptrace_request req, ...) {
-    static long (*real)(enum __ptrace_request, ...);
-    if (!real)
-        real = (long (*)(enum __ptrace_request, ...))dlsym(RTLD_NEXT, "ptrace");
     va_list ap;
     va_start(ap, req);
     long pid = (long)va_arg(ap, pid_t);
@@ -231,13 +329,15 @@ long ptrace(enum __ptrace_request req, ...) {
     void *data = va_arg(ap, void *);
     va_end(ap);
     if (is_gpid(pid)) {
+        if (pid % SPAN == 0)
+            return no_process();
         if (!is_local_gpid(pid)) {
             errno = EREMOTE; // a process of another node can not be traced from here
             return -1;
         }
         pid %= SPAN;
     }
-    return real(req, (pid_t)pid, addr, data);
+    return real_ptrace(req, (pid_t)pid, addr, data);
 }
 
 // Programs that call syscall(2) directly (psmisc killall, procps pidwait).

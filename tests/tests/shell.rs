@@ -238,7 +238,8 @@ fn remote_calls_answer_as_the_kernel_would() {
         Some(user),
         &format!(
             "kill -TERM {roots}; echo rc=$?; kill -0 20009999; echo rc=$?; \
-             python3 -c 'import os\ntry:\n os.pidfd_open({roots})\nexcept OSError as e:\n print(e.errno)'"
+             python3 -c 'import os\ntry:\n os.pidfd_open({roots})\nexcept OSError as e:\n print(e.errno)'; \
+             CLAN_NODE=2 python3 -c 'import os\nfor g in ({roots}, 10000000):\n try:\n  os.kill(g, 0)\n  print(0)\n except OSError as e:\n  print(e.errno)'"
         ),
     );
     let out = String::from_utf8_lossy(&o.stdout).into_owned();
@@ -250,7 +251,16 @@ fn remote_calls_answer_as_the_kernel_would() {
     );
     assert_eq!(
         out.lines().collect::<Vec<_>>(),
-        ["rc=1", "rc=1", &libc::EREMOTE.to_string()],
+        // The last two: a user's CLAN_NODE (which `clan` obeys) does not make node 2's
+        // gpids local ones here (EPERM from node 2, not ESRCH from a local pid), and a gpid
+        // whose local part is 0 names no process (not kill(0): the caller's own group).
+        [
+            "rc=1",
+            "rc=1",
+            &libc::EREMOTE.to_string(),
+            &libc::EPERM.to_string(),
+            &libc::ESRCH.to_string(),
+        ],
         "{}",
         text(&o)
     );

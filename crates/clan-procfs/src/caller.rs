@@ -144,8 +144,15 @@ impl Locator {
     }
 
     /// The node's procfs as host process `pid` sees it, when it is mounted in its mount
-    /// namespace (a clan shell), with the numbers there of the process and the thread.
-    fn node_proc_of(&self, pid: u32, tid: u32, node: u32) -> Option<(PathBuf, u64, u64)> {
+    /// namespace (a clan shell), with the numbers there of the process and the thread:
+    /// `numbers`, their pids in the node's pid namespace (not in one of their own nested
+    /// in it: `unshare -p` in a clan shell).
+    fn node_proc_of(
+        &self,
+        pid: u32,
+        node: u32,
+        numbers: (u64, u64),
+    ) -> Option<(PathBuf, u64, u64)> {
         let p = self.node_proc.as_ref().filter(|_| node == self.node)?;
         let inside = self
             .proc_root
@@ -155,11 +162,7 @@ impl Locator {
         if !inside.join("1/stat").exists() {
             return None;
         }
-        let num = |t: u32| -> Option<u64> {
-            let s = std::fs::read_to_string(self.proc_root.join(format!("{t}/status"))).ok()?;
-            status_numbers(&s, "NSpid").last().copied()
-        };
-        Some((p.clone(), num(pid)?, num(tid)?))
+        Some((p.clone(), numbers.0, numbers.1))
     }
 
     /// The pid namespaces of the nodes that run in one of their own (a local cluster's
@@ -225,7 +228,7 @@ impl Locator {
             return Caller::Cluster {
                 gpid: node + u64::from(pid),
                 thread: node + u64::from(tid),
-                node_proc: self.node_proc_of(pid, tid, self.node),
+                node_proc: self.node_proc_of(pid, self.node, (pid.into(), tid.into())),
             };
         }
         let Ok(ns) = std::fs::read_link(dir.join("ns/pid")) else {
@@ -249,7 +252,7 @@ impl Locator {
                 Caller::Cluster {
                     gpid: base + p,
                     thread: base + t,
-                    node_proc: self.node_proc_of(pid, tid, node),
+                    node_proc: self.node_proc_of(pid, node, (p, t)),
                 }
             }
             _ => Caller::Host { pid, tid },

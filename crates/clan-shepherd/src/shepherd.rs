@@ -609,8 +609,9 @@ fn start(
     // The caller's environment but the variables clan sets for this process (a caller
     // that is itself a rank of a job must not pass its rank on); other CLAN_ variables
     // (CLAN_LINKS, a user's own) pass as any other.
-    const OURS: [&[u8]; 7] = [
+    const OURS: [&[u8]; 8] = [
         b"CLAN_NODE=",
+        b"CLAN_SHIM_NODE=",
         b"CLAN_GPID=",
         b"CLAN_JOB=",
         b"CLAN_RANK=",
