@@ -1885,3 +1885,176 @@ fn a_link_to_a_cut_off_node_fails_naming_the_node() {
     assert!(e.to_string().contains("node 2"), "{e}");
     net.mend(2);
 }
+
+/// The cluster's name and key, as its nodes read them.
+fn cluster_key(c: &Cluster) -> (String, Vec<u8>) {
+    let cfg = clan_core::ClusterConfig::load(&c.dir.join("cluster.toml")).expect("cluster file");
+    (cfg.name, cfg.key)
+}
+
+/// Guards the review findings "a local request just under 16 MiB, sent on to a peer, goes
+/// over the limit and the peer drops the control connection" and "a 16 MiB local frame of
+/// empty items decodes to ~250 MB": a local request over `MAX_LOCAL_FRAME` is refused from
+/// its length with an error naming its size and the limit, the daemon carries on, and a
+/// run with a large environment (read as a large request) still works.
+#[test]
+fn a_local_request_over_the_limit_is_refused_naming_its_size() {
+    root_or_skip!("a_local_request_over_the_limit_is_refused_naming_its_size");
+    use clan_proto::MAX_LOCAL_FRAME;
+    let c = Cluster::up(2);
+    let sock = clan_client::socket_path(&c.dir, clan_core::NodeId::new(1).unwrap());
+    for len in [clan_proto::MAX_FRAME - 1000, MAX_LOCAL_FRAME + 1] {
+        let mut s = std::os::unix::net::UnixStream::connect(&sock).unwrap();
+        // Refused from the length alone: no body follows (a daemon waiting for it fails
+        // the test after 30 s rather than hanging it).
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        s.write_all(&(len as u32).to_be_bytes()).unwrap();
+        let reply: Option<clan_proto::pb::LocalReply> =
+            clan_proto::read_frame_sync(&mut s).expect("an answer, not a wait for the body");
+        let e = match reply.and_then(|r| r.reply) {
+            Some(clan_proto::pb::local_reply::Reply::Error(e)) => e,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(e.code(), clan_proto::pb::ErrorCode::Invalid, "{e:?}");
+        assert!(e.message.contains("request too large"), "{e:?}");
+        assert!(e.message.contains(&len.to_string()), "{e:?}");
+        assert!(e.message.contains(&MAX_LOCAL_FRAME.to_string()), "{e:?}");
+    }
+    // About 1 MiB of environment: a request over 64 KiB, read in its turn, sent on to
+    // node 2 whole.
+    let mut cmd = c.cmd();
+    let big = "x".repeat(100 << 10);
+    for i in 0..10 {
+        cmd.env(format!("CLAN_TEST_BIG{i}"), &big);
+    }
+    let o = cmd
+        .args(["run", "--node", "2", "--", "sh", "-c"])
+        .arg("echo ${#CLAN_TEST_BIG0} ${#CLAN_TEST_BIG9}")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "102400 102400");
+    let out = c.clan_ok(&["nodes"]);
+    assert_eq!(out.matches(" up ").count(), 2, "{out}");
+}
+
+/// Guards the review finding "a peer that takes the handshake and closes at once is
+/// dialed 20 times a second": a connection that ends before `dead_after` backs off as a
+/// failed dial does (50, 100, 200, 400 ms, then one heartbeat period), instead of starting
+/// again from 50 ms each time.
+#[test]
+fn a_peer_that_closes_at_once_is_dialed_with_backoff() {
+    root_or_skip!("a_peer_that_closes_at_once_is_dialed_with_backoff");
+    let c = Cluster::up_with(2, &["--heartbeat-ms", "500", "--dead-after-ms", "3000"]);
+    let (cluster, key) = cluster_key(&c);
+    c.power_cut(2);
+    let addr = format!("127.0.0.1:{}", c.base_port + 2);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let dials = rt.block_on(async {
+        // Node 2 as a cland that proves the key and then ends each control connection
+        // cleanly: it closes its side and reads until node 1 closes too.
+        let l = tokio::net::TcpListener::bind(&addr).await.unwrap();
+        let me = clan_proto::auth::Identity {
+            node: 2,
+            incarnation: 77,
+            cluster,
+            kind: clan_proto::pb::ConnKind::Control,
+            creds: None,
+        };
+        let mut at = Vec::new();
+        while at.len() < 6 {
+            let (s, _) = tokio::time::timeout(Duration::from_secs(30), l.accept())
+                .await
+                .expect("node 1 stopped dialing")
+                .unwrap();
+            let (r, w) = s.into_split();
+            let r = tokio::io::BufReader::new(r);
+            let Ok((hello, mut rd, wr)) = clan_proto::auth::accept(r, w, &key, &me).await else {
+                continue;
+            };
+            if hello.kind != clan_proto::pb::ConnKind::Control as i32 {
+                continue;
+            }
+            at.push(std::time::Instant::now());
+            drop(wr);
+            tokio::spawn(async move { while let Ok(Some(_)) = rd.read().await {} });
+        }
+        at
+    });
+    let took = dials[5] - dials[0];
+    assert!(
+        took >= Duration::from_millis(1000),
+        "six dials within {took:?}: no backoff"
+    );
+}
+
+/// Guards the review finding "one host without the key can fill all 256 places of
+/// connections waiting for their proof": an address that is not a node's holds at most 8
+/// (the next is closed before any Hello), while another address is still answered.
+#[test]
+fn one_address_holds_few_unproven_connections() {
+    root_or_skip!("one_address_holds_few_unproven_connections");
+    use clan_proto::auth::{self, AuthError, Identity};
+    let c = Cluster::up_with(2, &["--heartbeat-ms", "200", "--dead-after-ms", "10000"]);
+    let (cluster, _) = cluster_key(&c);
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{}", c.base_port + 1).parse().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let from = |ip: &str| {
+        let s = tokio::net::TcpSocket::new_v4().unwrap();
+        s.bind(format!("{ip}:0").parse().unwrap()).unwrap();
+        s.connect(addr)
+    };
+    let me = Identity {
+        node: 2,
+        incarnation: 1,
+        cluster,
+        kind: clan_proto::pb::ConnKind::Control,
+        creds: None,
+    };
+    // A handshake with a wrong key: refused by the cap (no Hello comes back), or answered
+    // (its proof then fails).
+    let try_from = |ip: &'static str| {
+        let me = me.clone();
+        async move {
+            let (r, w) = from(ip).await.unwrap().into_split();
+            match auth::connect(r, w, b"not-the-cluster-key-at-all", &me).await {
+                Err(AuthError::BadProof { .. }) => false,
+                Err(_) => true,
+                Ok(_) => panic!("accepted without the key"),
+            }
+        }
+    };
+    rt.block_on(async {
+        let mut silent = Vec::new();
+        for _ in 0..8 {
+            silent.push(from("127.0.0.2").await.unwrap());
+        }
+        // Once the eight silent ones hold their places, a ninth is refused.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(8);
+        while !try_from("127.0.0.2").await {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "a ninth connection from one address was answered"
+            );
+        }
+        assert!(
+            !try_from("127.0.0.3").await,
+            "another address was refused too"
+        );
+        drop(silent);
+    });
+    assert!(
+        c.log(1)
+            .contains("connections from its address are authenticating already"),
+        "no refusal logged"
+    );
+    let out = c.clan_ok(&["nodes"]);
+    assert_eq!(out.matches(" up ").count(), 2, "{out}");
+}

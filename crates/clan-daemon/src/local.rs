@@ -11,7 +11,7 @@ use crate::session::{Endpoint, Start, StubRelay};
 use clan_core::unixconn::{ReadHalf as OwnedReadHalf, UnixConn, WriteHalf as OwnedWriteHalf};
 use clan_core::{Gpid, NodeId};
 use clan_proto::pb::{self, local_reply::Reply, local_request::Op};
-use clan_proto::{read_frame, write_frame};
+use clan_proto::{write_frame, FrameError, MAX_LOCAL_FRAME};
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::PermissionsExt;
@@ -22,6 +22,52 @@ use tokio::io::BufReader;
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
+
+/// Requests larger than this are read and decoded [`LARGE_AT_ONCE`] at a time: a frame of
+/// many empty items decodes to many times its size (a 4 MiB one, to 100 MB or more), and
+/// any user may open many connections.
+const LARGE_REQUEST: usize = 64 << 10;
+
+/// How many large requests are read and decoded at once.
+const LARGE_AT_ONCE: usize = 4;
+
+static LARGE_TURNS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(LARGE_AT_ONCE);
+
+/// How long a client that has its turn may take to send a large request's body (it wrote
+/// the whole frame at once: only a client stopped halfway takes longer).
+const LARGE_BODY_TIME: Duration = Duration::from_secs(5);
+
+/// The next request of a local client; `None` when it closed the connection. A request
+/// longer than [`MAX_LOCAL_FRAME`] is refused from its length, before its body is read.
+async fn read_request(
+    rd: &mut BufReader<OwnedReadHalf>,
+) -> std::result::Result<Option<pb::LocalRequest>, FrameError> {
+    use prost::Message;
+    let Some(len) = clan_proto::frame::read_len(rd).await? else {
+        return Ok(None);
+    };
+    if len > MAX_LOCAL_FRAME {
+        return Err(FrameError::TooLarge(len));
+    }
+    if len <= LARGE_REQUEST {
+        let body = clan_proto::frame::read_body(rd, len).await?;
+        return Ok(Some(pb::LocalRequest::decode(body.as_slice())?));
+    }
+    // Held until the request is decoded.
+    let _turn = LARGE_TURNS.acquire().await.expect("never closed");
+    let body = tokio::time::timeout(LARGE_BODY_TIME, clan_proto::frame::read_body(rd, len))
+        .await
+        .map_err(|_| {
+            FrameError::Io(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!(
+                    "the {len} bytes of a request did not come within {} s",
+                    LARGE_BODY_TIME.as_secs()
+                ),
+            ))
+        })??;
+    Ok(Some(pb::LocalRequest::decode(body.as_slice())?))
+}
 
 /// Resolves when the client's side of the connection has something to say: true at EOF
 /// (it closed or died), false when it sent more (which stays buffered for the next read).
@@ -99,11 +145,16 @@ impl Node {
         let (rd, mut wr) = s.into_split();
         let mut rd = BufReader::new(rd);
         loop {
-            let req: pb::LocalRequest = match read_frame(&mut rd).await {
+            let req = match read_request(&mut rd).await {
                 Ok(Some(r)) => r,
                 Ok(None) => return,
                 Err(e) => {
-                    let err = Error::Invalid(format!("malformed request: {e}"));
+                    let err = match e {
+                        FrameError::TooLarge(n) => Error::Invalid(format!(
+                            "request too large: {n} bytes, the limit is {MAX_LOCAL_FRAME} bytes"
+                        )),
+                        e => Error::Invalid(format!("malformed request: {e}")),
+                    };
                     let _ = write_frame(
                         &mut wr,
                         &pb::LocalReply {
@@ -582,7 +633,7 @@ impl Node {
         let (in_tx, in_rx) = mpsc::channel(64);
         let (to_stub, mut to_stub_rx) = mpsc::channel::<pb::SessionOutput>(64);
         let reader = tokio::spawn(async move {
-            while let Ok(Some(req)) = read_frame::<pb::LocalRequest, _>(&mut rd).await {
+            while let Ok(Some(req)) = read_request(&mut rd).await {
                 if let Some(Op::Input(i)) = req.op {
                     if in_tx.send(i).await.is_err() {
                         break;

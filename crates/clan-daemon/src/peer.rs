@@ -52,6 +52,9 @@ pub struct Peer {
     /// The writing half of our connection to the peer; frames are written directly by
     /// whoever sends them (no writer task between a request and the socket).
     out: NamedAsyncMutex<Option<PeerWriter<OwnedWriteHalf>>>,
+    /// Told when a send gives the connection up ([`Sending`]): the dial loop stops reading
+    /// it and dials again.
+    broken: tokio::sync::Notify,
     write_timeout: Duration,
     next_id: AtomicU64,
     /// Session connections opened ahead of time (session.rs).
@@ -71,6 +74,7 @@ impl Peer {
             state: NamedMutex::new("peer.state", PeerState::default()),
             pending: NamedMutex::new("peer.pending", HashMap::new()),
             out: NamedAsyncMutex::new("peer.out", None),
+            broken: tokio::sync::Notify::new(),
             write_timeout,
             next_id: AtomicU64::new(1),
             spare_sessions: NamedMutex::new("peer.sessions", Vec::new()),
@@ -113,16 +117,111 @@ impl Peer {
 
     /// Writes a frame on our connection to the peer; false when there is none or it broke
     /// (a peer that does not read for `dead_after_ms` loses its connection).
+    ///
+    /// Cancel safe: callers bound their calls with timeouts of their own, which may drop
+    /// a send in the middle of its write. The connection is then given up as after a
+    /// failed write ([`Sending`]): its writer has taken the frame's sequence number and
+    /// may have put part of it on the wire, so no later frame could pass the peer's MAC
+    /// check.
     async fn send(&self, f: &pb::PeerFrame) -> bool {
-        let mut out = self.out.lock().await;
-        let Some(w) = out.as_mut() else { return false };
-        match tokio::time::timeout(self.write_timeout, w.write(f)).await {
-            Ok(Ok(())) => true,
-            _ => {
-                *out = None;
-                false
+        let mut s = Sending {
+            out: self.out.lock().await,
+            broken: &self.broken,
+            done: false,
+        };
+        let Some(w) = s.out.as_mut() else {
+            return false;
+        };
+        s.done = matches!(
+            tokio::time::timeout(self.write_timeout, w.write(f)).await,
+            Ok(Ok(()))
+        );
+        s.done
+    }
+}
+
+/// Our writer to a peer, held for one frame. Dropped before the frame was written whole
+/// (the write failed or timed out, or the send was cancelled halfway), it takes the writer
+/// away, which closes our side of the connection, and wakes the dial loop to dial again.
+struct Sending<'a> {
+    out: tokio::sync::MutexGuard<'a, Option<PeerWriter<OwnedWriteHalf>>>,
+    broken: &'a tokio::sync::Notify,
+    done: bool,
+}
+
+impl Drop for Sending<'_> {
+    fn drop(&mut self) {
+        if !self.done && self.out.take().is_some() {
+            self.broken.notify_waiters();
+        }
+    }
+}
+
+/// Unproven inbound connections (not yet past their proof of the cluster key) that one
+/// address other than a node's may hold at once: one host without the key does not take
+/// all of [`Node::serve_inbound`]'s 256 (nodes' own addresses are not counted: on a local
+/// cluster every node dials from the same one).
+const UNPROVEN_PER_SOURCE: usize = 8;
+
+/// One unproven connection from an address, counted until dropped.
+struct Unproven(std::net::IpAddr);
+
+fn unproven_by_source() -> &'static NamedMutex<HashMap<std::net::IpAddr, usize>> {
+    static BY_SOURCE: std::sync::OnceLock<NamedMutex<HashMap<std::net::IpAddr, usize>>> =
+        std::sync::OnceLock::new();
+    BY_SOURCE.get_or_init(|| NamedMutex::new("peer.unproven", HashMap::new()))
+}
+
+impl Unproven {
+    /// A place for one more unproven connection from `ip`, if it has fewer than
+    /// [`UNPROVEN_PER_SOURCE`].
+    fn take(ip: std::net::IpAddr) -> Option<Unproven> {
+        let mut by = unproven_by_source().lock();
+        let n = by.entry(ip).or_insert(0);
+        if *n >= UNPROVEN_PER_SOURCE {
+            return None;
+        }
+        *n += 1;
+        Some(Unproven(ip))
+    }
+}
+
+impl Drop for Unproven {
+    fn drop(&mut self) {
+        let mut by = unproven_by_source().lock();
+        if let Some(n) = by.get_mut(&self.0) {
+            *n -= 1;
+            if *n == 0 {
+                by.remove(&self.0);
             }
         }
+    }
+}
+
+/// A request that the peer would refuse for its size (dropping the connection, and every
+/// request in flight on it with it): refused here, naming its size.
+pub(crate) fn check_request_size(f: &pb::PeerFrame) -> Result<()> {
+    let n = prost::Message::encoded_len(f);
+    if n > auth::MAX_PEER_BODY {
+        return Err(Error::Invalid(format!(
+            "request too large: {n} bytes, the limit is {} bytes",
+            auth::MAX_PEER_BODY
+        )));
+    }
+    Ok(())
+}
+
+/// TCP_USER_TIMEOUT of `t` on a control connection: data the peer does not acknowledge
+/// within `t` (it vanished: its machine reset, a cut link) breaks the connection then,
+/// rather than after TCP's quarter hour of retransmissions. Not for session connections:
+/// the kernel also gives up on a connection whose receiver's window stays closed that
+/// long, and a stub that is stopped or read slowly closes its session's window for as
+/// long as it likes.
+pub(crate) fn user_timeout(s: &TcpStream, t: Duration) {
+    use nix::sys::socket::{setsockopt, sockopt};
+    let ms = u32::try_from(t.as_millis()).unwrap_or(u32::MAX).max(1);
+    if let Err(e) = setsockopt(s, sockopt::TcpUserTimeout, &ms) {
+        debug!("TCP_USER_TIMEOUT: {e}");
     }
 }
 
@@ -206,8 +305,6 @@ impl Node {
             return Err(Error::NodeDown(format!("node {to} is down")));
         }
         let id = p.next_id.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = oneshot::channel();
-        p.pending.lock().insert(id, tx);
         let frame = pb::PeerFrame {
             frame: Some(Frame::Request(pb::PeerRequest {
                 id,
@@ -215,6 +312,9 @@ impl Node {
                 op: Some(op),
             })),
         };
+        check_request_size(&frame)?;
+        let (tx, rx) = oneshot::channel();
+        p.pending.lock().insert(id, tx);
         if !p.send(&frame).await {
             p.pending.lock().remove(&id);
             return Err(Error::NodeDown(format!("node {to} is unreachable")));
@@ -386,7 +486,12 @@ impl Node {
         let mut backoff = Duration::from_millis(50);
         loop {
             match self.dial(&p).await {
-                Ok(()) => backoff = Duration::from_millis(50),
+                // A connection that lasted: dial again soon. One the peer ended at once
+                // (it took the handshake, then closed) backs off as a failed dial does.
+                Ok(lasted) if lasted > self.cfg.dead_after() => backoff = Duration::from_millis(50),
+                Ok(lasted) => {
+                    debug!(node = %p.id, "link closed by the peer after {} ms", lasted.as_millis())
+                }
                 Err(e) => debug!(node = %p.id, "link: {e}"),
             }
             *p.out.lock().await = None;
@@ -414,7 +519,9 @@ impl Node {
             Err(_) => return Err(DialError::NoAnswer),
         };
         let _ = s.set_nodelay(true);
-        if me.kind != pb::ConnKind::Control {
+        if me.kind == pb::ConnKind::Control {
+            user_timeout(&s, limit);
+        } else {
             crate::session::keep_alive(&s, limit);
         }
         let (r, w) = s.into_split();
@@ -430,7 +537,9 @@ impl Node {
         }
     }
 
-    async fn dial(&self, p: &Arc<Peer>) -> anyhow::Result<()> {
+    /// One control connection to `p`, used until it ends; how long it lasted when the
+    /// peer closed it.
+    async fn dial(&self, p: &Arc<Peer>) -> anyhow::Result<Duration> {
         let (hello, mut rd, wr) = self
             .dial_peer(p.addr, &self.identity(pb::ConnKind::Control))
             .await
@@ -438,12 +547,22 @@ impl Node {
         if hello.node != p.id.get() {
             anyhow::bail!("{} answered as node {}", p.addr, hello.node);
         }
+        // Waiting from before the writer is there: a send that gives this connection up
+        // (`Sending`) ends the reading below, even on a connection gone silent.
+        let broken = p.broken.notified();
+        tokio::pin!(broken);
         *p.out.lock().await = Some(wr);
+        let linked = Instant::now();
         debug!(node = %p.id, "linked");
         // Tell the peer who we are at once, not one heartbeat period later.
         p.send(&self.heartbeat()).await;
         loop {
-            match rd.read().await {
+            // A read cut short here is never resumed: the connection is given up.
+            let f = tokio::select! {
+                f = rd.read() => f,
+                _ = &mut broken => anyhow::bail!("a frame could not be sent to it"),
+            };
+            match f {
                 Ok(Some(pb::PeerFrame {
                     frame: Some(Frame::Reply(r)),
                 })) => {
@@ -453,7 +572,7 @@ impl Node {
                     }
                 }
                 Ok(Some(_)) => {}
-                Ok(None) => return Ok(()),
+                Ok(None) => return Ok(linked.elapsed()),
                 Err(e) => return Err(e.into()),
             }
         }
@@ -475,6 +594,26 @@ impl Node {
             warn!(peer = %from, "refused: {UNPROVEN_MAX} connections are authenticating already");
             return;
         };
+        // Nor may one host that is not a node of the cluster hold more than a few of them.
+        let node_addr = self.peers.values().any(|p| p.addr.ip() == from.ip())
+            || self
+                .cfg
+                .node(self.id)
+                .is_ok_and(|n| n.addr.ip() == from.ip());
+        let _source = match node_addr {
+            true => None,
+            false => match Unproven::take(from.ip()) {
+                Some(u) => Some(u),
+                None => {
+                    warn!(
+                        peer = %from,
+                        "refused: {UNPROVEN_PER_SOURCE} connections from its address are \
+                         authenticating already"
+                    );
+                    return;
+                }
+            },
+        };
         // A connection that never says who it is does not hold a task for ever.
         let hello = tokio::time::timeout(
             self.cfg.dead_after(),
@@ -482,6 +621,7 @@ impl Node {
         )
         .await;
         drop(_permit);
+        drop(_source);
         let (hello, mut rd, wr) = match hello {
             Ok(Ok(x)) => x,
             Ok(Err(e)) => {
@@ -510,7 +650,9 @@ impl Node {
             return;
         }
         match pb::ConnKind::try_from(hello.kind) {
-            Ok(pb::ConnKind::Control) => {}
+            Ok(pb::ConnKind::Control) => {
+                user_timeout(rd.get_ref().get_ref().as_ref(), self.cfg.dead_after());
+            }
             Ok(pb::ConnKind::Session) => {
                 crate::session::serve_remote(self, peer, rd, wr).await;
                 return;
@@ -772,5 +914,124 @@ impl Node {
         if let Some(p) = self.peers.get(&to) {
             p.state.lock().placed_since += 1;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clan_proto::auth::PeerReader;
+    use clan_proto::FrameError;
+    use tokio::net::TcpSocket;
+
+    const KEY: &[u8] = b"0123456789abcdef0123456789abcdef";
+
+    fn me(node: u32) -> Identity {
+        Identity {
+            node,
+            incarnation: node as u64,
+            cluster: "t".into(),
+            kind: pb::ConnKind::Control,
+            creds: None,
+        }
+    }
+
+    /// An authenticated connection over loopback with small socket buffers: our writer and
+    /// the far end's reader, which reads only when asked.
+    async fn linked() -> (
+        PeerWriter<OwnedWriteHalf>,
+        OwnedReadHalf,
+        PeerReader<BufReader<OwnedReadHalf>>,
+        SocketAddr,
+    ) {
+        let ls = TcpSocket::new_v4().unwrap();
+        ls.set_recv_buffer_size(16 << 10).unwrap();
+        ls.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let l = ls.listen(4).unwrap();
+        let addr = l.local_addr().unwrap();
+        let cs = TcpSocket::new_v4().unwrap();
+        cs.set_send_buffer_size(16 << 10).unwrap();
+        let dial = async {
+            let (r, w) = cs.connect(addr).await.unwrap().into_split();
+            let (_, rd, wr) = auth::connect(BufReader::new(r), w, KEY, &me(1))
+                .await
+                .unwrap();
+            (rd.into_inner().into_inner(), wr)
+        };
+        let take = async {
+            let (r, w) = l.accept().await.unwrap().0.into_split();
+            let (_, rd, _) = auth::accept(BufReader::new(r), w, KEY, &me(2))
+                .await
+                .unwrap();
+            rd
+        };
+        let ((ours, wr), far) = tokio::join!(dial, take);
+        (wr, ours, far, addr)
+    }
+
+    fn output(n: usize) -> pb::PeerFrame {
+        pb::PeerFrame {
+            frame: Some(Frame::Output(pb::SessionOutput {
+                gpid: 1,
+                output: Some(pb::session_output::Output::Stdout(vec![7; n])),
+            })),
+        }
+    }
+
+    /// Guards the review finding "a cancelled `Peer::send` breaks the shared control
+    /// connection": a send dropped in the middle of its write (its caller's timeout) leaves
+    /// no writer behind whose next frame would fail the peer's MAC check or be read as the
+    /// rest of the cut one; the dial loop is woken to dial again, and the peer sees the
+    /// connection end within the cut frame.
+    #[tokio::test]
+    async fn a_send_cut_off_halfway_gives_the_connection_up() {
+        let (wr, _ours, mut far, addr) = linked().await;
+        let p = Peer::new(NodeId::new(2).unwrap(), addr, Duration::from_secs(600));
+        let broken = p.broken.notified();
+        tokio::pin!(broken);
+        *p.out.lock().await = Some(wr);
+        assert!(p.send(&output(10)).await, "a small frame is sent");
+        assert_eq!(far.read().await.unwrap().unwrap(), output(10));
+        // Far more than both sockets' buffers hold, with nobody reading: the write can not
+        // finish, and the caller's timeout cuts it off.
+        let cut = tokio::time::timeout(Duration::from_millis(200), p.send(&output(4 << 20))).await;
+        assert!(cut.is_err(), "a 4 MiB frame went into the buffers whole");
+        assert!(
+            p.out.lock().await.is_none(),
+            "the writer of a cut frame was kept"
+        );
+        tokio::time::timeout(Duration::from_secs(10), &mut broken)
+            .await
+            .expect("the dial loop was not woken");
+        assert!(!p.send(&output(10)).await, "sent on a given-up connection");
+        // The peer reads what came of the cut frame, then the end of the connection: an
+        // error, never a frame.
+        let e = far.read().await.unwrap_err();
+        assert!(matches!(e, FrameError::Truncated), "{e}");
+    }
+
+    #[tokio::test]
+    async fn control_connections_give_up_on_unacknowledged_data_after_dead_after() {
+        let (wr, ours, _far, _) = linked().await;
+        let s = ours.reunite(wr.into_inner()).unwrap();
+        user_timeout(&s, Duration::from_millis(2500));
+        use nix::sys::socket::{getsockopt, sockopt};
+        assert_eq!(getsockopt(&s, sockopt::TcpUserTimeout).unwrap(), 2500);
+    }
+
+    #[test]
+    fn one_source_holds_at_most_its_share_of_unproven_connections() {
+        let ip: std::net::IpAddr = "192.0.2.7".parse().unwrap();
+        let held: Vec<_> = (0..UNPROVEN_PER_SOURCE)
+            .map(|_| Unproven::take(ip).expect("room"))
+            .collect();
+        assert!(Unproven::take(ip).is_none(), "one more than the cap");
+        assert!(Unproven::take("192.0.2.8".parse().unwrap()).is_some());
+        drop(held);
+        assert!(
+            unproven_by_source().lock().get(&ip).is_none(),
+            "not forgotten"
+        );
+        assert!(Unproven::take(ip).is_some());
     }
 }

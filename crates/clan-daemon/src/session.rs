@@ -132,6 +132,7 @@ impl Node {
                 })),
             })),
         };
+        crate::peer::check_request_size(&req)?;
         let started = self.remote_session(s.target, &req, out, "start").await?;
         self.note_member(s.target, &s.creds);
         Ok(started)
@@ -244,7 +245,7 @@ impl Node {
             other => return Err(Error::Internal(format!("unexpected reply {other:?}"))),
         };
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(relay_to_remote(wr, rx));
+        tokio::spawn(relay_to_remote(wr, rx, deaths.clone()));
         tokio::spawn(relay_from_remote(
             self.clone(),
             rd,
@@ -425,15 +426,19 @@ impl Node {
 async fn relay_to_remote(
     mut wr: PeerWriter<OwnedWriteHalf>,
     mut rx: mpsc::UnboundedReceiver<pb::SessionInput>,
+    mut deaths: tokio::sync::watch::Receiver<u64>,
 ) {
     while let Some(i) = rx.recv().await {
-        if wr
-            .write(&pb::PeerFrame {
-                frame: Some(Frame::Input(i)),
-            })
-            .await
-            .is_err()
-        {
+        let f = pb::PeerFrame {
+            frame: Some(Frame::Input(i)),
+        };
+        // A write the process's node does not take (it vanished) ends when that node is
+        // declared dead; the connection is given up then, a frame cut halfway with it.
+        let sent = tokio::select! {
+            r = wr.write(&f) => r.is_ok(),
+            _ = deaths.changed() => false,
+        };
+        if !sent {
             break;
         }
     }
@@ -601,7 +606,14 @@ pub async fn serve_remote(
             }
             o = rx.recv() => match o {
                 Some(o) => {
-                    if wr.write(&pb::PeerFrame { frame: Some(Frame::Output(o)) }).await.is_err() {
+                    // A write the stub's node does not take (it vanished) ends when that
+                    // node is declared dead; the connection is given up then.
+                    let f = pb::PeerFrame { frame: Some(Frame::Output(o)) };
+                    let sent = tokio::select! {
+                        r = wr.write(&f) => r.is_ok(),
+                        _ = deaths.changed() => false,
+                    };
+                    if !sent {
                         input.abort();
                         break Ended::Broken;
                     }

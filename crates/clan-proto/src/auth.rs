@@ -35,6 +35,10 @@ type HmacSha256 = Hmac<Sha256>;
 const TAG: usize = 32;
 const NONCE: usize = 16;
 
+/// Largest body of a frame between nodes: with its MAC, it is [`crate::MAX_FRAME`], the
+/// most a peer reads (a longer frame would make it drop the connection).
+pub const MAX_PEER_BODY: usize = crate::MAX_FRAME - TAG;
+
 /// Largest frame read from a peer before it proved the cluster key (64 KiB; a Hello is some
 /// hundred bytes and the cluster's name).
 pub const MAX_HANDSHAKE_FRAME: usize = 64 << 10;
@@ -228,7 +232,14 @@ impl<W> PeerWriter<W> {
     }
 
     /// Encodes `frame` into the bytes of one frame, its MAC last, advancing the sequence.
-    pub fn seal(&mut self, frame: &PeerFrame) -> Vec<u8> {
+    /// A frame whose body is over [`MAX_PEER_BODY`] is refused
+    /// ([`FrameError::TooLargeToSend`], with the length its prefix would say) and the
+    /// sequence stays: the connection goes on as if it had not been asked.
+    pub fn seal(&mut self, frame: &PeerFrame) -> Result<Vec<u8>, FrameError> {
+        let len = frame.encoded_len();
+        if len > MAX_PEER_BODY {
+            return Err(FrameError::TooLargeToSend(len + TAG));
+        }
         let body = frame.encode_to_vec();
         let tag = self.k.tag(&body);
         self.k.seq += 1;
@@ -236,7 +247,7 @@ impl<W> PeerWriter<W> {
         out.extend_from_slice(&((body.len() + TAG) as u32).to_be_bytes());
         out.extend_from_slice(&body);
         out.extend_from_slice(&tag);
-        out
+        Ok(out)
     }
 
     /// The sequence number of the next frame this side writes.
@@ -277,14 +288,20 @@ pub fn resume<R, W>(
 impl<W: std::io::Write> PeerWriter<W> {
     /// Blocking [`PeerWriter::write`].
     pub fn write_sync(&mut self, frame: &PeerFrame) -> io::Result<()> {
-        let bytes = self.seal(frame);
+        let bytes = self.seal(frame)?;
         self.inner.write_all(&bytes)
     }
 }
 
 impl<W: AsyncWrite + Unpin> PeerWriter<W> {
+    /// Writes one frame. A frame too large to send fails at once (`InvalidInput`), with
+    /// nothing written ([`PeerWriter::seal`]).
+    ///
+    /// Cancel safety: not cancel safe. The sequence advances before the bytes go out, and
+    /// a write dropped halfway may leave part of a frame on the connection: a writer whose
+    /// write did not finish must not write again.
     pub async fn write(&mut self, frame: &PeerFrame) -> io::Result<()> {
-        let bytes = self.seal(frame);
+        let bytes = self.seal(frame)?;
         self.inner.write_all(&bytes).await
     }
 
@@ -627,7 +644,7 @@ mod tests {
         w2.write(&f).await.unwrap();
         assert_eq!(r1.read().await.unwrap().unwrap(), f);
         // A frame reflected back to its sender fails: the directions have their own MACs.
-        let sealed = w1.seal(&f);
+        let sealed = w1.seal(&f).unwrap();
         let mut reflected = sealed.as_slice();
         let mut back = PeerReader {
             inner: &mut reflected,
@@ -865,10 +882,57 @@ mod tests {
         let (_, _r, mut w) = connect(ar, aw, KEY, &id(1)).await.unwrap();
         let mut r2 = acc.await.unwrap().unwrap();
         let f = goodbye();
-        let sealed = w.seal(&f);
+        let sealed = w.seal(&f).unwrap();
         w.write_raw(&sealed).await.unwrap();
         w.write_raw(&sealed).await.unwrap(); // replay: wrong sequence number
         assert!(r2.read().await.unwrap().is_some());
         assert!(matches!(r2.read().await.unwrap_err(), FrameError::BadMac));
+    }
+
+    /// Guards the review finding "a local request just under the limit, sent on to a peer
+    /// with credentials and a MAC, went over it, and the peer dropped the whole control
+    /// connection": a frame over the limit is refused before it is sealed, with nothing
+    /// written and the sequence unchanged, so the connection goes on; one at the limit
+    /// passes.
+    #[tokio::test]
+    async fn a_frame_over_the_limit_is_refused_before_sealing() {
+        let (a, b) = duplex(crate::MAX_FRAME + 64);
+        let (ar, aw) = split(a);
+        let (br, bw) = split(b);
+        let acc = tokio::spawn(async move { accept(br, bw, KEY, &id(2)).await });
+        let (_, _r1, mut w1) = connect(ar, aw, KEY, &id(1)).await.unwrap();
+        let (_, mut r2, _w2) = acc.await.unwrap().unwrap();
+        let output = |n: usize| PeerFrame {
+            frame: Some(Frame::Output(pb::SessionOutput {
+                gpid: 1,
+                output: Some(pb::session_output::Output::Stdout(vec![7; n])),
+            })),
+        };
+        let mut n = MAX_PEER_BODY - 16;
+        while output(n).encoded_len() < MAX_PEER_BODY {
+            n += 1;
+        }
+        assert_eq!(output(n).encoded_len(), MAX_PEER_BODY);
+        let seq = w1.seq();
+        let e = w1.seal(&output(n + 1)).unwrap_err();
+        assert!(
+            matches!(e, FrameError::TooLargeToSend(len) if len == crate::MAX_FRAME + 1),
+            "{e}"
+        );
+        let said = e.to_string();
+        assert!(
+            said.contains(&(crate::MAX_FRAME + 1).to_string())
+                && said.contains(&crate::MAX_FRAME.to_string()),
+            "{said}"
+        );
+        let e = w1.write(&output(n + 1)).await.unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{e}");
+        assert_eq!(w1.seq(), seq, "a refused frame took a sequence number");
+        // Nothing of it went out: the next frames pass their MACs, the one at the limit
+        // too.
+        w1.write(&goodbye()).await.unwrap();
+        w1.write(&output(n)).await.unwrap();
+        assert_eq!(r2.read().await.unwrap().unwrap(), goodbye());
+        assert_eq!(r2.read().await.unwrap().unwrap(), output(n));
     }
 }

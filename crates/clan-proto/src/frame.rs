@@ -21,12 +21,19 @@ pub enum FrameError {
     BadMac,
     #[error("connection closed in the middle of a frame")]
     Truncated,
+    /// A frame this side was about to send, refused before any of it was written: its
+    /// reader would refuse it and drop the connection.
+    #[error("frame too large to send: {0} bytes, the limit is {max} bytes", max = crate::MAX_FRAME)]
+    TooLargeToSend(usize),
 }
 
 impl From<FrameError> for io::Error {
     fn from(e: FrameError) -> io::Error {
         match e {
             FrameError::Io(e) => e,
+            e @ FrameError::TooLargeToSend(_) => {
+                io::Error::new(io::ErrorKind::InvalidInput, e.to_string())
+            }
             other => io::Error::new(io::ErrorKind::InvalidData, other.to_string()),
         }
     }
@@ -65,6 +72,16 @@ pub async fn read_raw_max<R: AsyncRead + Unpin>(
     r: &mut R,
     max: usize,
 ) -> Result<Option<Vec<u8>>, FrameError> {
+    let Some(len) = read_len(r).await? else {
+        return Ok(None);
+    };
+    check_len_max(len, max.min(crate::MAX_FRAME))?;
+    read_body(r, len).await.map(Some)
+}
+
+/// The length prefix of the next frame, unchecked; `None` on a clean end of stream. With
+/// [`read_body`], for a reader that decides between the two (the limit, a turn to read).
+pub async fn read_len<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<usize>, FrameError> {
     let mut len = [0u8; 4];
     let mut got = 0;
     while got < 4 {
@@ -78,8 +95,12 @@ pub async fn read_raw_max<R: AsyncRead + Unpin>(
         }
         got += n;
     }
-    let len = u32::from_be_bytes(len) as usize;
-    check_len_max(len, max.min(crate::MAX_FRAME))?;
+    Ok(Some(u32::from_be_bytes(len) as usize))
+}
+
+/// The body of a frame whose length prefix [`read_len`] read (the caller checked `len`:
+/// this allocates it).
+pub async fn read_body<R: AsyncRead + Unpin>(r: &mut R, len: usize) -> Result<Vec<u8>, FrameError> {
     let mut body = vec![0u8; len];
     r.read_exact(&mut body).await.map_err(|e| {
         if e.kind() == io::ErrorKind::UnexpectedEof {
@@ -88,7 +109,7 @@ pub async fn read_raw_max<R: AsyncRead + Unpin>(
             FrameError::Io(e)
         }
     })?;
-    Ok(Some(body))
+    Ok(body)
 }
 
 /// Reads one message; `None` on a clean end of stream.

@@ -28,4 +28,13 @@ pub const VERSION: u32 = 3;
 /// Largest frame accepted from anyone (16 MiB): a bigger length is malformed input.
 pub const MAX_FRAME: usize = 16 << 20;
 
+/// Largest request frame a node reads from a local client (4 MiB and 64 KiB). The largest
+/// legitimate ones are a stub's resend of the input a restarted cland lacks (one
+/// [`window::WINDOW`] of 4 MiB) and a `clan run` whose arguments and environment are as
+/// large as an exec takes (`ARG_MAX`, a quarter of the stack limit: 2 MiB with the usual
+/// 8 MiB). Much less than [`MAX_FRAME`]: a request goes on to another node with the
+/// caller's credentials and a MAC, and a frame of many empty items decodes to many times
+/// its size.
+pub const MAX_LOCAL_FRAME: usize = window::WINDOW + (64 << 10);
+
 pub use frame::{read_frame, read_frame_sync, write_frame, write_frame_sync, FrameError};
