@@ -733,20 +733,113 @@ fn host_pid_of(cmd: &str) -> Option<u32> {
         .find(|p| std::fs::read(format!("/proc/{p}/cmdline")).is_ok_and(|c| c == want))
 }
 
-/// Holds host process `pid` (ptrace) when the next signal reaches it, for `secs` seconds,
-/// then lets the signal through: a SIGSTOP takes that long to stop it.
-const HOLD: &str = r#"
-import ctypes, os, sys, time
-libc = ctypes.CDLL(None, use_errno=True)
-pid, secs, ready = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
-libc.ptrace(16, pid, 0, 0)   # PTRACE_ATTACH
+/// Starts `argv[2:]` with posix_spawn, which glibc makes a vfork, its standard input opened
+/// from the FIFO `argv[1]` before the exec: until a writer opens the FIFO, the spawning
+/// process waits in the kernel for its child (state D, killable only) and takes no other
+/// signal, a SIGSTOP included; it takes it once the FIFO is opened ([`release`]). (A
+/// traced process would not do: the signal method counts a ptrace stop as stopped.)
+const SPAWN: &str = r#"
+import os, sys
+pid = os.posix_spawnp(sys.argv[2], sys.argv[2:], os.environ,
+                      file_actions=[(os.POSIX_SPAWN_OPEN, 0, sys.argv[1], os.O_RDONLY, 0)])
 os.waitpid(pid, 0)
-libc.ptrace(7, pid, 0, 0)    # PTRACE_CONT, the attach's stop dropped
-open(ready, "w").close()
-_, st = os.waitpid(pid, 0)
-time.sleep(secs)
-libc.ptrace(17, pid, 0, os.WSTOPSIG(st))   # PTRACE_DETACH with the signal
 "#;
+
+/// A directory with [`SPAWN`] as `spawn.py` and FIFOs for it, removed when dropped.
+struct Holds(std::path::PathBuf);
+
+/// The Python interpreter itself (not a wrapper script that runs it: one that forks
+/// would be taken for the waiting process).
+fn python() -> String {
+    static PYTHON: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    PYTHON
+        .get_or_init(|| {
+            let o = std::process::Command::new("python3")
+                .args([
+                    "-c",
+                    "import os, sys; print(os.path.realpath(sys.executable))",
+                ])
+                .output()
+                .unwrap();
+            String::from_utf8_lossy(&o.stdout).trim().to_string()
+        })
+        .clone()
+}
+
+impl Holds {
+    fn new(tag: &str) -> Holds {
+        let dir = std::env::temp_dir().join(format!("clan-jobs-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("spawn.py"), SPAWN).unwrap();
+        Holds(dir)
+    }
+
+    /// A new FIFO of the directory, and the command line (for `sh -c`) of a process that
+    /// waits on it before it runs `cmd`.
+    fn fifo(&self, name: &str, cmd: &str) -> (String, String) {
+        let fifo = self.0.join(name);
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        let fifo = fifo.display().to_string();
+        let line = format!("{} {}/spawn.py {fifo} {cmd}", python(), self.0.display());
+        (fifo, line)
+    }
+}
+
+impl Drop for Holds {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The host pid of the Python process ([`SPAWN`]) that waits on `fifo` in the kernel for
+/// its vfork child (state D, with a child), and its `status`.
+fn waiting_on(fifo: &str) -> Option<(u32, String)> {
+    let python = std::path::PathBuf::from(python());
+    std::fs::read_dir("/proc")
+        .ok()?
+        .flatten()
+        .filter_map(|e| e.file_name().to_string_lossy().parse::<u32>().ok())
+        .find_map(|p| {
+            let cmd = std::fs::read(format!("/proc/{p}/cmdline")).ok()?;
+            let exe = std::fs::read_link(format!("/proc/{p}/exe")).ok()?;
+            let status = std::fs::read_to_string(format!("/proc/{p}/status")).ok()?;
+            let children = std::fs::read_to_string(format!("/proc/{p}/task/{p}/children"));
+            (String::from_utf8_lossy(&cmd).contains(fifo)
+                && exe == python
+                && status.lines().any(|l| l.starts_with("State:\tD"))
+                && children.is_ok_and(|c| !c.trim().is_empty()))
+            .then_some((p, status))
+        })
+}
+
+/// The host pid of the process that waits on `fifo` ([`SPAWN`]) once a SIGSTOP is pending
+/// for it (it can not take it before the FIFO is opened).
+fn stop_pending(fifo: &str) -> u32 {
+    eventually(
+        "a SIGSTOP for the waiting process",
+        Duration::from_secs(60),
+        || {
+            let (p, status) = waiting_on(fifo)?;
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("ShdPnd:"))
+                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+                .is_some_and(|m| m & (1 << (libc::SIGSTOP - 1)) != 0)
+                .then_some(p)
+        },
+    )
+}
+
+/// Opens `fifo` for writing, which lets the process waiting on it ([`SPAWN`]) go on (and
+/// fails at once, doing nothing, if none waits).
+fn release(fifo: &str) {
+    use std::os::unix::fs::OpenOptionsExt;
+    let _ = std::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(fifo);
+}
 
 /// A subtree operation on another node may take as long as the signal method does (its
 /// processes stop one after the other, up to 120 s), not only the freezer's 10 s: two
@@ -755,8 +848,9 @@ libc.ptrace(17, pid, 0, os.WSTOPSIG(st))   # PTRACE_DETACH with the signal
 fn a_slow_subtree_suspend_on_another_node_is_waited_for() {
     root_or_skip!("a_slow_subtree_suspend_on_another_node_is_waited_for");
     let c = Cluster::up(2);
-    let dir = std::env::temp_dir().join(format!("clan-jobs-hold-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let holds = Holds::new("hold");
+    let (f1, p1) = holds.fifo("f1", "sleep 3861");
+    let (f2, p2) = holds.fifo("f2", "sleep 3862");
     let o = c.clan(&[
         "run",
         "-d",
@@ -765,41 +859,33 @@ fn a_slow_subtree_suspend_on_another_node_is_waited_for() {
         "--",
         "sh",
         "-c",
-        "sh -c 'sleep 3861 & sleep 3862 & wait' & exec sleep 3863",
+        &format!("sh -c '{p1} & {p2} & wait' & exec sleep 3863"),
     ]);
     let job = job_of(&o);
     let sub = eventually("the subtree", Duration::from_secs(20), || {
         let ps = c.ps(&["--job", &job]);
-        let sh = ps.iter().find(|p| {
-            p["cmd"]
-                .as_str()
-                .is_some_and(|s| s.starts_with("sh -c sleep"))
-        })?;
-        (host_pid_of("sleep 3861").is_some() && host_pid_of("sleep 3862").is_some())
-            .then(|| sh["gpid"].to_string())
+        let sh = ps
+            .iter()
+            .find(|p| p["cmd"].as_str().is_some_and(|s| s.starts_with("sh -c /")))?;
+        (waiting_on(&f1).is_some() && waiting_on(&f2).is_some()).then(|| sh["gpid"].to_string())
     });
-    let host_pid = |cmd: &str| host_pid_of(cmd).unwrap().to_string();
-    let mut holders = Vec::new();
-    for (needle, secs) in [("sleep 3861", "7"), ("sleep 3862", "14")] {
-        let ready = dir.join(needle.replace(' ', "-"));
-        holders.push(
-            std::process::Command::new("python3")
-                .args(["-c", HOLD, &host_pid(needle), secs])
-                .arg(&ready)
-                .spawn()
-                .unwrap(),
-        );
-        eventually("the holder attached", Duration::from_secs(20), || {
-            ready.exists().then_some(())
-        });
-    }
+    // Each waiting process takes its SIGSTOP 7 and 14 s after it was sent.
+    let holders: Vec<_> = [(f1.clone(), 7), (f2.clone(), 14)]
+        .into_iter()
+        .map(|(fifo, secs)| {
+            std::thread::spawn(move || {
+                stop_pending(&fifo);
+                std::thread::sleep(Duration::from_secs(secs));
+                release(&fifo);
+            })
+        })
+        .collect();
     let started = std::time::Instant::now();
     let o = c.clan(&["--from", "1", "job", "suspend", &job, "--subtree", &sub]);
     let took = started.elapsed();
-    for mut h in holders {
-        let _ = h.wait();
+    for h in holders {
+        let _ = h.join();
     }
-    let _ = std::fs::remove_dir_all(&dir);
     assert!(
         o.status.success() && String::from_utf8_lossy(&o.stdout).contains("suspended"),
         "after {took:?}: {o:?}"
@@ -888,4 +974,259 @@ fn a_signals_suspend_does_not_stop_the_stub() {
     assert!(stub.0.wait().unwrap().success());
     drop(c);
     let _ = daemon.0.wait();
+}
+
+/// The host pids of job `job`'s task on node `node` (its `cgroup.procs`).
+fn task_pids(c: &Cluster, node: u32, job: &str) -> Vec<u32> {
+    c.cgroup()
+        .and_then(|g| {
+            std::fs::read_to_string(g.join(format!("node{node}/job{job}/cgroup.procs"))).ok()
+        })
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
+}
+
+/// The processes of job `job`'s task on node `node` in a stop (`T`, or `t` under a tracer).
+fn stopped_in_task(c: &Cluster, node: u32, job: &str) -> Vec<(u32, char)> {
+    task_pids(c, node, job)
+        .into_iter()
+        .filter_map(|p| Some((p, proc_state(p)?)))
+        .filter(|(_, s)| matches!(s, 'T' | 't'))
+        .collect()
+}
+
+/// How many times node `node`'s lock `name` was taken (`clan stats locks`; 0 before its
+/// first use).
+fn lock_acquired(c: &Cluster, node: u32, name: &str) -> u64 {
+    c.clan_ok(&["stats", "locks", "--node", &node.to_string()])
+        .lines()
+        .find_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() >= 3 && f[1] == name).then(|| f[2].parse().ok())?
+        })
+        .unwrap_or(0)
+}
+
+/// Operations on one job's task run one at a time: a resume asked while a slow signals
+/// suspend is still stopping the job's processes (a forking loop among them) waits for it,
+/// then continues every process, rather than run meanwhile and leave the processes the
+/// suspend stops after it stopped behind a job reported resumed.
+#[test]
+fn a_resume_waits_for_a_slow_suspend_of_the_same_job() {
+    root_or_skip!("a_resume_waits_for_a_slow_suspend_of_the_same_job");
+    let c = Cluster::up(1);
+    let holds = Holds::new("race");
+    let (fifo, held) = holds.fifo("f", "sleep 3895");
+    let o = c.clan(&[
+        "run",
+        "-d",
+        "--",
+        "sh",
+        "-c",
+        &format!("while :; do sleep 0.01; done & {held} & wait"),
+    ]);
+    assert!(o.status.success(), "{o:?}");
+    let job = job_of(&o);
+    eventually(
+        "the process waiting on its FIFO",
+        Duration::from_secs(20),
+        || waiting_on(&fifo),
+    );
+    std::thread::scope(|s| {
+        let suspend = s.spawn(|| c.clan(&["job", "suspend", "--method", "signals", &job]));
+        // The suspend has stopped the shells and waits for the held process.
+        stop_pending(&fifo);
+        let entered = lock_acquired(&c, 1, "task.ops");
+        let resume = s.spawn(|| c.clan(&["job", "resume", "--method", "signals", &job]));
+        // The resume has reached the task's lock (and waits there), or, were it not
+        // serialised, has acted already.
+        eventually(
+            "the resume to reach the task",
+            Duration::from_secs(20),
+            || (resume.is_finished() || lock_acquired(&c, 1, "task.ops") > entered).then_some(()),
+        );
+        release(&fifo);
+        let (suspend, resume) = (suspend.join().unwrap(), resume.join().unwrap());
+        let said = |o: &std::process::Output| String::from_utf8_lossy(&o.stdout).to_string();
+        assert!(
+            suspend.status.success() && said(&suspend).contains("suspended"),
+            "{suspend:?}"
+        );
+        assert!(
+            resume.status.success() && said(&resume).contains("resumed"),
+            "{resume:?}"
+        );
+    });
+    // Both returned: nothing of the job stays stopped (the resume verified each continue;
+    // polled only for processes the loop forks meanwhile).
+    eventually(
+        "no process of the job stopped",
+        Duration::from_secs(10),
+        || stopped_in_task(&c, 1, &job).is_empty().then_some(()),
+    );
+    let o = c.clan(&["run", "--job", &job, "--", "true"]);
+    assert!(o.status.success(), "a run into the resumed job: {o:?}");
+    c.clan_ok(&["job", "kill", &job]);
+    assert!(host_processes_mentioning("sleep 3895").is_empty());
+}
+
+/// A signals suspend that left only some processes stopped (one continued behind its back
+/// here, as a suspend that failed midway leaves them) is undone by a plain resume: every
+/// process continued, the job no longer marked suspended, so runs into it are accepted.
+#[test]
+fn a_plain_resume_continues_a_partial_signals_suspend() {
+    root_or_skip!("a_plain_resume_continues_a_partial_signals_suspend");
+    let c = Cluster::up(1);
+    let o = c.clan(&[
+        "run",
+        "-d",
+        "--",
+        "sh",
+        "-c",
+        "sleep 3896 & sleep 3897 & wait",
+    ]);
+    let job = job_of(&o);
+    let sleep = eventually("the sleeps", Duration::from_secs(20), || {
+        host_pid_of("sleep 3896").zip(host_pid_of("sleep 3897"))
+    });
+    c.clan_ok(&["job", "suspend", "--method", "signals", &job]);
+    assert_eq!(stopped_in_task(&c, 1, &job).len(), 3);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(sleep.1 as i32),
+        nix::sys::signal::Signal::SIGCONT,
+    )
+    .unwrap();
+    assert_ne!(proc_state(sleep.1), Some('T'));
+    let out = c.clan_ok(&["job", "resume", &job]);
+    assert!(out.contains(": resumed"), "{out}");
+    assert_eq!(stopped_in_task(&c, 1, &job), vec![]);
+    let o = c.clan(&["run", "--job", &job, "--", "true"]);
+    assert!(o.status.success(), "a run into the resumed job: {o:?}");
+    c.clan_ok(&["job", "kill", &job]);
+    assert!(host_processes_mentioning("sleep 3896").is_empty());
+    assert!(host_processes_mentioning("sleep 3897").is_empty());
+}
+
+/// A job running a traced process (strace) is suspended with signals: the traced process
+/// stops for its tracer (`t`, the tracer being stopped first), which counts as stopped;
+/// the resume continues it too.
+#[test]
+fn a_signals_suspend_stops_traced_processes() {
+    root_or_skip!("a_signals_suspend_stops_traced_processes");
+    if !std::path::Path::new("/usr/bin/strace").exists() {
+        eprintln!("a_signals_suspend_stops_traced_processes: SKIPPED: no strace");
+        return;
+    }
+    let c = Cluster::up(1);
+    let o = c.clan(&[
+        "run",
+        "-d",
+        "--",
+        "strace",
+        "-f",
+        "-o",
+        "/dev/null",
+        "sh",
+        "-c",
+        "sleep 3898 & sleep 3899; wait",
+    ]);
+    let job = job_of(&o);
+    eventually("the traced sleeps", Duration::from_secs(20), || {
+        (host_pid_of("sleep 3898").is_some() && host_pid_of("sleep 3899").is_some()).then_some(())
+    });
+    let out = c.clan_ok(&["job", "suspend", "--method", "signals", &job]);
+    assert!(out.contains(": suspended (4 processes)"), "{out}");
+    let stopped = stopped_in_task(&c, 1, &job);
+    assert_eq!(stopped.len(), 4, "{stopped:?}");
+    assert!(stopped.iter().any(|(_, s)| *s == 't'), "{stopped:?}");
+    let show = c.clan_ok(&["job", "show", &job]);
+    assert!(show.contains("suspended"), "{show}");
+    let out = c.clan_ok(&["job", "resume", &job]);
+    assert!(out.contains(": resumed"), "{out}");
+    // The traced processes run once their tracer lets them.
+    eventually(
+        "the traced processes running",
+        Duration::from_secs(10),
+        || stopped_in_task(&c, 1, &job).is_empty().then_some(()),
+    );
+    c.clan_ok(&["job", "kill", &job]);
+    assert!(host_processes_mentioning("sleep 3898").is_empty());
+    assert!(host_processes_mentioning("sleep 3899").is_empty());
+}
+
+/// A process of a job in a pid namespace nested in the node's (`unshare -pf`) has inner
+/// numbers 1, 2, 3 that mean nothing to the node: `clan job tree` lists each process once
+/// under its node gpid (the one `clan ps` shows), `--subtree` acts on the process named,
+/// and `clan job kill` leaves nothing.
+#[test]
+fn processes_of_a_nested_pid_namespace_keep_their_node_gpids() {
+    root_or_skip!("processes_of_a_nested_pid_namespace_keep_their_node_gpids");
+    let c = Cluster::up(1);
+    let o = c.clan(&["run", "--", "unshare", "-pf", "--mount-proc", "true"]);
+    if !o.status.success() {
+        eprintln!("processes_of_a_nested_pid_namespace_keep_their_node_gpids: SKIPPED: {o:?}");
+        return;
+    }
+    let o = c.clan(&[
+        "run",
+        "-d",
+        "--",
+        "sh",
+        "-c",
+        "unshare -pf --mount-proc sh -c 'sleep 3901 & sleep 3902 & wait'; exit",
+    ]);
+    assert!(o.status.success(), "{o:?}");
+    let job = job_of(&o);
+    let gpid_of = |ps: &[serde_json::Value], cmd: &str| -> Option<String> {
+        ps.iter()
+            .find(|p| p["cmd"] == cmd)
+            .map(|p| p["gpid"].to_string())
+    };
+    // The task's processes as ps sees them, once the tree lists them all.
+    let (ps, tree) = eventually("the whole tree", Duration::from_secs(20), || {
+        let ps: Vec<serde_json::Value> = c
+            .ps(&["--job", &job])
+            .into_iter()
+            .filter(|p| p["state"] != "Z")
+            .collect();
+        gpid_of(&ps, "sleep 3901")?;
+        gpid_of(&ps, "sleep 3902")?;
+        let tree = c.clan_ok(&["job", "tree", &job]);
+        let lines = tree.lines().skip(1).count();
+        (lines == ps.len() && ps.len() == 5).then_some((ps, tree))
+    });
+    let mut listed: Vec<String> = tree
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+        .collect();
+    listed.sort();
+    let mut want: Vec<String> = ps.iter().map(|p| p["gpid"].to_string()).collect();
+    want.sort();
+    assert_eq!(listed, want, "{tree}");
+    // The sleeps under the inner shell, the inner shell under unshare.
+    let depth = |cmd: &str| {
+        let l = tree
+            .lines()
+            .find(|l| l.trim().split_once(' ').is_some_and(|(_, c)| c == cmd))
+            .unwrap_or_else(|| panic!("{cmd} not in {tree}"));
+        l.len() - l.trim_start().len()
+    };
+    assert_eq!(depth("sleep 3901"), depth("sleep 3902"));
+    assert_eq!(
+        depth("sleep 3901"),
+        depth("sh -c sleep 3901 & sleep 3902 & wait") + 2
+    );
+
+    let sub = gpid_of(&ps, "sleep 3901").unwrap();
+    let out = c.clan_ok(&["job", "suspend", &job, "--subtree", &sub]);
+    assert!(out.contains("suspended (1 process)"), "{out}");
+    assert_eq!(host_pid_of("sleep 3901").and_then(proc_state), Some('T'));
+    assert_ne!(host_pid_of("sleep 3902").and_then(proc_state), Some('T'));
+    assert_eq!(stopped_in_task(&c, 1, &job).len(), 1);
+
+    c.clan_ok(&["job", "kill", &job]);
+    assert!(host_processes_mentioning("sleep 390").is_empty());
 }

@@ -436,10 +436,28 @@ pub fn status_numbers<T: std::str::FromStr>(status: &str, key: &str) -> Vec<T> {
 }
 
 /// The pid of host process `host` in its innermost pid namespace (the last `NSpid`
-/// number: on a local cluster, its number in its node).
+/// number). That is its number in its node only for a process known to live directly in
+/// the node's namespace: one of a nested namespace (`unshare -pf`) has its inner number
+/// there; use [`ns_pid_at`] with the node's level for the processes of a task.
 pub fn ns_pid_of_host(host: u32) -> Option<u32> {
     let s = read_small(format!("/proc/{host}/status")).ok()?;
     status_numbers(&s, "NSpid").last().copied()
+}
+
+/// The pid of host process `host` in the pid namespace `level` levels below the one of
+/// this /proc (the node's: 0 on a real node, 1 on a local cluster, which is the number of
+/// `NSpid` entries of a process living directly in the node's namespace, less one), also
+/// for a process in a namespace nested deeper. A process above that level (outside the
+/// node's namespace: an adopted host process of a local cluster) keeps its own number here.
+pub fn ns_pid_at(host: u32, level: usize) -> Option<u32> {
+    let s = read_small(format!("/proc/{host}/status")).ok()?;
+    nspid_at(&s, level)
+}
+
+/// The `NSpid` entry of a `status` text at `level`, or its last one when it has fewer.
+fn nspid_at(status: &str, level: usize) -> Option<u32> {
+    let v = status_numbers::<u32>(status, "NSpid");
+    v.get(level).or(v.last()).copied()
 }
 
 #[cfg(test)]
@@ -545,6 +563,17 @@ mod status_tests {
         assert_eq!(status_numbers::<u64>(s, "NSpid"), vec![12, 7]);
         assert_eq!(status_field(s, "Groups"), Some(""));
         assert!(status_numbers::<u32>("garbage", "NSpid").is_empty());
+    }
+
+    #[test]
+    fn nspid_is_taken_at_the_node_level() {
+        // A process of a node of a local cluster (level 1), in a namespace nested twice.
+        let s = "Pid:\t900\nNSpid:\t900\t42\t1\t3\n";
+        assert_eq!(nspid_at(s, 1), Some(42));
+        assert_eq!(nspid_at(s, 0), Some(900));
+        // A host process outside the node's namespace keeps its host number.
+        assert_eq!(nspid_at("NSpid:\t900\n", 1), Some(900));
+        assert_eq!(nspid_at("Pid:\t1\n", 1), None);
     }
 }
 /// State letter and start time (clock ticks after boot) of host process `pid`, from

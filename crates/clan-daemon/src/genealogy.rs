@@ -367,18 +367,21 @@ fn cmdline(host: u32) -> String {
 }
 
 impl Node {
-    /// The forest of job `job`'s task here, in the node's pid numbers.
+    /// The forest of job `job`'s task here, in the node's pid numbers (also for processes
+    /// of a pid namespace nested in the node's, whose inner numbers would collide).
     pub fn job_tree(&self, job: u64) -> Vec<TreeLine> {
         let procs = self.genealogy.lock().of_job(job);
+        let level = self.pid_level();
+        let node_pid = |host: u32| clan_core::sys::ns_pid_at(host, level);
         procs
             .into_iter()
             .filter_map(|(host, n)| {
                 Some(TreeLine {
-                    pid: clan_core::sys::ns_pid_of_host(host)?,
+                    pid: node_pid(host)?,
                     parent: if n.parent == 0 {
                         0
                     } else {
-                        clan_core::sys::ns_pid_of_host(n.parent)?
+                        node_pid(n.parent)?
                     },
                     cmd: cmdline(host),
                 })

@@ -119,13 +119,27 @@ impl TaskFiles {
             .is_ok_and(|n| b[..n].first() == Some(&b'1'))
     }
 
-    /// Freezes (`on`) or thaws the task and waits until the kernel says it is.
+    /// Freezes (`on`) or thaws the task and waits until the kernel says it is. A freeze
+    /// that does not complete in time is undone (`cgroup.freeze` back to 0, the task
+    /// thawed): the suspend failed, so the job must not freeze later behind the caller's
+    /// back, nor refuse runs into it, nor stay held by a switch that reported an error.
     fn set_frozen(&self, dir: &Path, on: bool) -> Result<()> {
+        self.set_frozen_within(dir, on, SETTLE)
+    }
+
+    fn set_frozen_within(&self, dir: &Path, on: bool, limit: Duration) -> Result<()> {
         use std::os::unix::fs::FileExt;
         self.freeze
             .write_at(if on { b"1" } else { b"0" }, 0)
             .map_err(|e| Error::internal("cgroup.freeze", e))?;
-        self.wait(dir, "frozen", on, SETTLE)
+        let res = self.wait(dir, "frozen", on, limit);
+        if on && res.is_err() {
+            let _ = self.freeze.write_at(b"0", 0);
+            if let Err(e) = self.wait(dir, "frozen", false, limit) {
+                tracing::warn!("{}: a failed freeze not undone: {e}", dir.display());
+            }
+        }
+        res
     }
 
     fn wait(&self, dir: &Path, key: &str, want: bool, limit: Duration) -> Result<()> {
@@ -166,8 +180,16 @@ fn proc_state(pid: u32) -> Option<char> {
     s.rsplit_once(')')?.1.trim_start().chars().next()
 }
 
+/// Whether a host process is stopped (or gone): a job-control stop (`T`) or a ptrace stop
+/// (`t`: a traced process takes a SIGSTOP as a stop its tracer must let through; while
+/// the tracer, in the task too, is stopped first, it stays there).
 fn stopped(pid: u32) -> bool {
-    matches!(proc_state(pid), Some('T' | 'Z' | 'X') | None)
+    matches!(proc_state(pid), Some('T' | 't' | 'Z' | 'X') | None)
+}
+
+/// Whether a host process is in a stop a SIGCONT ends (job control, or under a tracer).
+fn held(pid: u32) -> bool {
+    matches!(proc_state(pid), Some('T' | 't'))
 }
 
 fn send(pid: u32, sig: nix::sys::signal::Signal) {
@@ -497,10 +519,11 @@ impl Node {
         let Some(root_ns) = subtree else {
             return all;
         };
+        let level = self.pid_level();
         let Some(root) = all
             .iter()
             .copied()
-            .find(|h| clan_core::sys::ns_pid_of_host(*h) == Some(root_ns))
+            .find(|h| clan_core::sys::ns_pid_at(*h, level) == Some(root_ns))
         else {
             return Vec::new();
         };
@@ -515,6 +538,23 @@ impl Node {
             false
         };
         all.into_iter().filter(|p| under(*p)).collect()
+    }
+
+    /// Where the node's pid namespace is in the `NSpid` list of its processes: 0 on a real
+    /// node (cland's own namespace), else the level of the node's namespace init (its
+    /// entries less one). A process of a task may live in a namespace nested deeper
+    /// (`unshare -pf`), whose innermost number means nothing to the node.
+    pub(crate) fn pid_level(&self) -> usize {
+        if self.view.ns_init == 0 {
+            return 0;
+        }
+        clan_core::sys::read_small(format!("/proc/{}/status", self.view.ns_init))
+            .map(|s| {
+                clan_core::sys::status_numbers::<u32>(&s, "NSpid")
+                    .len()
+                    .saturating_sub(1)
+            })
+            .unwrap_or(1)
     }
 
     /// Each tracked process of the task with its nearest living tracked ancestor (0: none).
@@ -551,6 +591,7 @@ impl Node {
         // tree on a loaded machine takes long: it fails only when no process has stopped
         // for the stall limit (or after SIGNALS_MAX in all).
         let stall = signals_limit(procs(dir).len());
+        let level = self.pid_level();
         let start = Instant::now();
         let (mut most, mut progress_at) = (0, start);
         let mut signalled = std::collections::HashSet::new();
@@ -576,7 +617,7 @@ impl Node {
                     // Those clan started are roots of the task's forest (their parent is a
                     // shepherd), known by their number in the node's pid namespace.
                     let root = parent == 0 || !inside.contains(&parent);
-                    let ns = root.then(|| clan_core::sys::ns_pid_of_host(p)).flatten();
+                    let ns = root.then(|| clan_core::sys::ns_pid_at(p, level)).flatten();
                     match ns.and_then(|n| vps.get(&n)) {
                         Some(v) => v.send(clan_proto::pb::shepherd_in::Msg::JobStop(true)),
                         None => send(p, Signal::SIGSTOP),
@@ -617,10 +658,12 @@ impl Node {
             let mut order = self.order(job, dir, subtree);
             order.reverse();
             for p in order {
-                if proc_state(p) != Some('T') {
+                if !held(p) {
                     continue;
                 }
                 send(p, Signal::SIGCONT);
+                // A traced process (`t`) runs again once its tracer, continued after it,
+                // lets it: only a job-control stop is checked here.
                 if proc_state(p) == Some('T') {
                     done = false;
                     break;
@@ -723,7 +766,7 @@ impl Node {
         } else if files.event("frozen") == Some(true)
             || pids
                 .iter()
-                .all(|p| matches!(proc_state(*p), Some('T') | None))
+                .all(|p| matches!(proc_state(*p), Some('T' | 't') | None))
         {
             "suspended"
         } else if files.freezing() {
@@ -855,22 +898,59 @@ impl Node {
                 )))
             }
         };
+        // One operation on a task at a time: a resume that ran while a (slow) signals
+        // suspend of the same task was stopping processes would leave some of them stopped
+        // behind it. A kill of the whole task is not held behind a suspend (the kernel's
+        // `cgroup.kill` and the rounds of SIGKILL reach every process whatever its state).
+        let act = |action: A, job: u64| -> Result<Option<pb::TaskInfo>> {
+            let run = || match self.task(job) {
+                Some(t) => self
+                    .act_on_task(action, req, job, &t, signals, creds)
+                    .map(Some),
+                None => Ok(None), // no task of the job here
+            };
+            if action == A::JobKill && req.subtree == 0 {
+                run()
+            } else {
+                self.one_at_a_time(job, run)
+            }
+        };
         if action == A::JobSwitch {
             // A gang scheduler's row switch: the old row stops before the new one runs.
             let mut out = Vec::with_capacity(2);
-            if let Some(t) = self.task(req.job) {
-                out.push(self.act_on_task(A::JobSuspend, req, req.job, &t, signals, creds)?);
-            }
-            if let Some(t) = self.task(req.resume) {
-                out.push(self.act_on_task(A::JobResume, req, req.resume, &t, signals, creds)?);
-            }
+            out.extend(act(A::JobSuspend, req.job)?);
+            out.extend(act(A::JobResume, req.resume)?);
             return Ok(out);
         }
-        let Some(t) = self.task(req.job) else {
-            return Ok(Vec::new()); // no task of the job here
+        Ok(act(action, req.job)?.into_iter().collect())
+    }
+
+    /// Runs `f` (an operation on job `job`'s task) while no other operation on that task
+    /// runs on this node. The task's lock (`task.op` in `clan stats locks`) is made on
+    /// first use and dropped once no operation holds or waits for it.
+    fn one_at_a_time<T>(&self, job: u64, f: impl FnOnce() -> T) -> T {
+        type Locks = clan_core::lock::NamedMutex<
+            std::collections::HashMap<(u32, u64), Arc<clan_core::lock::NamedMutex<()>>>,
+        >;
+        static LOCKS: std::sync::OnceLock<Locks> = std::sync::OnceLock::new();
+        let locks =
+            LOCKS.get_or_init(|| clan_core::lock::NamedMutex::new("task.ops", Default::default()));
+        let key = (self.id.get(), job);
+        let lock = locks
+            .lock()
+            .entry(key)
+            .or_insert_with(|| Arc::new(clan_core::lock::NamedMutex::new("task.op", ())))
+            .clone();
+        let out = {
+            let _held = lock.lock();
+            f()
         };
-        self.act_on_task(action, req, req.job, &t, signals, creds)
-            .map(|t| vec![t])
+        let mut map = locks.lock();
+        // The table's reference and ours: nobody else waits for it.
+        if Arc::strong_count(&lock) == 2 {
+            map.remove(&key);
+        }
+        out
     }
 
     /// Suspend, resume or kill (`action`) job `job`'s task (or the subtree `req` names),
@@ -911,6 +991,8 @@ impl Node {
             None => task.pids.clone(),
         };
         let before = self.task_brief(job, files, &members);
+        // Suspended as a whole with signals (perhaps only partly: a suspend that failed).
+        let marked = self.stopping_jobs.lock().contains(&job);
         let frozen = || files.event("frozen") == Some(true) || files.freezing();
         let mut changed;
         let mut left = Vec::new();
@@ -932,11 +1014,11 @@ impl Node {
                         self.id
                     )));
                 }
-                changed = members.iter().any(|p| proc_state(*p) == Some('T'));
+                changed = members.iter().any(|p| held(*p));
                 self.resume_by_signals(job, dir, subtree)?;
             }
             A::JobResume if signals => {
-                changed = before.state != "running";
+                changed = before.state != "running" || marked || members.iter().any(|p| held(*p));
                 // A resume undoes a suspension by either method.
                 if files.freezing() {
                     files.set_frozen(dir, false)?;
@@ -956,9 +1038,10 @@ impl Node {
                 let mut after = self.task_brief(job, files, &reached(self));
                 after.procs = killed.len() as u32; // how many it reached
                 after.changed = changed;
+                let level = self.pid_level();
                 after.pids = left
                     .into_iter()
-                    .map(|h| clan_core::sys::ns_pid_of_host(h).unwrap_or(h))
+                    .map(|h| clan_core::sys::ns_pid_at(h, level).unwrap_or(h))
                     .collect();
                 return Ok(after);
             }
@@ -1004,8 +1087,13 @@ impl Node {
             self.mark_stopping(job, false);
         }
         let mut after = self.task_brief(job, files, &reached(self));
-        if action == A::JobResume && !signals && subtree.is_none() && after.state == "suspended" {
-            // Thawed, yet every process stopped: suspended by signals; continued the same way.
+        if action == A::JobResume
+            && !signals
+            && subtree.is_none()
+            && (after.state == "suspended" || marked)
+        {
+            // Thawed, yet every process stopped, or a suspension by signals recorded (also
+            // one that failed midway, which stopped only some): continued the same way.
             changed = true;
             self.resume_by_signals(job, dir, None)?;
             after = self.task_brief(job, files, &reached(self));
@@ -1171,9 +1259,19 @@ impl Node {
                 } else {
                     // The signal method's own limit grows with the task (signals_limit), and
                     // a subtree is always acted on with signals (a kill: stopped, then
-                    // killed and verified, each bounded by SETTLE).
-                    let settle = if req.method == "signals" || req.subtree != 0 {
+                    // killed and verified, each bounded by SETTLE). A resume by the freezer
+                    // goes on with signals when the task was stopped that way; a switch
+                    // freezes one task and then thaws another, and a freeze that fails is
+                    // thawed back before it is reported.
+                    use pb::JobAction as A;
+                    let action = A::try_from(req.action).ok();
+                    let settle = if req.method == "signals"
+                        || req.subtree != 0
+                        || action == Some(A::JobResume)
+                    {
                         SIGNALS_MAX + 2 * SETTLE
+                    } else if matches!(action, Some(A::JobSwitch | A::JobSuspend)) {
+                        2 * SETTLE
                     } else {
                         SETTLE
                     };
@@ -1206,5 +1304,61 @@ impl Node {
         Ok(pb::JobReply {
             nodes: answers.into_iter().map(|(_, a)| a).collect(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A freeze the kernel does not complete in time is undone: `cgroup.freeze` is back to
+    /// 0 when the failure is reported, so the task does not freeze later.
+    #[test]
+    fn a_freeze_that_times_out_is_undone() {
+        let dir = tempfile::tempdir().unwrap();
+        for (name, text) in [
+            ("cgroup.freeze", "0\n"),
+            ("cgroup.events", "populated 1\nfrozen 0\n"),
+            ("cgroup.procs", "4242\n"),
+        ] {
+            std::fs::write(dir.path().join(name), text).unwrap();
+        }
+        let files = TaskFiles::open(dir.path()).unwrap();
+        let res = files.set_frozen_within(dir.path(), true, Duration::from_millis(20));
+        assert!(res.is_err(), "{res:?}");
+        let freeze = std::fs::read_to_string(dir.path().join("cgroup.freeze")).unwrap();
+        assert_eq!(freeze.trim_end_matches('\n').chars().next(), Some('0'));
+        assert!(!files.freezing());
+    }
+
+    /// A traced process that takes a SIGSTOP stops for its tracer (`t`), and stays so
+    /// while the tracer does not let it go: it counts as stopped.
+    #[test]
+    fn ptrace_stops_count_as_stopped() {
+        assert!(!stopped(std::process::id()));
+        // SAFETY: the child makes only raw system calls before it ends.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            // SAFETY: async-signal-safe calls only, then _exit.
+            unsafe {
+                libc::ptrace(libc::PTRACE_TRACEME, 0, 0, 0);
+                libc::raise(libc::SIGSTOP);
+                libc::_exit(0);
+            }
+        }
+        let mut st = 0;
+        // SAFETY: waits for our own child.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut st, 0) }, pid);
+        assert!(libc::WIFSTOPPED(st));
+        let (stop, hold) = (stopped(pid as u32), held(pid as u32));
+        let state = proc_state(pid as u32);
+        // SAFETY: kills and reaps our own child.
+        unsafe {
+            libc::kill(pid, libc::SIGKILL);
+            libc::waitpid(pid, &mut st, 0);
+        }
+        assert_eq!(state, Some('t'));
+        assert!(stop && hold);
     }
 }

@@ -330,20 +330,33 @@ async fn tree(c: &Client, t: &Target) -> ExitCode {
     for task in tasks {
         println!("job {} on node {}:", task.job, task.node);
         let known: std::collections::HashSet<u64> = task.tree.iter().map(|p| p.gpid).collect();
-        fn walk(all: &[pb::TreeProc], at: u64, depth: usize) {
+        // Each process once, whatever the links say (a cycle, a gpid listed twice: a
+        // reply that changed meanwhile, or a daemon that got numbers wrong, must not make
+        // the walk endless).
+        type Seen = std::collections::HashSet<u64>;
+        fn walk(all: &[pb::TreeProc], at: u64, depth: usize, seen: &mut Seen) {
             for p in all.iter().filter(|p| p.parent == at) {
+                if !seen.insert(p.gpid) {
+                    continue;
+                }
                 println!("  {}{} {}", "  ".repeat(depth), p.gpid, p.cmd);
-                walk(all, p.gpid, depth + 1);
+                walk(all, p.gpid, depth + 1, seen);
             }
         }
-        // Roots: no parent, or a parent that left the listing meanwhile.
-        for r in task
+        let mut seen = Seen::new();
+        // Roots: no parent, or a parent that left the listing meanwhile; then whatever
+        // only a cycle leads to.
+        let roots = task
             .tree
             .iter()
             .filter(|p| p.parent == 0 || !known.contains(&p.parent))
-        {
+            .chain(task.tree.iter());
+        for r in roots {
+            if !seen.insert(r.gpid) {
+                continue;
+            }
             println!("  {} {}", r.gpid, r.cmd);
-            walk(&task.tree, r.gpid, 1);
+            walk(&task.tree, r.gpid, 1, &mut seen);
         }
     }
     ExitCode::from(code)
