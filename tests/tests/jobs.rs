@@ -1230,3 +1230,289 @@ fn processes_of_a_nested_pid_namespace_keep_their_node_gpids() {
     c.clan_ok(&["job", "kill", &job]);
     assert!(host_processes_mentioning("sleep 390").is_empty());
 }
+
+/// A local cluster whose nodes do not use the cgroup freezer nor `cgroup.kill`
+/// (`clan up --no-freezer`), as on kernels without them: jobs go by signals.
+fn cluster_without_freezer(n: u32) -> Cluster {
+    Cluster::up_with(
+        n,
+        &[
+            "--heartbeat-ms",
+            "200",
+            "--dead-after-ms",
+            "2000",
+            "--no-freezer",
+        ],
+    )
+}
+
+/// The rows of job `job` in `clan job ls` or `clan job show` output, split in fields
+/// (JOB NODE USER STATE PROCS ...).
+fn job_rows(out: &str, job: &str) -> Vec<Vec<String>> {
+    out.lines()
+        .map(|l| l.split_whitespace().map(str::to_string).collect::<Vec<_>>())
+        .filter(|f| f.first().map(String::as_str) == Some(job) && f.len() > 4)
+        .collect()
+}
+
+/// The host processes, not zombies, whose cgroup is job `job`'s task on any node of `c`
+/// (a scan of the host's /proc, which holds every node's processes).
+fn left_in_job(c: &Cluster, job: &str) -> Vec<(u32, char)> {
+    let Some(cluster) = c.cgroup().and_then(|g| g.file_name()) else {
+        return Vec::new();
+    };
+    let cluster = format!("/{}/", cluster.to_string_lossy());
+    let suffix = format!("/job{job}");
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_string_lossy().parse::<u32>().ok())
+        .filter(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/cgroup")).is_ok_and(|t| {
+                t.lines()
+                    .filter_map(|l| l.strip_prefix("0::"))
+                    .any(|path| path.contains(&cluster) && path.trim_end().ends_with(&suffix))
+            })
+        })
+        .filter_map(|p| Some((p, proc_state(p)?)))
+        .filter(|(_, s)| !matches!(s, 'Z' | 'X'))
+        .collect()
+}
+
+/// Without the freezer (`clan up --no-freezer`) a job is still a job: listed, suspended by
+/// signals when no method is named (every process really stopped, `T`), resumed, and
+/// killed with nothing left; `--method freeze` fails on each node with one line that says
+/// why. A job-control shell inside the job (bash with `set -m`, whose `wait` returns 147
+/// when its child stops) never sees its child stopped: stopped after it, continued before.
+#[test]
+fn without_the_freezer_a_job_is_suspended_resumed_and_killed_by_signals() {
+    root_or_skip!("without_the_freezer_a_job_is_suspended_resumed_and_killed_by_signals");
+    use clan_client::pb::JobAction as A;
+    let c = cluster_without_freezer(2);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let dir = std::env::temp_dir().join(format!("clan-jobs-nofreezer-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let report = dir.join("report").display().to_string();
+    let o = c.clan(&[
+        "run",
+        "-N",
+        "2",
+        "-d",
+        "--",
+        "sh",
+        "-c",
+        "yes >/dev/null & (yes >/dev/null &) ; exec sleep 1047",
+    ]);
+    assert!(o.status.success(), "{o:?}");
+    let job = job_of(&o);
+    let id: u64 = job.parse().unwrap();
+    let o = c.clan(&[
+        "run",
+        "--job",
+        &job,
+        "--node",
+        "2",
+        "-d",
+        "--",
+        "bash",
+        "-c",
+        &format!("set -m; sleep 1048 & wait $!; echo \"wait $?\" > {report}.tmp; mv {report}.tmp {report}"),
+    ]);
+    assert!(o.status.success(), "{o:?}");
+    let child = eventually("the watched child", Duration::from_secs(20), || {
+        c.ps(&["--node", "2"])
+            .into_iter()
+            .find(|p| p["cmd"] == "sleep 1048")
+    });
+    eventually("the job's processes", Duration::from_secs(20), || {
+        (task_pids(&c, 1, &job).len() == 3 && task_pids(&c, 2, &job).len() == 5).then_some(())
+    });
+    let states = |out: &str| -> Vec<String> {
+        job_rows(out, &job)
+            .into_iter()
+            .map(|r| r[3].clone())
+            .collect()
+    };
+    let ls = c.clan_ok(&["job", "ls"]);
+    assert_eq!(states(&ls), ["running", "running"], "{ls}");
+    let show = c.clan_ok(&["job", "show", &job]);
+    assert_eq!(states(&show), ["running", "running"], "{show}");
+
+    // The freezer asked for: refused on each node, one line each, nothing stopped.
+    let o = c.clan(&["job", "suspend", "--method", "freeze", &job]);
+    let err = String::from_utf8_lossy(&o.stderr).to_string();
+    assert_eq!(o.status.code(), Some(2), "{o:?}");
+    assert_eq!(err.lines().count(), 2, "{err}");
+    for n in 1..=2 {
+        let line = err.lines().find(|l| l.contains(&format!("node {n}:")));
+        assert!(
+            line.is_some_and(|l| l.contains("no cgroup freezer") && l.contains("freezer = false")),
+            "{err}"
+        );
+        assert_eq!(stopped_in_task(&c, n, &job), vec![], "{err}");
+    }
+
+    // No method named: by signals; every process of each task stopped when it returns.
+    let answers = rt
+        .block_on(c.client(1).job(A::JobSuspend, id, &[], 0, ""))
+        .unwrap();
+    assert_eq!(answers.len(), 2, "{answers:?}");
+    for a in &answers {
+        assert!(a.error.is_none(), "{answers:?}");
+        assert!(
+            a.tasks.len() == 1 && a.tasks[0].state == "suspended" && a.tasks[0].changed,
+            "{answers:?}"
+        );
+    }
+    for n in 1..=2 {
+        let pids = task_pids(&c, n, &job);
+        let stopped = stopped_in_task(&c, n, &job);
+        assert!(
+            stopped.len() == pids.len() && stopped.iter().all(|(_, s)| *s == 'T'),
+            "node {n}: {pids:?} {stopped:?}"
+        );
+        assert_eq!(task_event(&c, n, &job, "frozen").as_deref(), Some("0"));
+    }
+    let show = c.clan_ok(&["job", "show", &job]);
+    assert_eq!(states(&show), ["suspended", "suspended"], "{show}");
+    let again = c.clan_ok(&["job", "suspend", "--method", "signals", &job]);
+    assert_eq!(again.matches("already suspended").count(), 2, "{again}");
+    let o = c.clan(&["run", "--job", &job, "--node", "1", "--", "true"]);
+    assert!(
+        !o.status.success() && String::from_utf8_lossy(&o.stderr).contains("is suspended"),
+        "a run into the suspended job: {o:?}"
+    );
+
+    // Resumed: nothing stopped; the shell never saw its child stopped.
+    let out = c.clan_ok(&["job", "resume", &job]);
+    assert_eq!(out.matches(": resumed").count(), 2, "{out}");
+    for n in 1..=2 {
+        assert_eq!(stopped_in_task(&c, n, &job), vec![]);
+    }
+    let ls = c.clan_ok(&["job", "ls"]);
+    assert_eq!(states(&ls), ["running", "running"], "{ls}");
+    c.clan_ok(&["kill", &child["gpid"].to_string()]);
+    let seen = eventually("the shell's report", Duration::from_secs(20), || {
+        std::fs::read_to_string(&report).ok()
+    });
+    assert_eq!(
+        seen.trim(),
+        "wait 143",
+        "the shell saw its child stopped (147) or did not see it end by SIGTERM"
+    );
+
+    // Killed by signals: nothing of the job is left on any node.
+    let out = c.clan_ok(&["job", "kill", &job]);
+    assert_eq!(out.matches(": killed").count(), 2, "{out}");
+    assert_eq!(left_in_job(&c, &job), vec![]);
+    assert!(host_processes_mentioning("sleep 1047").is_empty());
+    let o = c.clan(&["job", "show", &job]);
+    assert_eq!(o.status.code(), Some(3), "{o:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Without the freezer, a switch (no method named) stops the old job by signals before the
+/// new one runs, a switch with `--method freeze` is refused and changes nothing, and
+/// subtrees are suspended, resumed and killed alone; a stopped job is killed too.
+#[test]
+fn without_the_freezer_switches_and_subtrees_go_by_signals() {
+    root_or_skip!("without_the_freezer_switches_and_subtrees_go_by_signals");
+    use clan_client::pb;
+    let c = cluster_without_freezer(1);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let o = c.clan(&[
+        "run",
+        "-d",
+        "--",
+        "sh",
+        "-c",
+        "sh -c 'sleep 3871 & exec sleep 3872' & exec sleep 3873",
+    ]);
+    let a = job_of(&o);
+    let b = job_of(&c.clan(&["run", "-d", "--", "sleep", "3874"]));
+    let sub = eventually("the subtree", Duration::from_secs(20), || {
+        let ps = c.ps(&["--job", &a]);
+        let sub = ps.iter().find(|p| p["cmd"] == "sleep 3872")?;
+        (ps.iter().any(|p| p["cmd"] == "sleep 3871") && host_pid_of("sleep 3874").is_some())
+            .then(|| sub["gpid"].to_string())
+    });
+    let state = |cmd: &str| host_pid_of(cmd).and_then(proc_state);
+    let all_stopped = |job: &str| {
+        let pids = task_pids(&c, 1, job);
+        !pids.is_empty() && stopped_in_task(&c, 1, job).len() == pids.len()
+    };
+
+    // A subtree, alone.
+    let out = c.clan_ok(&["job", "suspend", &a, "--subtree", &sub]);
+    assert!(out.contains("suspended (2 processes)"), "{out}");
+    assert_eq!(state("sleep 3871"), Some('T'));
+    assert_eq!(state("sleep 3872"), Some('T'));
+    assert_ne!(state("sleep 3873"), Some('T'), "outside the subtree");
+    let out = c.clan_ok(&["job", "resume", &a, "--subtree", &sub]);
+    assert!(out.contains("resumed (2 processes)"), "{out}");
+    assert_eq!(stopped_in_task(&c, 1, &a), vec![]);
+
+    // A switch with no method named: A stopped, every process, then B running.
+    let switch = |old: &str, new: &str| {
+        rt.block_on(c.client(1).job_request(pb::JobRequest {
+            action: pb::JobAction::JobSwitch as i32,
+            job: old.parse().unwrap(),
+            resume: new.parse().unwrap(),
+            ..Default::default()
+        }))
+        .unwrap()
+    };
+    c.clan_ok(&["job", "suspend", "--method", "signals", &b]);
+    assert!(all_stopped(&b));
+    let answers = switch(&a, &b);
+    let tasks: Vec<(String, String)> = answers
+        .iter()
+        .flat_map(|n| n.tasks.iter())
+        .map(|t| (t.job.to_string(), t.state.clone()))
+        .collect();
+    assert_eq!(
+        tasks,
+        [
+            (a.clone(), "suspended".into()),
+            (b.clone(), "running".into())
+        ],
+        "{answers:?}"
+    );
+    assert!(all_stopped(&a));
+    assert_eq!(stopped_in_task(&c, 1, &b), vec![]);
+    let out = c.clan_ok(&["job", "switch", "--method", "signals", &b, &a]);
+    assert!(out.contains("suspended (1 process)"), "{out}");
+    assert!(all_stopped(&b) && stopped_in_task(&c, 1, &a).is_empty());
+    // The CLI without --method: signals here, as the library's request above.
+    let out = c.clan_ok(&["job", "switch", &a, &b]);
+    assert!(
+        all_stopped(&a) && stopped_in_task(&c, 1, &b).is_empty(),
+        "{out}"
+    );
+    let out = c.clan_ok(&["job", "switch", &b, &a]);
+    assert!(
+        all_stopped(&b) && stopped_in_task(&c, 1, &a).is_empty(),
+        "{out}"
+    );
+    // The freezer asked for: refused, nothing changed.
+    let o = c.clan(&["job", "switch", "--method", "freeze", &a, &b]);
+    assert!(
+        o.status.code() == Some(2)
+            && String::from_utf8_lossy(&o.stderr).contains("no cgroup freezer"),
+        "{o:?}"
+    );
+    assert!(all_stopped(&b) && stopped_in_task(&c, 1, &a).is_empty());
+
+    // A subtree killed alone; then both jobs, B stopped: nothing left.
+    let out = c.clan_ok(&["job", "kill", &a, "--subtree", &sub]);
+    assert!(out.contains("killed (2 processes)"), "{out}");
+    assert!(host_processes_mentioning("sleep 3871").is_empty());
+    assert!(host_processes_mentioning("sleep 3872").is_empty());
+    assert_eq!(host_processes_mentioning("sleep 3873").len(), 1);
+    for j in [&a, &b] {
+        c.clan_ok(&["job", "kill", j]);
+        assert_eq!(left_in_job(&c, j), vec![]);
+    }
+    assert!(host_processes_mentioning("sleep 387").is_empty());
+}

@@ -11,6 +11,7 @@
 //! [[node]]
 //! id = 1
 //! addr = "10.0.0.1:7100"
+//! # freezer = false                  # suspend and kill jobs by signals, not the cgroup freezer
 //! ```
 
 use crate::id::NodeId;
@@ -44,6 +45,16 @@ pub struct NodeEntry {
     /// makes) the node's daemon and processes run in, for tests that cut links.
     #[serde(default)]
     pub netns: Option<String>,
+    /// Whether the node suspends its jobs' tasks with the cgroup v2 freezer
+    /// (`cgroup.freeze`) and kills them with `cgroup.kill` where the kernel has them
+    /// [default: true]. `false`: both by the signal method (SIGSTOP top-down, SIGCONT
+    /// bottom-up, SIGKILL top-down over the task's genealogy), as on kernels without them.
+    #[serde(default = "default_freezer")]
+    pub freezer: bool,
+}
+
+fn default_freezer() -> bool {
+    true
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -242,6 +253,10 @@ mod tests {
         .unwrap();
         let c = ClusterConfig::load(&p).unwrap();
         assert_eq!(c.nodes[0].id, 1);
+        assert!(
+            c.nodes.iter().all(|n| n.freezer),
+            "the freezer is used by default"
+        );
         assert_eq!(c.key, b"0123456789abcdef0123");
         assert_eq!(c.dead_after_ms, 3000);
         assert_eq!(c.exit_retention_ms, DEFAULT_EXIT_RETENTION_MS);
@@ -252,10 +267,11 @@ mod tests {
         );
         std::fs::write(
             &p,
-            "name = \"t\"\nkey_file = \"k\"\nproc_view = \"/run/v{node}\"\n[[node]]\nid = 1\naddr = \"127.0.0.1:7001\"\n",
+            "name = \"t\"\nkey_file = \"k\"\nproc_view = \"/run/v{node}\"\n[[node]]\nid = 1\naddr = \"127.0.0.1:7001\"\nfreezer = false\n",
         )
         .unwrap();
         let c = ClusterConfig::load(&p).unwrap();
+        assert!(!c.nodes[0].freezer);
         assert_eq!(
             c.proc_view(NodeId::new(1).unwrap()),
             PathBuf::from("/run/v1")

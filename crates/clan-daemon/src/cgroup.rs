@@ -306,15 +306,44 @@ pub fn populated(dir: &Path) -> bool {
         .unwrap_or(false)
 }
 
-/// Kills every process in `dir` and below (cgroup.kill) and removes the directories once empty.
+/// The processes in `dir` and its descendant cgroups.
+fn procs_below(dir: &Path, out: &mut Vec<u32>) {
+    let text = clan_core::sys::read_small(dir.join("cgroup.procs")).unwrap_or_default();
+    out.extend(text.lines().filter_map(|l| l.trim().parse::<u32>().ok()));
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                procs_below(&e.path(), out);
+            }
+        }
+    }
+}
+
+/// Kills every process in `dir` and below (cgroup.kill; where the kernel has none, before
+/// Linux 5.14, SIGKILL to each process, in rounds until none is left, frozen or stopped
+/// ones too) and removes the directories once empty.
 pub fn kill_and_remove(dir: &Path, timeout: std::time::Duration) -> io::Result<()> {
     if !dir.exists() {
         remove_v1_mirrors(dir);
         return Ok(());
     }
-    std::fs::write(dir.join("cgroup.kill"), "1")?;
+    let by_signals = match std::fs::write(dir.join("cgroup.kill"), "1") {
+        Ok(()) => false,
+        Err(e) if e.kind() == io::ErrorKind::NotFound && dir.exists() => true,
+        Err(e) => return Err(e),
+    };
     let deadline = std::time::Instant::now() + timeout;
     while populated(dir) {
+        if by_signals {
+            let mut pids = Vec::new();
+            procs_below(dir, &mut pids);
+            for p in pids {
+                // SAFETY: kill(2) takes plain integers and touches no memory of ours.
+                unsafe {
+                    libc::kill(p as libc::pid_t, libc::SIGKILL);
+                }
+            }
+        }
         if std::time::Instant::now() > deadline {
             return Err(io::Error::new(
                 io::ErrorKind::TimedOut,

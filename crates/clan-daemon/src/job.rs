@@ -15,6 +15,12 @@
 //!   also ones forking), then wait until the cgroup is empty and check the node's /proc
 //!   for any process still in it; other signals go to each process of the task.
 //!
+//! Where the kernel has no `cgroup.freeze` (before Linux 5.2), or the node does not use it
+//! (`freezer = false` in the cluster file), a task is still a task: it is suspended and
+//! resumed by the signal method (the process tracking paper's algorithm over the task's
+//! genealogy), and killed by SIGKILL top-down, as where `cgroup.kill` is missing (before
+//! Linux 5.14).
+//!
 //! The job is cluster-wide: the node a request reaches asks every node for its task at once
 //! and reports per node.
 
@@ -70,6 +76,17 @@ fn wait_on(f: &std::fs::File, dir: &Path, key: &str, want: bool, limit: Duration
     }
 }
 
+/// How a request asks to suspend and resume (`--method`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Method {
+    /// None given: the freezer where the node has one, else signals.
+    Default,
+    /// The cgroup v2 freezer, which the node must have.
+    Freeze,
+    /// The paper's algorithm.
+    Signals,
+}
+
 /// A task here: its cgroup, descriptors on its control files, its processes.
 pub struct Task {
     pub dir: PathBuf,
@@ -82,22 +99,48 @@ pub struct Task {
 /// time slice, reads and writes them without walking a path through cgroupfs each time.
 /// Once the cgroup is removed they fail (ENODEV), and [`Node::task`] opens them again.
 pub struct TaskFiles {
-    freeze: std::fs::File,
+    /// `None`: no freezer for this task (the kernel has no `cgroup.freeze`, or the node
+    /// does not use it); it is suspended by signals.
+    freeze: Option<std::fs::File>,
     events: std::fs::File,
     procs: std::fs::File,
 }
 
 impl TaskFiles {
-    fn open(dir: &Path) -> std::io::Result<TaskFiles> {
+    /// Opens a task's control files; `cgroup.freeze` only if `freezer` (the node uses the
+    /// freezer) and the kernel has it. `cgroup.events` and `cgroup.procs` are cgroup v2's
+    /// core, there on every kernel cland runs on.
+    fn open(dir: &Path, freezer: bool) -> std::io::Result<TaskFiles> {
         let ro = |name: &str| std::fs::File::open(dir.join(name));
-        Ok(TaskFiles {
-            freeze: std::fs::OpenOptions::new()
+        let freeze = if freezer {
+            match std::fs::OpenOptions::new()
                 .read(true)
                 .write(true)
-                .open(dir.join("cgroup.freeze"))?,
+                .open(dir.join("cgroup.freeze"))
+            {
+                Ok(f) => Some(f),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+                Err(e) => return Err(e),
+            }
+        } else {
+            None
+        };
+        Ok(TaskFiles {
+            freeze,
             events: ro("cgroup.events")?,
             procs: ro("cgroup.procs")?,
         })
+    }
+
+    /// Whether this task has a freezer cland uses.
+    fn has_freezer(&self) -> bool {
+        self.freeze.is_some()
+    }
+
+    /// Whether the kernel reports the task frozen (never without a freezer: job state comes
+    /// from the processes' states then, not from `cgroup.events`).
+    fn frozen(&self) -> bool {
+        self.freeze.is_some() && self.event("frozen") == Some(true)
     }
 
     /// The host pids in the task (`cgroup.procs`, read afresh).
@@ -114,9 +157,10 @@ impl TaskFiles {
     fn freezing(&self) -> bool {
         use std::os::unix::fs::FileExt;
         let mut b = [0u8; 8];
-        self.freeze
-            .read_at(&mut b, 0)
-            .is_ok_and(|n| b[..n].first() == Some(&b'1'))
+        self.freeze.as_ref().is_some_and(|f| {
+            f.read_at(&mut b, 0)
+                .is_ok_and(|n| b[..n].first() == Some(&b'1'))
+        })
     }
 
     /// Freezes (`on`) or thaws the task and waits until the kernel says it is. A freeze
@@ -129,12 +173,18 @@ impl TaskFiles {
 
     fn set_frozen_within(&self, dir: &Path, on: bool, limit: Duration) -> Result<()> {
         use std::os::unix::fs::FileExt;
-        self.freeze
+        let Some(freeze) = &self.freeze else {
+            return Err(Error::Internal(format!(
+                "{}: no cgroup freezer for this task",
+                dir.display()
+            )));
+        };
+        freeze
             .write_at(if on { b"1" } else { b"0" }, 0)
             .map_err(|e| Error::internal("cgroup.freeze", e))?;
         let res = self.wait(dir, "frozen", on, limit);
         if on && res.is_err() {
-            let _ = self.freeze.write_at(b"0", 0);
+            let _ = freeze.write_at(b"0", 0);
             if let Err(e) = self.wait(dir, "frozen", false, limit) {
                 tracing::warn!("{}: a failed freeze not undone: {e}", dir.display());
             }
@@ -230,6 +280,98 @@ fn kernel_children(pid: u32) -> Vec<u32> {
         .collect()
 }
 
+/// The parent of a host process, as the kernel has it (`None`: it is gone).
+fn ppid_of(pid: u32) -> Option<u32> {
+    let s = clan_core::sys::read_small(format!("/proc/{pid}/stat")).ok()?;
+    s.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+/// The processes of a task (or a subtree of it) top-down, each with its parent in the task
+/// (0: a root of the forest).
+struct Forest {
+    order: Vec<u32>,
+    parents: std::collections::HashMap<u32, u32>,
+}
+
+impl Forest {
+    /// The forest of the task whose cgroup holds `members` now, the genealogy having
+    /// `tracked` of the job (each with its nearest living tracked ancestor); `ppid_of` gives
+    /// a process's kernel parent. See [`Node::forest`].
+    fn new(
+        tracked: &[(u32, crate::genealogy::GNode)],
+        members: Vec<u32>,
+        ppid_of: impl Fn(u32) -> Option<u32>,
+    ) -> Forest {
+        use std::collections::{HashMap, HashSet};
+        let inside: HashSet<u32> = members.iter().copied().collect();
+        let known: HashSet<u32> = tracked.iter().map(|(p, _)| *p).collect();
+        let kernel_parent = |p: u32| {
+            ppid_of(p)
+                .filter(|pp| *pp != p && inside.contains(pp))
+                .unwrap_or(0)
+        };
+        let mut parents: HashMap<u32, u32> = HashMap::with_capacity(tracked.len());
+        let mut listed = Vec::with_capacity(tracked.len() + 1);
+        for (p, n) in tracked {
+            let parent = if n.parent != 0 && known.contains(&n.parent) {
+                n.parent
+            } else if inside.contains(p) {
+                kernel_parent(*p)
+            } else {
+                0
+            };
+            parents.insert(*p, parent);
+            listed.push(*p);
+        }
+        let mut unknown: Vec<u32> = members
+            .iter()
+            .copied()
+            .filter(|p| !known.contains(p))
+            .collect();
+        unknown.sort_unstable();
+        for p in unknown {
+            parents.insert(p, kernel_parent(p));
+            listed.push(p);
+        }
+        let mut kids: HashMap<u32, Vec<u32>> = HashMap::new();
+        let mut roots = Vec::new();
+        for p in listed {
+            match parents.get(&p).copied().unwrap_or(0) {
+                0 => roots.push(p),
+                parent => kids.entry(parent).or_default().push(p),
+            }
+        }
+        let mut order = Vec::with_capacity(members.len());
+        let mut seen = HashSet::with_capacity(parents.len());
+        let mut stack: Vec<u32> = roots.into_iter().rev().collect();
+        while let Some(p) = stack.pop() {
+            if !seen.insert(p) {
+                continue;
+            }
+            if inside.contains(&p) {
+                order.push(p);
+            }
+            if let Some(k) = kids.get(&p) {
+                stack.extend(k.iter().rev());
+            }
+        }
+        // Out of reach only through a cycle (pids reused between the genealogy's and the
+        // kernel's view): roots, last, so none is left out.
+        let mut rest: Vec<u32> = members.into_iter().filter(|p| !seen.contains(p)).collect();
+        rest.sort_unstable();
+        for p in rest {
+            parents.insert(p, 0);
+            order.push(p);
+        }
+        Forest { order, parents }
+    }
+}
+
 /// The cgroup v2 directory of a host process (`None`: it is gone).
 fn cgroup_dir_of(pid: u32) -> Option<PathBuf> {
     let text = clan_core::sys::read_small(format!("/proc/{pid}/cgroup")).ok()?;
@@ -297,37 +439,17 @@ const SIGNALS_MAX: Duration = Duration::from_secs(120);
 const RETRY: Duration = Duration::from_millis(1);
 
 impl Node {
-    /// The task's processes, parents before children (depth first, from the genealogy),
-    /// then any process of the task's cgroup the genealogy does not know.
-    fn top_down(&self, job: u64, dir: &Path) -> Vec<u32> {
-        let forest = self.genealogy.lock().of_job(job);
-        let known: std::collections::HashSet<u32> = forest.iter().map(|(p, _)| *p).collect();
-        let mut kids: std::collections::HashMap<u32, Vec<u32>> = Default::default();
-        let mut roots = Vec::new();
-        for (p, n) in &forest {
-            if n.parent != 0 && known.contains(&n.parent) {
-                kids.entry(n.parent).or_default().push(*p);
-            } else {
-                roots.push(*p);
-            }
-        }
-        let mut order = Vec::with_capacity(forest.len());
-        let mut stack: Vec<u32> = roots.into_iter().rev().collect();
+    /// The task's forest as the signal method walks it: every process the kernel has in
+    /// the task's cgroup now, parents before children (depth first), each with its parent
+    /// in the task. Parents come from the genealogy; a process it does not know (no proc
+    /// connector, or a fork whose event is not handled yet), or one it has as a root, takes
+    /// its kernel parent (`/proc/PID/stat`) when that is in the task, so it is still
+    /// stopped after its parent and continued before it.
+    fn forest(&self, job: u64, dir: &Path) -> Forest {
+        let tracked = self.genealogy.lock().of_job(job);
         // Only what the kernel has in the task now: a tracked pid that left it (exited, and
         // perhaps reused by a process elsewhere before the genealogy heard) is not signalled.
-        let members: std::collections::HashSet<u32> = procs(dir).into_iter().collect();
-        while let Some(p) = stack.pop() {
-            if members.contains(&p) {
-                order.push(p);
-            }
-            if let Some(k) = kids.get(&p) {
-                stack.extend(k.iter().rev());
-            }
-        }
-        let mut unknown: Vec<u32> = members.into_iter().filter(|p| !known.contains(p)).collect();
-        unknown.sort_unstable();
-        order.extend(unknown);
-        order
+        Forest::new(&tracked, procs(dir), ppid_of)
     }
 
     /// Why a caller that is not root may not have process `p` moved into a new task of this
@@ -476,16 +598,7 @@ impl Node {
                     break;
                 }
                 for p in rest {
-                    let parent = clan_core::sys::read_small(format!("/proc/{p}/stat"))
-                        .ok()
-                        .and_then(|s| {
-                            s.rsplit_once(')')?
-                                .1
-                                .split_whitespace()
-                                .nth(1)?
-                                .parse()
-                                .ok()
-                        });
+                    let parent = ppid_of(p);
                     for d in parent.map(|pp| places_of(cg, pp)).unwrap_or_default() {
                         let _ = std::fs::write(d.join("cgroup.procs"), p.to_string());
                     }
@@ -515,29 +628,44 @@ impl Node {
     /// The task's processes top-down, or only the subtree rooted at the process whose
     /// number in the node's namespace is `subtree` (empty if it is not in the task).
     fn order(&self, job: u64, dir: &Path, subtree: Option<u32>) -> Vec<u32> {
-        let all = self.top_down(job, dir);
+        self.forest_of(job, dir, subtree).order
+    }
+
+    /// The task's forest ([`Node::forest`]), its order limited to the subtree rooted at the
+    /// process whose number in the node's namespace is `subtree` (none if it is not in the
+    /// task).
+    fn forest_of(&self, job: u64, dir: &Path, subtree: Option<u32>) -> Forest {
+        let mut forest = self.forest(job, dir);
         let Some(root_ns) = subtree else {
-            return all;
+            return forest;
         };
         let level = self.pid_level();
-        let Some(root) = all
+        let Some(root) = forest
+            .order
             .iter()
             .copied()
             .find(|h| clan_core::sys::ns_pid_at(*h, level) == Some(root_ns))
         else {
-            return Vec::new();
+            forest.order.clear();
+            return forest;
         };
-        let parents = self.parents(job);
+        let parents = &forest.parents;
         let under = |mut p: u32| {
-            while p != 0 {
+            // Bounded: the forest has no cycle, but a walk must not trust that.
+            for _ in 0..=parents.len() {
                 if p == root {
                     return true;
+                }
+                if p == 0 {
+                    return false;
                 }
                 p = parents.get(&p).copied().unwrap_or(0);
             }
             false
         };
-        all.into_iter().filter(|p| under(*p)).collect()
+        let order = forest.order.iter().copied().filter(|p| under(*p)).collect();
+        forest.order = order;
+        forest
     }
 
     /// Where the node's pid namespace is in the `NSpid` list of its processes: 0 on a real
@@ -557,21 +685,14 @@ impl Node {
             .unwrap_or(1)
     }
 
-    /// Each tracked process of the task with its nearest living tracked ancestor (0: none).
-    fn parents(&self, job: u64) -> std::collections::HashMap<u32, u32> {
-        self.genealogy
-            .lock()
-            .of_job(job)
-            .into_iter()
-            .map(|(p, n)| (p, n.parent))
-            .collect()
-    }
-
     /// The paper's task suspend: SIGSTOP top-down, each process verified stopped before
     /// its children are signalled; a process not stopped yet (EAGAIN) holds back its
     /// descendants until the next pass, retried after the retry interval, without
     /// signalling again the processes already signalled. Children forked meanwhile are in
-    /// the next pass's tree.
+    /// the next pass's tree. A whole task is done once every process of its cgroup is
+    /// stopped; a subtree once, besides its processes, the kernel's children of each of
+    /// them (forks whose events the genealogy has not handled yet, made just before their
+    /// parent stopped) are stopped too, and theirs, down to the last.
     fn suspend_by_signals(&self, job: u64, dir: &Path, subtree: Option<u32>) -> Result<()> {
         use nix::sys::signal::Signal;
         // A whole job stopped takes no new process until it is resumed.
@@ -600,8 +721,7 @@ impl Node {
             // is verified stopped (or it has none in the task). One not stopped yet does not
             // end the pass (the paper's EAGAIN), it only holds back its own descendants, so a
             // busy tree on few CPUs stops in a few passes rather than one process per pass.
-            let parents = self.parents(job);
-            let order = self.order(job, dir, subtree);
+            let Forest { order, parents } = self.forest_of(job, dir, subtree);
             let inside: std::collections::HashSet<u32> = order.iter().copied().collect();
             let mut verified: std::collections::HashSet<u32> = std::collections::HashSet::new();
             let mut done = true;
@@ -624,11 +744,36 @@ impl Node {
                     }
                 }
             }
+            // A subtree whose every process is stopped: the kernel's children of them (final
+            // lists, as their parents are stopped) that the tree above does not have yet.
+            // (Read only then: on the way, the next pass's tree has them.)
+            let mut late = 0;
+            if done && subtree.is_some() {
+                let in_task: std::collections::HashSet<u32> = procs(dir).into_iter().collect();
+                let mut todo: Vec<u32> = verified.iter().copied().collect();
+                let mut seen = std::collections::HashSet::new();
+                while let Some(p) = todo.pop() {
+                    for k in kernel_children(p) {
+                        if !in_task.contains(&k) || inside.contains(&k) || !seen.insert(k) {
+                            continue;
+                        }
+                        if stopped(k) {
+                            late += 1;
+                            todo.push(k);
+                            continue;
+                        }
+                        done = false;
+                        if signalled.insert(k) {
+                            send(k, Signal::SIGSTOP);
+                        }
+                    }
+                }
+            }
             if done && (subtree.is_some() || procs(dir).into_iter().all(stopped)) {
                 return Ok(());
             }
-            if verified.len() > most {
-                (most, progress_at) = (verified.len(), Instant::now());
+            if verified.len() + late > most {
+                (most, progress_at) = (verified.len() + late, Instant::now());
             }
             if progress_at.elapsed() > stall || start.elapsed() > SIGNALS_MAX {
                 return Err(Error::Internal(format!(
@@ -681,6 +826,34 @@ impl Node {
         }
     }
 
+    /// The paper's task kill: `sig` to every process of the task top-down (a parent dies
+    /// before its children can be reparented and reported to it); a SIGKILL is then
+    /// repeated over whatever is still in the task until the kernel reports it empty.
+    fn kill_by_signals(&self, job: u64, dir: &Path, files: &TaskFiles, sig: i32) -> Result<()> {
+        for p in self.order(job, dir, None) {
+            send_raw(p, sig);
+        }
+        if sig == libc::SIGKILL {
+            self.kill_rest_by_signals(job, dir, files)?;
+        }
+        Ok(())
+    }
+
+    /// Whether this node may use the cgroup freezer and `cgroup.kill` (`freezer` in its
+    /// entry of the cluster file; they are used by default where the kernel has them).
+    pub(crate) fn freezer_allowed(&self) -> bool {
+        self.cfg.node(self.id).map_or(true, |n| n.freezer)
+    }
+
+    /// Why this node's tasks have no freezer.
+    fn no_freezer_reason(&self) -> &'static str {
+        if self.freezer_allowed() {
+            "no cgroup freezer on this node (the kernel has no cgroup.freeze, Linux 5.2+)"
+        } else {
+            "no cgroup freezer on this node (freezer = false in its entry of the cluster file)"
+        }
+    }
+
     /// After a top-down SIGKILL pass: rounds of the same over what is still in the task
     /// (children forked while the pass ran, processes the genealogy had not seen yet) until
     /// the kernel reports the task empty.
@@ -727,7 +900,7 @@ impl Node {
             }
             self.task_files.lock().remove(&job);
         }
-        let files = Arc::new(TaskFiles::open(&dir).ok()?);
+        let files = Arc::new(TaskFiles::open(&dir, self.freezer_allowed()).ok()?);
         let pids = files.procs().ok()?;
         let mut kept = self.task_files.lock();
         if kept.len() >= 4096 {
@@ -760,30 +933,34 @@ impl Node {
 
     /// The state of a task with processes `pids` (one read of its `cgroup.events`, and of
     /// the processes' states only when it is not frozen and may be stopped by signals).
-    fn task_state(files: &TaskFiles, pids: &[u32]) -> &'static str {
+    /// Without a freezer it comes from the processes' states and `marked` (the whole job is
+    /// being suspended by signals, or was, by a suspend that stopped only some).
+    fn task_state(files: &TaskFiles, pids: &[u32], marked: bool) -> &'static str {
         if pids.is_empty() {
             "empty"
-        } else if files.event("frozen") == Some(true)
+        } else if files.frozen()
             || pids
                 .iter()
                 .all(|p| matches!(proc_state(*p), Some('T' | 't') | None))
         {
             "suspended"
-        } else if files.freezing() {
+        } else if files.freezing() || marked {
             "suspending"
         } else {
             "running"
         }
     }
 
-    /// What a suspend, resume, switch or kill reports of a task: its state and processes,
-    /// nothing that costs more reads (a switch is on a gang scheduler's every time slice).
-    fn task_brief(&self, job: u64, files: &TaskFiles, pids: &[u32]) -> pb::TaskInfo {
+    /// What a suspend, resume, switch or kill reports of a task (`whole`), or of a subtree
+    /// of it, with processes `pids`: its state and processes, nothing that costs more reads
+    /// (a switch is on a gang scheduler's every time slice).
+    fn task_brief(&self, job: u64, files: &TaskFiles, pids: &[u32], whole: bool) -> pb::TaskInfo {
+        let marked = whole && self.stopping_jobs.lock().contains(&job);
         pb::TaskInfo {
             job,
             node: self.id.get(),
             procs: pids.len() as u32,
-            state: Self::task_state(files, pids).into(),
+            state: Self::task_state(files, pids, marked).into(),
             ..Default::default()
         }
     }
@@ -795,7 +972,8 @@ impl Node {
         let (dir, pids) = (&task.dir, &task.pids);
         // The owner: the lowest uid among its processes (none left: no task, not root's).
         let uid = pids.iter().filter_map(|p| uid_of(*p)).min()?;
-        let state = Self::task_state(&task.files, pids);
+        let marked = self.stopping_jobs.lock().contains(&job);
+        let state = Self::task_state(&task.files, pids, marked);
         let peak = self.task_peaks.lock().get(&job).copied().unwrap_or(0);
         let (mem, mem_peak) = self
             .cgroup
@@ -889,9 +1067,10 @@ impl Node {
             }
             return Ok(tasks);
         }
-        let signals = match req.method.as_str() {
-            "" | "freeze" => false,
-            "signals" => true,
+        let method = match req.method.as_str() {
+            "" => Method::Default,
+            "freeze" => Method::Freeze,
+            "signals" => Method::Signals,
             other => {
                 return Err(Error::Invalid(format!(
                     "unknown method {other:?} (freeze or signals)"
@@ -905,7 +1084,7 @@ impl Node {
         let act = |action: A, job: u64| -> Result<Option<pb::TaskInfo>> {
             let run = || match self.task(job) {
                 Some(t) => self
-                    .act_on_task(action, req, job, &t, signals, creds)
+                    .act_on_task(action, req, job, &t, method, creds)
                     .map(Some),
                 None => Ok(None), // no task of the job here
             };
@@ -955,14 +1134,16 @@ impl Node {
 
     /// Suspend, resume or kill (`action`) job `job`'s task (or the subtree `req` names),
     /// verified; reports the task (or the subtree) after. A kill with signal 0 is kill(1)'s:
-    /// the task exists and the caller may signal it, and nothing is sent.
+    /// the task exists and the caller may signal it, and nothing is sent. A task without a
+    /// freezer (the kernel has none, or the node does not use it) is acted on by signals;
+    /// a suspend that asks for the freezer there fails, naming the node and why.
     fn act_on_task(
         &self,
         action: pb::JobAction,
         req: &pb::JobRequest,
         job: u64,
         task: &Task,
-        signals: bool,
+        method: Method,
         creds: &pb::Creds,
     ) -> Result<pb::TaskInfo> {
         use pb::JobAction as A;
@@ -981,6 +1162,21 @@ impl Node {
             _ => return Err(Error::Invalid(format!("invalid subtree {}", req.subtree))),
         };
         self.may_act(creds, job, &task.pids)?;
+        let signals = match method {
+            Method::Signals => true,
+            _ if files.has_freezer() => false,
+            Method::Freeze if action == A::JobSuspend && subtree.is_none() => {
+                return Err(Error::Invalid(format!(
+                    "job {job} on node {}: can not suspend with --method freeze: {}; \
+                     use --method signals",
+                    self.id,
+                    self.no_freezer_reason()
+                )));
+            }
+            // A resume undoes a suspension by either method, and a kill needs no freezer:
+            // by signals here.
+            _ => true,
+        };
         // What the action reaches: the subtree's processes, or the task's.
         let reached = |me: &Self| match subtree {
             Some(_) => me.order(job, dir, subtree),
@@ -990,10 +1186,11 @@ impl Node {
             Some(_) => reached(self),
             None => task.pids.clone(),
         };
-        let before = self.task_brief(job, files, &members);
+        let whole = subtree.is_none();
+        let before = self.task_brief(job, files, &members, whole);
         // Suspended as a whole with signals (perhaps only partly: a suspend that failed).
         let marked = self.stopping_jobs.lock().contains(&job);
-        let frozen = || files.event("frozen") == Some(true) || files.freezing();
+        let frozen = || files.frozen() || files.freezing();
         let mut changed;
         let mut left = Vec::new();
         match action {
@@ -1001,8 +1198,14 @@ impl Node {
                 changed = before.state != "suspended";
                 // A task the freezer holds is suspended already, and its processes could
                 // not take a SIGSTOP before they are thawed.
-                if files.event("frozen") != Some(true) {
+                if !files.frozen() {
                     self.suspend_by_signals(job, dir, subtree)?;
+                    if !files.has_freezer() && method == Method::Default && changed {
+                        tracing::info!(
+                            "job {job}: suspended by signals: {}",
+                            self.no_freezer_reason()
+                        );
+                    }
                 }
             }
             A::JobResume if subtree.is_some() => {
@@ -1035,7 +1238,7 @@ impl Node {
                 let (killed, alive) = self.kill_subtree(job, dir, files, root, sig);
                 changed = !killed.is_empty();
                 left = alive;
-                let mut after = self.task_brief(job, files, &reached(self));
+                let mut after = self.task_brief(job, files, &reached(self), whole);
                 after.procs = killed.len() as u32; // how many it reached
                 after.changed = changed;
                 let level = self.pid_level();
@@ -1046,16 +1249,9 @@ impl Node {
                 return Ok(after);
             }
             A::JobKill if signals => {
-                // Top-down, as the paper's task kill: a parent dies before its children
-                // can be reparented and reported to it.
                 let sig = signal_number(req.signal)?;
                 changed = !members.is_empty();
-                for p in self.order(job, dir, None) {
-                    send_raw(p, sig);
-                }
-                if sig == libc::SIGKILL {
-                    self.kill_rest_by_signals(job, dir, files)?;
-                }
+                self.kill_by_signals(job, dir, files, sig)?;
             }
             A::JobSuspend => {
                 changed = before.state != "suspended";
@@ -1068,9 +1264,15 @@ impl Node {
             A::JobKill => {
                 let sig = signal_number(req.signal)?;
                 if sig == libc::SIGKILL {
-                    std::fs::write(dir.join("cgroup.kill"), "1")
-                        .map_err(|e| Error::internal("cgroup.kill", e))?;
-                    files.wait(dir, "populated", false, SETTLE)?;
+                    match std::fs::write(dir.join("cgroup.kill"), "1") {
+                        Ok(()) => files.wait(dir, "populated", false, SETTLE)?,
+                        // No cgroup.kill (before Linux 5.14; ENOENT), or it failed: the
+                        // signal method's kill, which also ends with the task empty.
+                        Err(e) => {
+                            tracing::debug!("job {job}: cgroup.kill: {e}; killing by signals");
+                            self.kill_by_signals(job, dir, files, sig)?;
+                        }
+                    }
                 } else {
                     for p in files.procs().unwrap_or_default() {
                         send_raw(p, sig);
@@ -1086,7 +1288,7 @@ impl Node {
             // Nothing of it is left to be stopped.
             self.mark_stopping(job, false);
         }
-        let mut after = self.task_brief(job, files, &reached(self));
+        let mut after = self.task_brief(job, files, &reached(self), whole);
         if action == A::JobResume
             && !signals
             && subtree.is_none()
@@ -1096,7 +1298,7 @@ impl Node {
             // one that failed midway, which stopped only some): continued the same way.
             changed = true;
             self.resume_by_signals(job, dir, None)?;
-            after = self.task_brief(job, files, &reached(self));
+            after = self.task_brief(job, files, &reached(self), whole);
         }
         after.changed = changed;
         if action == A::JobKill {
@@ -1155,7 +1357,7 @@ impl Node {
             return (order, Vec::new());
         }
         // Frozen processes can not fork (nor take a SIGSTOP before they are thawed).
-        let frozen = files.event("frozen") == Some(true);
+        let frozen = files.frozen();
         if !frozen {
             if let Err(e) = self.suspend_by_signals(job, dir, Some(root)) {
                 tracing::debug!("job {job}: subtree kill: {e}; killing what is stopped");
@@ -1262,15 +1464,21 @@ impl Node {
                     // killed and verified, each bounded by SETTLE). A resume by the freezer
                     // goes on with signals when the task was stopped that way; a switch
                     // freezes one task and then thaws another, and a freeze that fails is
-                    // thawed back before it is reported.
+                    // thawed back before it is reported. A suspend or switch with no method
+                    // named uses signals on a node without a freezer (which this node can
+                    // not tell when the kernel lacks one); a kill without `cgroup.kill`
+                    // kills by signals (rounds, then the wait for the task to empty: SETTLE
+                    // each).
                     use pb::JobAction as A;
                     let action = A::try_from(req.action).ok();
-                    let settle = if req.method == "signals"
+                    let stops = matches!(action, Some(A::JobSwitch | A::JobSuspend));
+                    let settle = if req.method != "freeze" && stops
+                        || req.method == "signals"
                         || req.subtree != 0
                         || action == Some(A::JobResume)
                     {
                         SIGNALS_MAX + 2 * SETTLE
-                    } else if matches!(action, Some(A::JobSwitch | A::JobSuspend)) {
+                    } else if stops || action == Some(A::JobKill) {
                         2 * SETTLE
                     } else {
                         SETTLE
@@ -1323,12 +1531,80 @@ mod tests {
         ] {
             std::fs::write(dir.path().join(name), text).unwrap();
         }
-        let files = TaskFiles::open(dir.path()).unwrap();
+        let files = TaskFiles::open(dir.path(), true).unwrap();
         let res = files.set_frozen_within(dir.path(), true, Duration::from_millis(20));
         assert!(res.is_err(), "{res:?}");
         let freeze = std::fs::read_to_string(dir.path().join("cgroup.freeze")).unwrap();
         assert_eq!(freeze.trim_end_matches('\n').chars().next(), Some('0'));
         assert!(!files.freezing());
+    }
+
+    /// A task without `cgroup.freeze` (a kernel before 5.2), or on a node that does not use
+    /// the freezer, is still a task: its files open, it is never seen frozen (whatever
+    /// `cgroup.events` says), and a freeze is refused rather than attempted.
+    #[test]
+    fn a_task_without_a_freezer_is_a_task() {
+        let dir = tempfile::tempdir().unwrap();
+        for (name, text) in [
+            ("cgroup.events", "populated 1\nfrozen 1\n"),
+            ("cgroup.procs", "4242\n4243\n"),
+        ] {
+            std::fs::write(dir.path().join(name), text).unwrap();
+        }
+        let files = TaskFiles::open(dir.path(), true).unwrap();
+        assert!(!files.has_freezer());
+        assert!(!files.frozen() && !files.freezing());
+        assert_eq!(files.procs().unwrap(), vec![4242, 4243]);
+        assert!(files.set_frozen(dir.path(), true).is_err());
+        // The kernel has one, the node does not use it.
+        std::fs::write(dir.path().join("cgroup.freeze"), "1\n").unwrap();
+        let files = TaskFiles::open(dir.path(), false).unwrap();
+        assert!(!files.has_freezer() && !files.frozen() && !files.freezing());
+        let files = TaskFiles::open(dir.path(), true).unwrap();
+        assert!(files.has_freezer() && files.frozen() && files.freezing());
+    }
+
+    /// Processes the genealogy does not know (no proc connector, or forks not handled yet)
+    /// go under their kernel parent when it is in the task, not among the roots: a parent
+    /// is still stopped before its children. A tracked pid no longer in the task is not
+    /// listed, its children are; one whose kernel parent is outside the task is a root.
+    #[test]
+    fn unknown_members_go_under_their_kernel_parent() {
+        use crate::genealogy::GNode;
+        let g = |parent| GNode { parent, job: 7 };
+        // Tracked: 10 (a root), 11 under 10, 12 (gone from the task) under 10, 13 under 12.
+        let tracked = vec![(10, g(0)), (11, g(10)), (12, g(10)), (13, g(12))];
+        // Untracked: 20 forked by 11, 21 by 20, 5 by a process outside the task (1), and
+        // 30, 31 each other's parent (pids reused): a cycle no walk can enter.
+        let ppids: std::collections::HashMap<u32, u32> =
+            [(20, 11), (21, 20), (5, 1), (30, 31), (31, 30), (10, 1)].into();
+        let members = vec![31, 30, 21, 5, 13, 20, 11, 10];
+        let f = Forest::new(&tracked, members, |p| ppids.get(&p).copied());
+        let at = |p: u32| f.order.iter().position(|x| *x == p).unwrap();
+        assert_eq!(f.order.len(), 8, "{:?}", f.order);
+        assert!(!f.order.contains(&12));
+        assert!(
+            at(10) < at(11) && at(11) < at(20) && at(20) < at(21),
+            "{:?}",
+            f.order
+        );
+        assert!(at(10) < at(13), "{:?}", f.order);
+        assert_eq!(f.parents[&20], 11);
+        assert_eq!(f.parents[&21], 20);
+        assert_eq!(f.parents[&5], 0);
+        assert_eq!(f.parents[&10], 0);
+        // The cycle's processes are listed, last, as roots.
+        assert_eq!(&f.order[6..], &[30, 31]);
+        assert_eq!((f.parents[&30], f.parents[&31]), (0, 0));
+    }
+
+    #[test]
+    fn ppid_is_the_kernel_parent() {
+        assert_eq!(
+            ppid_of(std::process::id()),
+            Some(std::os::unix::process::parent_id())
+        );
+        assert_eq!(ppid_of(u32::MAX), None);
     }
 
     /// A traced process that takes a SIGSTOP stops for its tracer (`t`), and stays so

@@ -31,6 +31,10 @@ pub struct UpOptions {
     pub dead_after_ms: u64,
     pub exit_retention_ms: u64,
     pub reattach_ms: u64,
+    /// Whether nodes use the cgroup freezer and `cgroup.kill` for jobs (`clan up
+    /// --no-freezer`: `freezer = false` in every node's entry, so jobs are suspended and
+    /// killed by signals, as on kernels without them).
+    pub freezer: bool,
     /// Directory holding `cland` and `clan-shepherd`.
     pub bin_dir: PathBuf,
     /// Run node N in the network namespace `PREFIX<N>`, listening on `ip_base` + N.
@@ -137,6 +141,9 @@ pub fn up(o: &UpOptions) -> anyhow::Result<ClusterConfig> {
         toml.push_str(&format!("\n[[node]]\nid = {i}\naddr = \"{}\"\n", addr(i)?));
         if let Some((prefix, _)) = &o.netns {
             toml.push_str(&format!("netns = \"{prefix}{i}\"\n"));
+        }
+        if !o.freezer {
+            toml.push_str("freezer = false\n");
         }
     }
     let cfg_path = o.dir.join("cluster.toml");

@@ -54,8 +54,9 @@ pub struct Target {
     subtree: Option<clan_core::Gpid>,
     /// How to suspend and resume: freeze (the cgroup v2 freezer) or signals (SIGSTOP top-down
     /// and SIGCONT bottom-up over the task's genealogy, each verified; parents may notice).
-    #[arg(long, default_value = "freeze")]
-    method: String,
+    /// [default: freeze, or signals on a node without the freezer]
+    #[arg(long, value_parser = ["freeze", "signals"])]
+    method: Option<String>,
 }
 
 #[derive(clap::Args)]
@@ -67,9 +68,10 @@ pub struct SwitchArgs {
     /// Only on these nodes (repeatable).
     #[arg(long = "node", value_name = "N")]
     nodes: Vec<NodeId>,
-    /// freeze or signals (as for suspend).
-    #[arg(long, default_value = "freeze")]
-    method: String,
+    /// freeze or signals (as for suspend). [default: freeze, or signals on a node without
+    /// the freezer]
+    #[arg(long, value_parser = ["freeze", "signals"])]
+    method: Option<String>,
 }
 
 #[derive(clap::Args)]
@@ -237,7 +239,7 @@ async fn act_on(c: &Client, action: A, t: &Target, sig: i32, resume: u64) -> Exi
         job: t.job.raw(),
         nodes: t.nodes.iter().map(|n| n.get()).collect(),
         signal: sig,
-        method: t.method.clone(),
+        method: t.method.clone().unwrap_or_default(),
         subtree: t.subtree.map(|g| g.raw()).unwrap_or(0),
         ..Default::default()
     };

@@ -27,6 +27,11 @@ pub struct Args {
     /// `clan run` to reattach before it is hung up.
     #[arg(long, default_value_t = clan_core::config::DEFAULT_REATTACH_MS)]
     reattach_ms: u64,
+    /// Do not use the cgroup freezer nor `cgroup.kill` for jobs, even where the kernel has
+    /// them: nodes suspend, resume and kill jobs by signals (`freezer = false` in each
+    /// node's entry of the cluster file), as on kernels without them.
+    #[arg(long)]
+    no_freezer: bool,
     /// Run node N in the existing network namespace `PREFIX<N>` (e.g. made with
     /// `ip netns add`), listening on --ip-base + N; for testing partitions.
     #[arg(long, value_name = "PREFIX", requires = "ip_base")]
@@ -57,6 +62,7 @@ pub async fn run(a: Args, dir: Option<PathBuf>) -> ExitCode {
         dead_after_ms: a.dead_after_ms,
         exit_retention_ms: a.exit_retention_ms,
         reattach_ms: a.reattach_ms,
+        freezer: !a.no_freezer,
         bin_dir,
         netns: a.netns.zip(a.ip_base),
     };
