@@ -2058,3 +2058,301 @@ fn one_address_holds_few_unproven_connections() {
     let out = c.clan_ok(&["nodes"]);
     assert_eq!(out.matches(" up ").count(), 2, "{out}");
 }
+
+/// Guards the review finding "`Wait` starts one task per gpid, and a 4 MiB request names a
+/// million": a wait for more than 65,536 gpids is refused whole with one line naming the
+/// count and the limit (exit code 2) and collects nothing, while a wait for several
+/// processes on several nodes still reports each, in the order given.
+#[test]
+fn a_wait_for_too_many_gpids_is_refused_and_a_few_are_waited_for() {
+    root_or_skip!("a_wait_for_too_many_gpids_is_refused_and_a_few_are_waited_for");
+    let c = Cluster::up(3);
+    let gs = [
+        c.spawn(2, &["sh", "-c", "exit 3"]),
+        c.spawn(3, &["sh", "-c", "exit 5"]),
+        c.spawn(1, &["sh", "-c", "exit 6"]),
+    ];
+    let named: Vec<String> = gs.iter().map(|g| g.to_string()).collect();
+    // One more than the limit (the same gpids again and again: the count is what matters).
+    let mut args = vec!["wait".to_string()];
+    args.extend(named.iter().cycle().take(65_537).cloned());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let o = c.clan(&args);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("65537") && err.contains("65536"), "{err}");
+    assert!(
+        o.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+    // Nothing was collected: the three are waited for now, each reported in order.
+    let mut args = vec!["wait"];
+    args.extend(named.iter().map(String::as_str));
+    let o = c.clan(&args);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(
+        o.status.code(),
+        Some(6),
+        "{out}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 3, "{out}");
+    for ((l, g), code) in lines.iter().zip(&gs).zip([3, 5, 6]) {
+        assert!(
+            l.starts_with(&format!("{g}: exited {code} ")),
+            "{l:?} in {out}"
+        );
+    }
+}
+
+/// Node `n`'s port: established TCP connections that end there, with the bytes each has
+/// received and not yet read (`/proc/net/tcp`, this network namespace).
+fn unread_at_port(port: u16) -> Vec<u64> {
+    let mut queues = Vec::new();
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let text = std::fs::read_to_string(table).unwrap_or_default();
+        for l in text.lines().skip(1) {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let (Some(local), Some(state), Some(queues_f)) = (f.get(1), f.get(3), f.get(4)) else {
+                continue;
+            };
+            let p = local
+                .rsplit(':')
+                .next()
+                .and_then(|p| u16::from_str_radix(p, 16).ok());
+            if p != Some(port) || *state != "01" {
+                continue;
+            }
+            let rx = queues_f
+                .split(':')
+                .nth(1)
+                .and_then(|q| u64::from_str_radix(q, 16).ok())
+                .unwrap_or(0);
+            queues.push(rx);
+        }
+    }
+    queues
+}
+
+/// Guards the review finding "retrying a failed spare session can start a process twice":
+/// a spare session connection that a restart of the target's cland closed is seen closed
+/// before a start is sent on it (the run goes on a new connection and runs once), and a
+/// start written on a connection that breaks before its answer is never sent again: the
+/// run fails naming the node. Here the old cland never read it (it was stopped, then
+/// killed, and a new one already listens when the break is seen): a resend would have
+/// started it on the new cland, which is what would run a process twice had the old one
+/// started it before dying.
+#[test]
+fn a_start_is_sent_once_on_a_spare_session() {
+    root_or_skip!("a_start_is_sent_once_on_a_spare_session");
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+    let c = Cluster::up_with(2, &["--heartbeat-ms", "200", "--dead-after-ms", "10000"]);
+    let port = c.base_port + 2;
+    let mark = c.dir.join("started");
+    let script = format!("echo started >> {}", mark.display());
+    let run = ["run", "--node", "2", "--", "sh", "-c", script.as_str()];
+    // The first session leaves two spares to node 2 (one control connection ends there too).
+    c.clan_ok(&run);
+    let spares = || {
+        eventually("spare sessions to node 2", Duration::from_secs(10), || {
+            (unread_at_port(port).len() >= 3).then_some(())
+        })
+    };
+    spares();
+    // Node 2's cland restarts: its spares are stale, seen so, and the start goes on a new
+    // connection.
+    c.kill_cland(2);
+    let mut daemon = KillOnDrop(c.restart_cland(2));
+    eventually("node 2 answers again", Duration::from_secs(20), || {
+        c.clan(&["ps", "--node", "2"])
+            .status
+            .success()
+            .then_some(())
+    });
+    c.clan_ok(&run);
+    assert_eq!(
+        std::fs::read_to_string(&mark).unwrap(),
+        "started\nstarted\n"
+    );
+    spares();
+    // Node 2's cland stops: a start is written on a spare (its kernel takes it) and waits.
+    let cland2 = Pid::from_raw(c.cland_pid(2));
+    kill(cland2, Signal::SIGSTOP).unwrap();
+    let pad = "p".repeat(32 << 10);
+    let stub = c
+        .cmd()
+        .env("CLAN_TEST_PAD", &pad)
+        .args(run)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stub = KillOnDrop(stub);
+    eventually(
+        "the start written to node 2",
+        Duration::from_secs(10),
+        || {
+            unread_at_port(port)
+                .iter()
+                .any(|&q| q >= pad.len() as u64)
+                .then_some(())
+        },
+    );
+    // Node 1 does not see what follows until a new cland listens on node 2: the break of
+    // the connection the start went on (the old cland killed with it unread), then a node
+    // that would take a resend.
+    let cland1 = Pid::from_raw(c.cland_pid(1));
+    kill(cland1, Signal::SIGSTOP).unwrap();
+    kill(cland2, Signal::SIGKILL).unwrap();
+    let _ = daemon.0.wait();
+    daemon = KillOnDrop(c.restart_cland(2));
+    eventually("node 2 listens again", Duration::from_secs(20), || {
+        std::net::TcpStream::connect(("127.0.0.1", port)).ok()
+    });
+    kill(cland1, Signal::SIGCONT).unwrap();
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut stub.0.stderr.take().unwrap(), &mut err).unwrap();
+    let status = stub.0.wait().unwrap();
+    assert_eq!(status.code(), Some(125), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("node 2") && err.contains("not sent again"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&mark).unwrap(),
+        "started\nstarted\n",
+        "the start was sent again"
+    );
+    // Node 2 serves starts again.
+    c.clan_ok(&run);
+    drop(c);
+    drop(daemon);
+}
+
+/// Guards the review finding "a link's idle timeout restarts on every read, so a client
+/// trickling a byte at a time holds a link thread for ever": between requests a link
+/// waits its idle limit (longer than `dead_after`), but once a request's first byte came
+/// the whole request must come within `dead_after`, or the link is closed.
+#[test]
+fn a_request_trickled_on_a_link_closes_it() {
+    root_or_skip!("a_request_trickled_on_a_link_closes_it");
+    use clan_proto::auth::{self, Identity};
+    use clan_proto::pb;
+    let c = Cluster::up(2);
+    let dead_after = Duration::from_millis(2000);
+    let (cluster, key) = cluster_key(&c);
+    let target = c.spawn(2, &["sleep", "1000"]);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        // A link to node 2 as node 1 opens one for a root client.
+        let s = tokio::net::TcpStream::connect(("127.0.0.1", c.base_port + 2))
+            .await
+            .unwrap();
+        let (r, w) = s.into_split();
+        let me = Identity {
+            node: 1,
+            incarnation: 4242,
+            cluster,
+            kind: pb::ConnKind::Client,
+            creds: Some(pb::Creds::default()),
+        };
+        let (_, mut rd, mut wr) = auth::connect(tokio::io::BufReader::new(r), w, &key, &me)
+            .await
+            .unwrap();
+        let verdict = rd.read().await.unwrap().unwrap();
+        assert!(
+            matches!(
+                verdict.frame,
+                Some(pb::peer_frame::Frame::Reply(pb::PeerReply {
+                    reply: Some(pb::peer_reply::Reply::Ok(_)),
+                    ..
+                }))
+            ),
+            "{verdict:?}"
+        );
+        let signal0 = |id| pb::PeerFrame {
+            frame: Some(pb::peer_frame::Frame::Request(pb::PeerRequest {
+                id,
+                creds: None,
+                op: Some(pb::peer_request::Op::Signal(pb::SignalRequest {
+                    gpid: target.raw(),
+                    signal: 0,
+                    queued: None,
+                })),
+            })),
+        };
+        // Idle for longer than a request may take: still open, and a request is answered.
+        let (tx, mut answers) = tokio::sync::mpsc::channel(1);
+        let reader = tokio::spawn(async move {
+            while let Ok(Some(f)) = rd.read().await {
+                let _ = tx.send(f).await;
+            }
+        });
+        assert!(
+            tokio::time::timeout(dead_after + dead_after / 2, answers.recv())
+                .await
+                .is_err(),
+            "the node said something, or closed an idle link"
+        );
+        wr.write(&signal0(1)).await.unwrap();
+        let a = tokio::time::timeout(Duration::from_secs(10), answers.recv())
+            .await
+            .expect("an answer")
+            .expect("the link open");
+        assert!(
+            matches!(
+                a.frame,
+                Some(pb::peer_frame::Frame::Reply(pb::PeerReply {
+                    id: 1,
+                    reply: Some(pb::peer_reply::Reply::Ok(_)),
+                }))
+            ),
+            "{a:?}"
+        );
+        // The next request a byte each 100 ms (it would take minutes): the link closes
+        // within `dead_after` of its first byte.
+        let mut trickle = 1000u32.to_be_bytes().to_vec();
+        trickle.resize(4 + 1000, 0);
+        let start = tokio::time::Instant::now();
+        let mut sent = 0;
+        let mut answers_closed = false;
+        for b in &trickle {
+            if wr.write_raw(&[*b]).await.is_err() {
+                break;
+            }
+            sent += 1;
+            match tokio::time::timeout(Duration::from_millis(100), answers.recv()).await {
+                Ok(None) => {
+                    answers_closed = true;
+                    break;
+                }
+                Ok(Some(f)) => panic!("an answer to half a request: {f:?}"),
+                Err(_) => {}
+            }
+        }
+        let took = start.elapsed();
+        assert!(
+            answers_closed || sent < trickle.len(),
+            "the link stayed open"
+        );
+        assert!(took < dead_after * 3, "closed only after {took:?}");
+        assert!(
+            took >= dead_after / 2,
+            "closed after {took:?}: before its limit"
+        );
+        let _ = reader.await;
+    });
+    eventually("the link's thread gone", Duration::from_secs(10), || {
+        (links_served(&c, 2) == 0).then_some(())
+    });
+    c.clan_ok(&["kill", &target.to_string()]);
+}

@@ -35,7 +35,8 @@ pub const MAX_LINKS: usize = 1024;
 pub const MAX_LINKS_PER_USER: usize = 64;
 
 /// A link that carries no request for this long is closed (its client opens another
-/// when it needs one).
+/// when it needs one). Once a request's first byte came, the rest of it has less time:
+/// `dead_after` (see [`Paced`]).
 pub const LINK_IDLE: Duration = Duration::from_secs(300);
 
 /// Largest request frame on a link: a signal or a /proc read is some hundred bytes, and a
@@ -236,6 +237,72 @@ impl Node {
     }
 }
 
+/// The reading side of a link's socket: between requests a read waits up to [`LINK_IDLE`]
+/// for the next one's first byte; from that byte on, the whole request must have come
+/// within `whole`, however its bytes trickle in (each read waits only what is left), else
+/// the read fails with `TimedOut` and the link is closed.
+struct Paced<'a> {
+    stream: &'a std::net::TcpStream,
+    whole: Duration,
+    /// When the request being read must be complete (`None`: none begun).
+    due: Option<std::time::Instant>,
+    /// The socket's read timeout as last set (set only when it changes).
+    timeout: Duration,
+}
+
+impl<'a> Paced<'a> {
+    /// `stream`'s read timeout must be [`LINK_IDLE`].
+    fn new(stream: &'a std::net::TcpStream, whole: Duration) -> Paced<'a> {
+        Paced {
+            stream,
+            whole,
+            due: None,
+            timeout: LINK_IDLE,
+        }
+    }
+
+    /// The next request is read from here; `begun` if bytes of it came already.
+    fn next_request(&mut self, begun: bool) {
+        self.due = begun.then(|| std::time::Instant::now() + self.whole);
+    }
+
+    /// Whether a request began (its first byte came).
+    fn begun(&self) -> bool {
+        self.due.is_some()
+    }
+
+    fn set_timeout(&mut self, t: Duration) -> std::io::Result<()> {
+        if t != self.timeout {
+            self.stream.set_read_timeout(Some(t))?;
+            self.timeout = t;
+        }
+        Ok(())
+    }
+}
+
+impl std::io::Read for Paced<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self.due {
+            None => self.set_timeout(LINK_IDLE)?,
+            Some(due) => {
+                let left = due.saturating_duration_since(std::time::Instant::now());
+                if left.is_zero() {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "request not complete in time",
+                    ));
+                }
+                self.set_timeout(left)?;
+            }
+        }
+        let n = std::io::Read::read(&mut self.stream, buf)?;
+        if n > 0 && self.due.is_none() {
+            self.due = Some(std::time::Instant::now() + self.whole);
+        }
+        Ok(n)
+    }
+}
+
 /// A link taken, counted until its thread ends.
 struct Served {
     node: Arc<Node>,
@@ -253,7 +320,8 @@ impl Served {
     fn serve(mut self, stream: std::net::TcpStream, rk: ReaderKeys, wk: WriterKeys) {
         let from = self.from;
         let (uid, pid) = (self.creds.uid, self.creds.pid);
-        // A client that stops reading its answers does not hold the thread for ever.
+        // A client that stops reading its answers, or sends a request a byte at a time,
+        // does not hold the thread for ever.
         let stuck = self.node.cfg.dead_after().max(Duration::from_millis(100));
         let set_up = stream.set_nonblocking(false).and_then(|()| {
             stream.set_read_timeout(Some(LINK_IDLE))?;
@@ -264,13 +332,17 @@ impl Served {
             return;
         }
         // One descriptor for both directions (`&TcpStream` reads and writes).
-        let mut rd = PeerReader::from_parts(std::io::BufReader::new(&stream), rk);
+        let paced = Paced::new(&stream, stuck);
+        let mut rd = PeerReader::from_parts(std::io::BufReader::new(paced), rk);
         let mut wr = PeerWriter::from_parts(&stream, wk);
         if wr.write_sync(&verdict(Ok(Reply::Ok(pb::Ok {})))).is_err() {
             return;
         }
         debug!(node = %from, uid, pid, "link opened");
         loop {
+            // A request begins: bytes of it read ahead with the last one started its clock.
+            let begun = !rd.get_ref().buffer().is_empty();
+            rd.get_mut().get_mut().next_request(begun);
             let req = match rd.read_max_sync(MAX_LINK_FRAME) {
                 Ok(Some(pb::PeerFrame {
                     frame: Some(Frame::Request(req)),
@@ -286,7 +358,15 @@ impl Served {
                         std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
                     ) =>
                 {
-                    debug!(node = %from, "closing a link idle for {} s", LINK_IDLE.as_secs());
+                    if rd.get_ref().get_ref().begun() {
+                        debug!(
+                            node = %from,
+                            "dropping a link: a request not complete within {} ms of its first byte",
+                            stuck.as_millis()
+                        );
+                    } else {
+                        debug!(node = %from, "closing a link idle for {} s", LINK_IDLE.as_secs());
+                    }
                     break;
                 }
                 Err(e) => {
@@ -350,5 +430,91 @@ impl Served {
                 "a link carries signals and /proc reads only".into(),
             )),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Paced, LINK_IDLE};
+    use clan_proto::frame::read_raw_max_sync;
+    use clan_proto::FrameError;
+    use std::io::Write;
+    use std::net::{TcpListener, TcpStream};
+    use std::time::{Duration, Instant};
+
+    fn pair() -> (TcpStream, TcpStream) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (served, _) = l.accept().unwrap();
+        served.set_read_timeout(Some(LINK_IDLE)).unwrap();
+        (client, served)
+    }
+
+    /// A request sent a byte at a time must still arrive whole within the limit from its
+    /// first byte: each byte does not start the wait again.
+    #[test]
+    fn a_trickled_request_times_out_from_its_first_byte() {
+        let (mut client, served) = pair();
+        let whole = Duration::from_millis(300);
+        let trickle = std::thread::spawn(move || {
+            // A 1,000-byte frame, a byte each 20 ms (20 s whole), until the link closes.
+            let mut frame = 1000u32.to_be_bytes().to_vec();
+            frame.resize(1004, 0);
+            for b in frame {
+                if client.write_all(&[b]).is_err() {
+                    return true;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            false
+        });
+        let mut rd = std::io::BufReader::new(Paced::new(&served, whole));
+        rd.get_mut().next_request(false);
+        let t = Instant::now();
+        let e = read_raw_max_sync(&mut rd, 64 << 10).unwrap_err();
+        let took = t.elapsed();
+        match e {
+            FrameError::Io(e) => assert!(
+                matches!(
+                    e.kind(),
+                    std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock
+                ),
+                "{e}"
+            ),
+            other => panic!("{other}"),
+        }
+        assert!(rd.get_ref().begun());
+        assert!(took >= whole, "gave up after {took:?}");
+        assert!(took < Duration::from_secs(5), "took {took:?}");
+        drop(rd);
+        drop(served);
+        assert!(trickle.join().unwrap(), "the whole frame went through");
+    }
+
+    /// Between requests only the idle limit counts: a request that comes later than the
+    /// per-request limit, whole, is read, and so is one split in a few quick writes.
+    #[test]
+    fn an_idle_link_waits_longer_than_a_request() {
+        let (mut client, served) = pair();
+        // The split request's second write comes 20 ms after its first, well within the
+        // limit even on a busy machine.
+        let whole = Duration::from_secs(1);
+        let sender = std::thread::spawn(move || {
+            std::thread::sleep(whole * 2);
+            client.write_all(&[0, 0, 0, 3, b'a']).unwrap();
+            std::thread::sleep(Duration::from_millis(20));
+            client.write_all(b"bc").unwrap();
+            client.write_all(&[0, 0, 0, 1, b'd']).unwrap();
+            client
+        });
+        let mut rd = std::io::BufReader::new(Paced::new(&served, whole));
+        rd.get_mut().next_request(false);
+        assert_eq!(read_raw_max_sync(&mut rd, 64).unwrap().unwrap(), b"abc");
+        let begun = !rd.buffer().is_empty();
+        rd.get_mut().next_request(begun);
+        assert_eq!(read_raw_max_sync(&mut rd, 64).unwrap().unwrap(), b"d");
+        drop(sender.join().unwrap());
+        rd.get_mut().next_request(false);
+        assert!(read_raw_max_sync(&mut rd, 64).unwrap().is_none());
     }
 }

@@ -6,7 +6,7 @@ use crate::error::{Error, Result};
 use crate::node::Node;
 use crate::placement::LoadManager;
 use crate::process::group::Kind;
-use crate::process::wait::{WaitEvent, WaitFlags};
+use crate::process::wait::{check_wait_len, WaitEvent, WaitFlags};
 use crate::session::{Endpoint, Start, StubRelay};
 use clan_core::unixconn::{ReadHalf as OwnedReadHalf, UnixConn, WriteHalf as OwnedWriteHalf};
 use clan_core::{Gpid, NodeId};
@@ -704,6 +704,8 @@ impl Node {
                 Ok(Reply::Kill(pb::KillReply { results }))
             }
             Op::Wait(w) => {
+                // One task per process: a request may name a bounded number.
+                check_wait_len(w.gpids.len())?;
                 let flags = WaitFlags {
                     untraced: w.untraced,
                     continued: w.continued,

@@ -213,16 +213,32 @@ impl Node {
         // peer's death (or goodbye) is what ends the wait, here and in the relay after it.
         let mut deaths = peer.deaths.subscribe();
         let exchange = async {
-            // A spare connection saves the connect and handshake; one that went stale (the
-            // peer restarted) fails before any reply, and the request goes on a fresh one.
-            if let Some((mut rd, mut wr)) = self.take_session(&peer) {
-                if let Ok(Some(r)) = ask(&mut rd, &mut wr, req).await {
-                    return Ok((rd, wr, r));
-                }
+            // A spare connection saves the connect and handshake. One that went stale (the
+            // peer's cland restarted or closed it) is seen before anything is sent on it,
+            // and dropped. Once the request is written it is never sent again: a reply
+            // that does not come may be a process that started all the same (its cland
+            // restarted between the start and the reply), and a second one would run twice.
+            let spare = self.take_fresh_session(&peer);
+            let from_spare = spare.is_some();
+            let (mut rd, mut wr) = match spare {
+                Some(c) => c,
+                None => self.open_session(&peer).await?,
+            };
+            let mut r = ask(&mut rd, &mut wr, req).await;
+            if from_spare && matches!(r, Err(Asked::Unsent(_))) {
+                // Not written whole (a spare that broke between its look and the write):
+                // the peer can not have taken it, so it goes on a fresh connection.
+                (rd, wr) = self.open_session(&peer).await?;
+                r = ask(&mut rd, &mut wr, req).await;
             }
-            let (mut rd, mut wr) = self.open_session(&peer).await?;
-            let r = ask(&mut rd, &mut wr, req).await.map_err(|e| lost(&e))?;
-            Ok::<_, Error>((rd, wr, r.ok_or_else(|| lost(&"connection closed"))?))
+            let r = r.map_err(|e| match e {
+                Asked::Unsent(e) => lost(&e),
+                Asked::Unanswered(e) => Error::NodeDown(format!(
+                    "node {target}: the session broke after the {what} was sent ({e}); \
+                     not sent again (it may have been done there)"
+                )),
+            })?;
+            Ok::<_, Error>((rd, wr, r))
         };
         let (rd, wr, reply) = tokio::select! {
             r = exchange => r?,
@@ -372,20 +388,55 @@ pub type SessionConn = (
 /// Spare session connections kept per peer.
 const SPARE_SESSIONS: usize = 2;
 
-/// Sends the spawn request and reads its reply; `Ok(None)` if the connection closed first.
+/// Why a session's first request got no reply.
+enum Asked {
+    /// Its frame was not written whole: the peer can not have taken it.
+    Unsent(String),
+    /// It was written, and then the connection broke or said something else: the peer
+    /// may have done it.
+    Unanswered(String),
+}
+
+/// Sends the session's first request (a spawn or a reattach) and reads its reply.
 async fn ask(
     rd: &mut PeerReader<BufReader<OwnedReadHalf>>,
     wr: &mut PeerWriter<OwnedWriteHalf>,
     req: &pb::PeerFrame,
-) -> std::result::Result<Option<pb::peer_reply::Reply>, String> {
-    wr.write(req).await.map_err(|e| e.to_string())?;
-    match rd.read().await.map_err(|e| e.to_string())? {
-        Some(pb::PeerFrame {
+) -> std::result::Result<pb::peer_reply::Reply, Asked> {
+    wr.write(req)
+        .await
+        .map_err(|e| Asked::Unsent(e.to_string()))?;
+    match rd.read().await {
+        Ok(Some(pb::PeerFrame {
             frame: Some(Frame::Reply(pb::PeerReply { reply: Some(r), .. })),
-        }) => Ok(Some(r)),
-        Some(_) => Err("unexpected frame".into()),
-        None => Ok(None),
+        })) => Ok(r),
+        Ok(Some(_)) => Err(Asked::Unanswered("unexpected frame".into())),
+        Ok(None) => Err(Asked::Unanswered("connection closed".into())),
+        Err(e) => Err(Asked::Unanswered(e.to_string())),
     }
+}
+
+/// Whether a spare session connection is no longer fit for a first request: anything to
+/// read on it (the peer says nothing before it is asked), an end of stream (its cland
+/// restarted or closed it) or an error. One non-blocking peek, which consumes nothing.
+fn stale(rd: &PeerReader<BufReader<OwnedReadHalf>>) -> bool {
+    let sock: &TcpStream = rd.get_ref().get_ref().as_ref();
+    !rd.get_ref().buffer().is_empty() || readable_now(sock)
+}
+
+/// Whether `sock` has data, an end of stream or an error waiting, asked of the kernel
+/// without blocking and without consuming anything (not from the runtime's readiness,
+/// which may not have seen the latest event yet).
+fn readable_now(sock: &impl std::os::fd::AsRawFd) -> bool {
+    use nix::sys::socket::{recv, MsgFlags};
+    let mut byte = [0u8; 1];
+    let peeked = recv(
+        sock.as_raw_fd(),
+        &mut byte,
+        MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT,
+    );
+    // Anything but "nothing yet": data, 0 (an end of stream) or an error (a reset).
+    !matches!(peeked, Err(nix::errno::Errno::EAGAIN))
 }
 
 impl Node {
@@ -401,8 +452,16 @@ impl Node {
         Ok((rd, wr))
     }
 
-    fn take_session(&self, peer: &Peer) -> Option<SessionConn> {
-        peer.spare_sessions.lock().pop()
+    /// A spare session connection to `peer` that is still open; stale ones (its cland
+    /// restarted since they were made) are dropped on the way.
+    fn take_fresh_session(&self, peer: &Peer) -> Option<SessionConn> {
+        loop {
+            let (rd, wr) = peer.spare_sessions.lock().pop()?;
+            if !stale(&rd) {
+                return Some((rd, wr));
+            }
+            debug!(node = %peer.id, "dropped a stale spare session connection");
+        }
     }
 
     /// Keeps `SPARE_SESSIONS` connections ready to `peer` while it is alive.
@@ -824,5 +883,54 @@ impl StubRelay {
         for (g, ep) in endpoints.drain() {
             ep.orphan(g);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::readable_now;
+    use std::io::Write;
+    use std::net::{TcpListener, TcpStream};
+
+    /// A spare whose peer says nothing is fit; one its peer closed (a restarted cland) or
+    /// wrote to is stale, seen without blocking and without consuming what came.
+    #[test]
+    fn a_spare_is_stale_once_its_peer_closed_or_spoke() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let ours = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (mut theirs, _) = l.accept().unwrap();
+        assert!(!readable_now(&ours), "an open, silent connection is fit");
+        assert!(!readable_now(&ours), "and the look changed nothing");
+        theirs.write_all(b"x").unwrap();
+        theirs.shutdown(std::net::Shutdown::Both).unwrap();
+        drop(theirs);
+        until_readable(&ours);
+        assert!(readable_now(&ours), "data before any request: stale");
+        let mut b = [0u8; 1];
+        let mut r = &ours;
+        std::io::Read::read_exact(&mut r, &mut b).unwrap();
+        assert_eq!(&b, b"x", "the peek consumed nothing");
+        until_readable(&ours);
+        assert!(readable_now(&ours), "end of stream: stale");
+
+        // A peer that vanished with a reset.
+        let ours = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (theirs, _) = l.accept().unwrap();
+        let now = libc::linger {
+            l_onoff: 1,
+            l_linger: 0,
+        };
+        nix::sys::socket::setsockopt(&theirs, nix::sys::socket::sockopt::Linger, &now).unwrap();
+        drop(theirs);
+        until_readable(&ours);
+        assert!(readable_now(&ours), "reset: stale");
+    }
+
+    /// Waits (10 s at most) until `s` polls readable, consuming nothing, not even an error.
+    fn until_readable(s: &TcpStream) {
+        use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+        use std::os::fd::AsFd;
+        let mut fds = [PollFd::new(s.as_fd(), PollFlags::POLLIN)];
+        assert_eq!(poll(&mut fds, PollTimeout::from(10_000u16)).unwrap(), 1);
     }
 }

@@ -19,6 +19,20 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
+/// Most processes one wait request may name (docs/processes.md): each is waited for by a
+/// task of its own, and a 4 MiB local request could name a million.
+pub const MAX_WAIT_GPIDS: usize = 65_536;
+
+/// Refuses a wait for more than [`MAX_WAIT_GPIDS`] processes, naming the count and the limit.
+pub fn check_wait_len(n: usize) -> Result<()> {
+    if n > MAX_WAIT_GPIDS {
+        return Err(Error::Invalid(format!(
+            "a wait for {n} processes is refused: the limit is {MAX_WAIT_GPIDS} per wait"
+        )));
+    }
+    Ok(())
+}
+
 /// A state change of a child other than its exit (waitpid's WUNTRACED and WCONTINUED).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Change {
@@ -683,5 +697,23 @@ impl Node {
             self.release(gpid).await;
         }
         Ok(WaitEvent::Exited(ws))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_wait_names_at_most_the_limit() {
+        assert!(check_wait_len(0).is_ok());
+        assert!(check_wait_len(MAX_WAIT_GPIDS).is_ok());
+        match check_wait_len(MAX_WAIT_GPIDS + 1) {
+            Err(Error::Invalid(m)) => {
+                assert!(m.contains("65537"), "{m}");
+                assert!(m.contains("65536"), "{m}");
+            }
+            other => panic!("{other:?}"),
+        }
     }
 }
