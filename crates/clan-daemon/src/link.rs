@@ -36,7 +36,7 @@ pub const MAX_LINKS_PER_USER: usize = 64;
 
 /// A link that carries no request for this long is closed (its client opens another
 /// when it needs one). Once a request's first byte came, the rest of it has less time:
-/// `dead_after` (see [`Paced`]).
+/// `dead_after` (see `Paced`).
 pub const LINK_IDLE: Duration = Duration::from_secs(300);
 
 /// Largest request frame on a link: a signal or a /proc read is some hundred bytes, and a
