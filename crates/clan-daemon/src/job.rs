@@ -535,13 +535,12 @@ impl Node {
         *self.spawning.lock().entry(job).or_insert(0) += 1;
         // Where each moved process was, to put it back if the adoption is refused midway.
         let mut was: Vec<(u32, Vec<PathBuf>)> = Vec::new();
+        let mut moved = std::collections::HashSet::new();
         let res = (|| -> Result<PathBuf> {
             let dir = cg
                 .job(job)
                 .map_err(|e| Error::internal("create the task's cgroup", e))?;
             let procs_file = dir.join("cgroup.procs");
-            let mut moved = std::collections::HashSet::new();
-            let mut genealogy = Vec::new();
             loop {
                 let mut todo = vec![(pid, 0u32)];
                 let mut progress = false;
@@ -562,8 +561,16 @@ impl Node {
                         for d in cg.v1_job_dirs(job) {
                             let _ = std::fs::write(d.join("cgroup.procs"), p.to_string());
                         }
+                        // Tracked as soon as it is moved, so that its exit and its forks
+                        // from now on are seen (not only once every process has moved).
+                        self.genealogy.lock().insert(
+                            p,
+                            crate::genealogy::GNode {
+                                parent: if moved.contains(&parent) { parent } else { 0 },
+                                job,
+                            },
+                        );
                         moved.insert(p);
-                        genealogy.push((p, parent));
                         progress = true;
                     }
                     todo.extend(kernel_children(p).into_iter().map(|k| (k, p)));
@@ -572,18 +579,25 @@ impl Node {
                     break;
                 }
             }
+            // One that exited between its move and its entry (its exit seen before it was
+            // tracked) is in the task no more: no entry stays for it.
+            let now: std::collections::HashSet<u32> = procs(&dir).into_iter().collect();
             let mut g = self.genealogy.lock();
-            for (p, parent) in genealogy {
-                g.insert(
-                    p,
-                    crate::genealogy::GNode {
-                        parent: if moved.contains(&parent) { parent } else { 0 },
-                        job,
-                    },
-                );
+            for p in moved.iter().filter(|p| !now.contains(p)) {
+                if g.get(*p).is_some_and(|n| n.job == job) {
+                    g.exit(*p);
+                }
             }
             Ok(dir)
         })();
+        if res.is_err() {
+            let mut g = self.genealogy.lock();
+            for p in &moved {
+                if g.get(*p).is_some_and(|n| n.job == job) {
+                    g.exit(*p);
+                }
+            }
+        }
         if res.is_err() {
             // Put back, parents first (what they fork from then on is born where they were);
             // what was forked into the task meanwhile goes where its parent is.
