@@ -1267,3 +1267,104 @@ fn a_user_mounts_the_view_and_reads_with_their_own_rights() {
             .then_some(())
     });
 }
+
+/// A mount point that is not UTF-8 (a Latin-1 name) appearing in the server's mount
+/// namespace while it serves does not end it: the view stays mounted and readable. In a
+/// private mount namespace, so that other tests do not see the odd mount (removed first
+/// at the end: `clan proc umount` reads mountinfo as text).
+#[test]
+fn a_mount_point_that_is_not_utf8_leaves_the_view_serving() {
+    root_or_skip!("a_mount_point_that_is_not_utf8_leaves_the_view_serving");
+    let c = Cluster::up(2);
+    let script = format!(
+        "set -e; d={dir}; clan={clan}; export CLAN_DIR=$d; \
+         mkdir -p $d/v1 $d/v2; odd=\"$(printf '%s/caf\\351 x' $d)\"; mkdir -p \"$odd\"; \
+         trap 'umount \"$odd\" || echo umount odd failed >&2; \
+               $clan proc umount $d/v1 >/dev/null 2>&1 || echo umount v1 failed >&2; \
+               $clan proc umount $d/v2 >/dev/null 2>&1 || echo umount v2 failed >&2' EXIT; \
+         $clan proc mount $d/v1; \
+         mount -t tmpfs none \"$odd\"; \
+         $clan proc mount $d/v2; \
+         head -1 $d/v1/loadavg >/dev/null && echo read-ok; \
+         echo views=$(grep -acE ' - fuse(\\.clanproc)? clanproc ' /proc/self/mountinfo)",
+        dir = c.dir.display(),
+        clan = bin("clan").display(),
+    );
+    let o = Command::new("unshare")
+        .args(["-m", "--propagation", "private", "sh", "-c", &script])
+        .stdin(Stdio::null())
+        .output()
+        .expect("unshare");
+    let out = String::from_utf8_lossy(&o.stdout);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{out}{err}");
+    assert!(out.contains("read-ok"), "{out}{err}");
+    assert!(out.contains("views=2"), "{out}{err}");
+    assert!(!err.contains("failed"), "{out}{err}");
+    let v1 = format!("clan-procfs {}", c.dir.join("v1").display());
+    eventually("the servers to end", Duration::from_secs(10), || {
+        host_processes_mentioning(&v1).is_empty().then_some(())
+    });
+}
+
+/// The ids of the cluster /proc views mounted at node `n`'s view directory, in its mount
+/// namespace.
+fn node_views(c: &Cluster, n: u32) -> Vec<u64> {
+    let init = std::fs::read_to_string(c.node_dir(n).join("init.pid")).expect("init.pid");
+    let info = std::fs::read(format!("/proc/{}/mountinfo", init.trim())).unwrap_or_default();
+    let view = c.node_dir(n).join("proc");
+    String::from_utf8_lossy(&info)
+        .lines()
+        .filter(|l| l.split(' ').nth(4) == view.to_str())
+        .filter(|l| l.contains(" - fuse.clanproc "))
+        .filter_map(|l| l.split(' ').next()?.parse().ok())
+        .collect()
+}
+
+/// The pid of node `n`'s view server (cland's, `--mount-ns`), from its pid file.
+fn node_view_server(c: &Cluster, n: u32) -> Option<i32> {
+    let pid: i32 = std::fs::read_to_string(c.node_dir(n).join("procfs.pid"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+    (comm.trim() == "clan-procfs" && alive(pid)).then_some(pid)
+}
+
+/// SIGTERM stops a node's view server, whose view is mounted inside the node's mount
+/// namespace (`--mount-ns`, a session with no mount of its own): the server ends, its
+/// watcher detaches the view there, and cland starts another, whose view works (mount
+/// ids are reused, so the new view is told from a dead one by reading it).
+#[test]
+fn sigterm_stops_a_view_server_mounted_in_a_node_namespace() {
+    root_or_skip!("sigterm_stops_a_view_server_mounted_in_a_node_namespace");
+    let c = Cluster::up(2);
+    let old = eventually("node 1's view server", Duration::from_secs(20), || {
+        node_view_server(&c, 1).filter(|_| node_views(&c, 1).len() == 1)
+    });
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(old),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    eventually("the server to end", Duration::from_secs(10), || {
+        (!alive(old)).then_some(())
+    });
+    eventually(
+        "a new view server on node 1",
+        Duration::from_secs(20),
+        || {
+            let pid = node_view_server(&c, 1).filter(|&p| p != old)?;
+            (node_views(&c, 1).len() == 1).then_some(pid)
+        },
+    );
+    let init = std::fs::read_to_string(c.node_dir(1).join("init.pid")).expect("init.pid");
+    let loadavg = format!(
+        "/proc/{}/root{}/loadavg",
+        init.trim(),
+        c.node_dir(1).join("proc").display()
+    );
+    let text = std::fs::read_to_string(&loadavg).expect("the new view");
+    assert_eq!(text.split_whitespace().count(), 5, "{text}");
+}

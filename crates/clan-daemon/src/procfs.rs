@@ -21,6 +21,14 @@ const MAX_FILE: u64 = 4 << 20;
 /// Bytes of file contents in one snapshot answer (a frame holds 16 MiB).
 const SNAPSHOT_BUDGET: usize = 8 << 20;
 
+/// Bytes of file contents one node puts in its answer to a listing of `nodes` nodes: a
+/// share of [`SNAPSHOT_BUDGET`], so that the answer the node asked merges stays within it
+/// however many nodes answer (the rest of a frame is left for the entries themselves,
+/// tens of bytes per process). Files beyond it are left out; the view reads them alone.
+fn file_budget(nodes: usize) -> usize {
+    SNAPSHOT_BUDGET / nodes.max(1)
+}
+
 /// How long a listing or cluster file waits for a node before leaving it out.
 const NODE_TIMEOUT: Duration = Duration::from_millis(1000);
 
@@ -650,12 +658,17 @@ fn check_path(path: &str) -> Result<Vec<&str>> {
     Ok(parts)
 }
 
+/// What a failed access to `what` of the node's /proc tells the asker. Only the kernel's
+/// "not there" (`ENOENT`, or `ESRCH` from a process that exited while it was read) is an
+/// absence: the view tells its readers so and the kernel may remember it. Anything else
+/// (`EMFILE`, `ENOMEM`, `EIO`, `EINTR`, ...) is a failure to read, not an answer.
 fn io_err(e: std::io::Error, what: &str) -> Error {
     match e.raw_os_error() {
         Some(libc::EACCES) | Some(libc::EPERM) => {
             Error::Permission(format!("permission denied: {what}"))
         }
-        _ => Error::NotFound(format!("no such file: {what}")),
+        Some(libc::ENOENT) | Some(libc::ESRCH) => Error::NotFound(format!("no such file: {what}")),
+        _ => Error::Internal(format!("reading /proc/{what}: {e}")),
     }
 }
 
@@ -886,9 +899,14 @@ impl Node {
                 let cache = ShepherdCache::default();
                 // One answer, one frame: files beyond the budget are left out (the view
                 // asks for each of those alone), so that huge command lines can not make
-                // the answer, and with it the node, go missing.
-                // (The node the request came to merges every node's answer into one.)
-                let mut budget = (SNAPSHOT_BUDGET / self.cfg.nodes.len().max(1)).max(256 << 10);
+                // the answer, and with it the node, go missing. The node the request came
+                // to merges every node's answer into one: each has its share.
+                let asked = if req.nodes.is_empty() {
+                    self.cfg.nodes.len()
+                } else {
+                    req.nodes.len()
+                };
+                let mut budget = file_budget(asked);
                 for pid in pids {
                     let Some(mut e) = self.proc_entry(pid) else {
                         continue; // gone, or a shepherd
@@ -1364,6 +1382,71 @@ NSsid:\t7\t1\nThreads:\t1\n";
             groups: vec![],
         };
         assert!(root.may_read(0o100000, 1000, 1000));
+    }
+
+    #[test]
+    fn a_listing_of_any_number_of_nodes_fits_in_a_frame() {
+        for (nodes, each) in [
+            (1, 8 << 20),
+            (32, 256 << 10),
+            (64, 128 << 10),
+            (213, (8 << 20) / 213),
+        ] {
+            assert_eq!(file_budget(nodes), each, "{nodes} nodes");
+            assert!(
+                nodes * file_budget(nodes) <= SNAPSHOT_BUDGET,
+                "{nodes} nodes"
+            );
+        }
+        assert_eq!(file_budget(0), SNAPSHOT_BUDGET);
+        // The merged answer, every node's share full (as the listing fills it) and 1,000
+        // processes on each, goes in one frame.
+        for nodes in [1usize, 32, 64, 213] {
+            let mut reply = pb::ProcReply::default();
+            for n in 0..nodes {
+                let mut budget = file_budget(nodes);
+                for p in 0..1000u64 {
+                    let mut e = pb::ProcEntry {
+                        gpid: (n as u64 + 1) * 10_000_000 + 9_000_000 + p,
+                        uid: 4_000_000_000,
+                        gid: 4_000_000_000,
+                        start_ticks: u64::MAX >> 1,
+                        files: Vec::new(),
+                    };
+                    for name in ["stat", "status", "cmdline", "statm"] {
+                        let file = proc_file(name, Ok(vec![b'x'; 4000]));
+                        let size = file.data.len() + 64;
+                        if size <= budget {
+                            budget -= size;
+                            e.files.push(file);
+                        }
+                    }
+                    reply.procs.push(e);
+                }
+            }
+            let len = prost::Message::encoded_len(&reply);
+            assert!(
+                crate::error::too_large(len).is_none(),
+                "{nodes} nodes: {len} bytes"
+            );
+        }
+    }
+
+    #[test]
+    fn only_an_absence_is_not_found() {
+        let e = |n| io_err(std::io::Error::from_raw_os_error(n), "12/stat");
+        assert!(matches!(e(libc::ENOENT), Error::NotFound(_)));
+        assert!(matches!(e(libc::ESRCH), Error::NotFound(_)));
+        assert!(matches!(e(libc::EACCES), Error::Permission(_)));
+        for n in [
+            libc::EMFILE,
+            libc::ENOMEM,
+            libc::EIO,
+            libc::EINTR,
+            libc::ENFILE,
+        ] {
+            assert!(matches!(e(n), Error::Internal(_)), "errno {n}");
+        }
     }
 
     #[test]

@@ -123,14 +123,18 @@ impl<S: Source> Filesystem for ProcFs<S> {
         let (view, who, name) = (self.view.clone(), who(req), name.to_owned());
         self.run(async move {
             let entry_ttl = view.entry_ttl(parent.0, &name);
-            match view.lookup(&who, parent.0, &name).await {
-                Ok(a) => reply.entry_with_ttls(&view.ttl(), &entry_ttl, &a, Generation(0)),
-                Err(libc::ENOENT) if view.caches_absence(parent.0) => reply.entry_with_ttls(
+            match view.lookup_entry(&who, parent.0, &name).await {
+                Ok(Some(a)) => reply.entry_with_ttls(&view.ttl(), &entry_ttl, &a, Generation(0)),
+                // Known to be absent (the node answered; a process directory's names never
+                // change): the kernel keeps that. An error (ENOENT for a process gone or
+                // its node down, EIO) is not kept, so the next lookup asks again.
+                Ok(None) if view.caches_absence(parent.0) => reply.entry_with_ttls(
                     &Duration::ZERO,
                     &entry_ttl,
                     &View::<S>::absent(),
                     Generation(0),
                 ),
+                Ok(None) => reply.error(Errno::ENOENT),
                 Err(e) => reply.error(errno(e)),
             }
         });

@@ -9,7 +9,7 @@
 //! | 16, 17 ... 22 | the hidden `.clan-walk` and its files (`crate::walk`) |
 //! | `1 << 20 \| n << 4 \| k` | `nodes/n` (k = 0) and its files (k = 1 ... 6) |
 //! | `gpid << 24` | the directory `/GPID` |
-//! | `gpid << 24 \| 1 << 20 \| i` | a path inside it (i: its index in the process's table) |
+//! | `gpid << 24 \| 1 << 20 \| i` | a name of `/GPID` (i below 4096: its index in a table shared by every process, never renumbered) or a deeper path (i from 4096: its index in the process's own table) |
 //! | `1 << 63 \| i` | a path passed through to the local /proc (i: index in that table) |
 //!
 //! Gpids are below 2^31 (213 nodes of 10^7), so `gpid << 24` stays below 2^55.
@@ -28,6 +28,11 @@ const _: () = assert!(CLUSTER_BASE + (NodeFile::ALL.len() as u64) <= WALK_DIR);
 const PROC_SHIFT: u32 = 24;
 const PROC_PATH: u64 = 1 << 20;
 const PROC_INDEX: u64 = (1 << 20) - 1;
+/// Indices below this are the names of `/GPID` itself (a fixed set: the kernel's names
+/// of a process directory), the same number in every process and never renumbered, so
+/// that an entry the kernel keeps for long ([`crate::view::PROC_NAMES_TTL`]) keeps
+/// standing for its name however often processes are forgotten.
+const PROC_NAMES: u64 = 1 << 12;
 const PASS: u64 = 1 << 63;
 
 /// The files every node has and the cluster merges.
@@ -132,7 +137,7 @@ impl Node {
     }
 }
 
-/// Paths interned to small numbers that are never reused.
+/// Paths interned to small numbers that are never reused (while the table lives).
 #[derive(Debug, Default)]
 struct PathTable {
     by_path: HashMap<String, u64>,
@@ -168,6 +173,10 @@ impl PathTable {
 /// The tables behind the numbers that are not computed.
 #[derive(Debug, Default)]
 pub struct Inodes {
+    /// The names of `/GPID` itself, shared by every process (indices below
+    /// [`PROC_NAMES`]).
+    names: PathTable,
+    /// Deeper paths, per process (indices from [`PROC_NAMES`]).
     procs: HashMap<u64, PathTable>,
     pass: PathTable,
 }
@@ -194,7 +203,19 @@ impl Inodes {
             Node::NodeDir(_) | Node::NodeFile(..) => return None,
             Node::Proc(g) if (1..1 << 39).contains(g) => g << PROC_SHIFT,
             Node::ProcPath(g, p) if (1..1 << 39).contains(g) => {
-                let i = self.procs.entry(*g).or_default().intern(p, PROC_INDEX)?;
+                let named = (!p.contains('/'))
+                    .then(|| self.names.intern(p, PROC_NAMES - 1))
+                    .flatten();
+                let i = match named {
+                    Some(i) => i,
+                    None => {
+                        let t = self.procs.entry(*g).or_insert_with(|| PathTable {
+                            next: PROC_NAMES,
+                            ..PathTable::default()
+                        });
+                        t.intern(p, PROC_INDEX)?
+                    }
+                };
                 g << PROC_SHIFT | PROC_PATH | i
             }
             Node::Proc(_) | Node::ProcPath(..) => return None,
@@ -214,6 +235,11 @@ impl Inodes {
             let low = ino & ((1 << PROC_SHIFT) - 1);
             return match low {
                 0 => Some(Node::Proc(g)),
+                _ if low & !PROC_INDEX == PROC_PATH && low & PROC_INDEX < PROC_NAMES => self
+                    .names
+                    .get(low & PROC_INDEX)
+                    .cloned()
+                    .map(|p| Node::ProcPath(g, p)),
                 _ if low & !PROC_INDEX == PROC_PATH => self
                     .procs
                     .get(&g)?
@@ -263,7 +289,7 @@ impl Inodes {
     /// How many paths are interned (processes, passed through).
     pub fn sizes(&self) -> (usize, usize) {
         (
-            self.procs.values().map(|t| t.by_path.len()).sum(),
+            self.names.by_path.len() + self.procs.values().map(|t| t.by_path.len()).sum::<usize>(),
             self.pass.by_path.len(),
         )
     }
@@ -333,11 +359,39 @@ mod tests {
     #[test]
     fn forgotten_processes_keep_their_numbers_apart() {
         let mut t = Inodes::default();
-        let a = t.ino(&Node::ProcPath(10_000_001, "status".into())).unwrap();
+        let a = t.ino(&Node::ProcPath(10_000_001, "fd/3".into())).unwrap();
         t.retain_procs(|g| g != 10_000_001);
         assert_eq!(t.node(a), None);
-        let b = t.ino(&Node::ProcPath(10_000_001, "stat".into())).unwrap();
-        assert_eq!(t.node(b), Some(Node::ProcPath(10_000_001, "stat".into())));
+        let b = t.ino(&Node::ProcPath(10_000_001, "fd/4".into())).unwrap();
+        assert_eq!(t.node(b), Some(Node::ProcPath(10_000_001, "fd/4".into())));
+    }
+
+    #[test]
+    fn names_of_a_process_directory_are_never_renumbered() {
+        let mut t = Inodes::default();
+        let p = |g: u64, name: &str| Node::ProcPath(g, name.to_string());
+        let status = t.ino(&p(10_000_001, "status")).unwrap();
+        let fd = t.ino(&p(10_000_001, "fd/3")).unwrap();
+        // Another process: the same name has the same index.
+        let other = t.ino(&p(20_000_005, "status")).unwrap();
+        assert_eq!(
+            other & ((1 << PROC_SHIFT) - 1),
+            status & ((1 << PROC_SHIFT) - 1)
+        );
+        // A sweep forgets the process (wrongly, say: it was left out of one listing)
+        // while the kernel keeps its `/GPID/status` entry: the number still stands for
+        // `status`, and a name numbered afterwards gets a number of its own.
+        t.retain_procs(|_| false);
+        assert_eq!(t.node(status), Some(p(10_000_001, "status")));
+        let stat = t.ino(&p(10_000_001, "stat")).unwrap();
+        assert_ne!(stat, status);
+        assert_eq!(t.ino(&p(10_000_001, "status")), Some(status));
+        assert_eq!(t.node(stat), Some(p(10_000_001, "stat")));
+        // The deeper path's number is gone with its table, and is not a name's.
+        assert_eq!(t.node(fd), None);
+        let fd4 = t.ino(&p(10_000_001, "fd/4")).unwrap();
+        assert!(fd4 & PROC_INDEX >= PROC_NAMES);
+        assert_eq!(t.node(fd4), Some(p(10_000_001, "fd/4")));
     }
 
     #[test]

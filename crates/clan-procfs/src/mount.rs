@@ -490,6 +490,10 @@ fn serve_inner(o: &mut ServeOptions) -> Result<(), MountError> {
         SessionACL::Owner
     };
     config.n_threads = Some(o.threads.max(1));
+    // The watcher of a mount made in another namespace (`--mount-ns`): the session has
+    // no mount of its own to unmount there (`Session::from_fd`), so a stop ends the
+    // server and its watcher detaches the view in that namespace.
+    let ns_watcher = ns_mount.as_ref().map(|(_, pid)| *pid);
     let mut session = match ns_mount {
         None => Session::new(fs, &point, &config).map_err(|e| mount_error(&point, e))?,
         Some((fuse, _)) => {
@@ -500,6 +504,8 @@ fn serve_inner(o: &mut ServeOptions) -> Result<(), MountError> {
     };
     let mut w = std::fs::File::from(watcher);
     let _ = w.write_all(b"M");
+    // The watcher's pipe, closed by a stop of a server whose mount is elsewhere.
+    let pipe = std::sync::Arc::new(parking_lot::Mutex::new(Some(w)));
     tracing::info!(mountpoint = %point.display(), node = %o.node, "cluster /proc mounted");
     tell(&mut o.ready, Ok(()));
     let ours = mountinfo::top_at(&mountinfo::read_from(&mountinfo_path), &point).map(|m| m.id);
@@ -509,6 +515,7 @@ fn serve_inner(o: &mut ServeOptions) -> Result<(), MountError> {
         .map_err(|e| MountError::Other(format!("mount watch thread: {e}")))?;
     let mut unmounter = session.unmount_callable();
     let at = point.clone();
+    let stop_pipe = pipe.clone();
     std::thread::Builder::new()
         .name("clan-procfs-sig".into())
         .spawn(move || {
@@ -520,17 +527,41 @@ fn serve_inner(o: &mut ServeOptions) -> Result<(), MountError> {
                 }
                 first = false;
                 tracing::info!(signal = ?sig, "unmounting");
-                if unmounter.unmount().is_err() {
-                    let _ = detach(&at);
+                match ns_watcher {
+                    Some(watcher) => stop_through_watcher(&stop_pipe, watcher),
+                    None => {
+                        if unmounter.unmount().is_err() {
+                            let _ = detach(&at);
+                        }
+                    }
                 }
             }
         })
         .map_err(|e| MountError::Other(format!("signal thread: {e}")))?;
     let r = session.run();
-    drop(w);
+    drop(pipe.lock().take());
     // A passed-through read may still block (a reader of /proc/kmsg): do not wait for it.
     rt.shutdown_timeout(Duration::from_millis(200));
     r.map_err(|e| MountError::Other(format!("serving {}: {e}", point.display())))
+}
+
+/// Stops a server whose mount is in another namespace (`--mount-ns`): closes the
+/// watcher's pipe, so that the watcher detaches the view there (its EOF, as when the
+/// server dies), waits for it to have done so, and ends the server. On another thread,
+/// so that a second signal still ends the server at once.
+fn stop_through_watcher(pipe: &parking_lot::Mutex<Option<std::fs::File>>, watcher: u32) {
+    drop(pipe.lock().take());
+    let waiting = std::thread::Builder::new()
+        .name("clan-procfs-stop".into())
+        .spawn(move || {
+            let pid = nix::unistd::Pid::from_raw(watcher as i32);
+            while let Err(nix::errno::Errno::EINTR) = nix::sys::wait::waitpid(pid, None) {}
+            tracing::info!("the view is detached: ending");
+            std::process::exit(0);
+        });
+    if waiting.is_err() {
+        std::process::exit(0);
+    }
 }
 
 /// Ends the server once its mount (`id`) is gone from its mount namespace, however it

@@ -7,8 +7,8 @@
 //!   resolve to the local `/proc/N`, so a host process finds its own entry.
 //! - `/GPID/...`: entries, files and links served by cland with the reader's identity.
 //! - A listing of the root fetches a snapshot (`stat status cmdline statm` of every
-//!   process) that serves opens of those files for a second, for the same reader. While
-//!   it is fresh, names in `/GPID` come from a per-node template (every process directory
+//!   process) that serves opens of those files for a second, for the same reader, and for
+//!   the listing thread while its walk goes on ([`serves`]). While it is fresh, names in `/GPID` come from a per-node template (every process directory
 //!   of a kernel has the same names and modes; the owner is the process's), the first
 //!   read of an `environ` or `cgroup` fetches that file for the whole node, and cluster
 //!   files are fetched once: what ps, pgrep and top read of every process costs a few
@@ -45,8 +45,18 @@ const NS_NAMES: [&str; 10] = [
     "uts",
 ];
 
-/// How long a snapshot serves the thread that listed the root (see `Snapshot::walker`).
+/// The longest a snapshot serves the thread that listed the root while its walk goes on
+/// (see [`serves`]).
 const WALK_TTL: Duration = Duration::from_secs(10);
+
+/// Whether a snapshot `age` old, which last served its walker `idle` ago, may serve a
+/// reader (`walker`: the thread that took it). Anyone for `ttl`; the walker for as long
+/// as its walk goes on, each of its reads within `ttl` of the one before, and at most
+/// [`WALK_TTL`]: one walk over thousands of processes is one snapshot however long it
+/// takes, and a read after a pause (psutil's `cpu_percent(interval=1)`) is fresh.
+fn serves(age: Duration, idle: Duration, walker: bool, ttl: Duration) -> bool {
+    age < ttl || (walker && idle < ttl && age < WALK_TTL)
+}
 
 /// The files a snapshot carries for every process (what ps reads of each).
 pub const SNAPSHOT_FILES: [&str; 4] = ["stat", "status", "cmdline", "statm"];
@@ -140,9 +150,12 @@ struct Snapshot {
     at: Instant,
     reader: Reader,
     /// The thread that listed the root (a `ps` walking the processes): its own reads are
-    /// served from the snapshot for longer than others', so that one walk over thousands
-    /// of processes is one snapshot however long it takes; anyone else reads live.
+    /// served from the snapshot while its walk goes on ([`serves`]), so that one walk over
+    /// thousands of processes is one snapshot however long it takes; anyone else reads
+    /// live after a ttl.
     walker: u32,
+    /// When the snapshot last served the walker.
+    used: Mutex<Instant>,
     procs: HashMap<u64, pb::ProcEntry>,
 }
 
@@ -358,10 +371,16 @@ impl<S: Source> View<S> {
     }
 
     /// Whether the snapshot `s` may still speak to thread `pid`: for a ttl, and to the
-    /// thread that took it for the whole walk.
+    /// thread that took it while its walk goes on ([`serves`]); a yes to that thread
+    /// keeps the walk going.
     fn fresh(&self, s: &Snapshot, pid: u32) -> bool {
-        let age = s.at.elapsed();
-        age < self.opts.ttl || (pid != 0 && pid == s.walker && age < WALK_TTL)
+        let walker = pid != 0 && pid == s.walker;
+        let mut used = s.used.lock();
+        let yes = serves(s.at.elapsed(), used.elapsed(), walker, self.opts.ttl);
+        if yes && walker {
+            *used = Instant::now();
+        }
+        yes
     }
 
     /// Whether the snapshot `s` may still speak for `gpid` (not gone since) to thread `pid`.
@@ -462,22 +481,24 @@ impl<S: Source> View<S> {
         owner_of_entries(&v).ok_or(libc::ENOENT)
     }
 
-    /// The entry `name` of the process directory `dir`.
+    /// The entry `name` of the process directory `dir`; `Ok(None)` when the directory's
+    /// node answered and `name` is not among its names (an absence the kernel may keep),
+    /// as opposed to an error (the process gone, its node down, cland not answering).
     async fn proc_entry(
         &self,
         who: &Who,
         gpid: u64,
         dir: &str,
         name: &str,
-    ) -> Result<FileAttr, Errno> {
+    ) -> Result<Option<FileAttr>, Errno> {
         let path = if dir.is_empty() {
             name.to_string()
         } else {
             format!("{dir}/{name}")
         };
         if dir.is_empty() {
-            if let Some(a) = self.template_entry(gpid, name, &path, who.pid)? {
-                return Ok(a);
+            if let Some(known) = self.template_entry(gpid, name, &path, who.pid)? {
+                return Ok(known);
             }
         }
         let v = match self.listing(who, gpid, dir, false).await {
@@ -487,31 +508,33 @@ impl<S: Source> View<S> {
             // names it has are links of the process's owner, others are not there.
             Err(libc::EACCES) if dir == "ns" || dir.ends_with("/ns") => {
                 if !NS_NAMES.contains(&name) {
-                    return Err(libc::ENOENT);
+                    return Ok(None);
                 }
                 let (uid, gid) = self.owner(who, gpid).await?;
                 let ino = self.ino(&Node::ProcPath(gpid, path))?;
-                return Ok(attr(ino, FileType::Symlink, 0o777, uid, gid));
+                return Ok(Some(attr(ino, FileType::Symlink, 0o777, uid, gid)));
             }
             v => v?,
         };
-        let e = v.iter().find(|e| e.name == name).ok_or(libc::ENOENT)?;
+        let Some(e) = v.iter().find(|e| e.name == name) else {
+            return Ok(None);
+        };
         let ino = self.ino(&Node::ProcPath(gpid, path))?;
         let kind = kind_of_mode(e.mode);
-        Ok(attr(ino, kind, e.mode, e.uid, e.gid))
+        Ok(Some(attr(ino, kind, e.mode, e.uid, e.gid)))
     }
 
     /// A name of `/GPID` answered without asking: while a fresh snapshot holds the
     /// process, from its node's template (the names and modes every process directory of
     /// that kernel has) with the process's owner, as the kernel gives every entry.
-    /// `Ok(None)`: ask.
+    /// `Ok(None)`: ask; `Ok(Some(None))`: not a name of the node's process directories.
     fn template_entry(
         &self,
         gpid: u64,
         name: &str,
         path: &str,
         pid: u32,
-    ) -> Result<Option<FileAttr>, Errno> {
+    ) -> Result<Option<Option<FileAttr>>, Errno> {
         let Some(owner) = self
             .snapshot_for(gpid, None, pid)
             .and_then(|s| s.procs.get(&gpid).map(|e| (e.uid, e.gid)))
@@ -525,10 +548,16 @@ impl<S: Source> View<S> {
             return Ok(None);
         };
         let Some(mode) = t.get(name).copied() else {
-            return Err(libc::ENOENT);
+            return Ok(Some(None));
         };
         let ino = self.ino(&Node::ProcPath(gpid, path.to_string()))?;
-        Ok(Some(attr(ino, kind_of_mode(mode), mode, owner.0, owner.1)))
+        Ok(Some(Some(attr(
+            ino,
+            kind_of_mode(mode),
+            mode,
+            owner.0,
+            owner.1,
+        ))))
     }
 
     /// `files` of every process of `nodes` (empty: every node) as `reader` may read them
@@ -571,10 +600,12 @@ impl<S: Source> View<S> {
             .filter(|e| e.gpid == CLUSTER_INIT || Gpid::from_raw(e.gpid).is_some())
             .map(|e| (e.gpid, e))
             .collect();
+        let now = Instant::now();
         let s = Arc::new(Snapshot {
-            at: Instant::now(),
+            at: now,
             reader,
             walker: who.pid,
+            used: Mutex::new(now),
             procs,
         });
         *self.snapshot.lock() = Some(s.clone());
@@ -886,12 +917,37 @@ impl<S: Source> View<S> {
 
     // ------------------------------------------------------------------ operations
 
-    /// `name` in the directory `parent`.
-    pub async fn lookup(&self, who: &Who, parent: u64, name: &OsStr) -> Result<FileAttr, Errno> {
+    /// `name` in the directory `parent`, for the kernel: `Ok(None)` when `parent` is a
+    /// process directory, whose names never change, and its node answered that `name` is
+    /// not one of them (the kernel may keep that absence, [`View::entry_ttl`]); any other
+    /// absence, or a failure to know (the process gone, its node down), is an error.
+    pub async fn lookup_entry(
+        &self,
+        who: &Who,
+        parent: u64,
+        name: &OsStr,
+    ) -> Result<Option<FileAttr>, Errno> {
+        match self.node(parent)? {
+            Node::Proc(g) => {
+                let name = Self::plain_name(name)?;
+                self.proc_entry(who, g, "", name).await
+            }
+            _ => self.lookup(who, parent, name).await.map(Some),
+        }
+    }
+
+    /// A name that can be in a directory (`.` and `..` are the kernel's).
+    fn plain_name(name: &OsStr) -> Result<&str, Errno> {
         let name = name.to_str().ok_or(libc::ENOENT)?;
         if name == "." || name == ".." || name.contains('/') || name.is_empty() {
             return Err(libc::ENOENT);
         }
+        Ok(name)
+    }
+
+    /// `name` in the directory `parent`.
+    pub async fn lookup(&self, who: &Who, parent: u64, name: &OsStr) -> Result<FileAttr, Errno> {
+        let name = Self::plain_name(name)?;
         match self.node(parent)? {
             Node::Root => {
                 if let Some(f) = NodeFile::from_name(name) {
@@ -936,8 +992,8 @@ impl<S: Source> View<S> {
                 let ino = self.ino(&Node::NodeFile(n, f))?;
                 Ok(attr(ino, FileType::RegularFile, 0o444, 0, 0))
             }
-            Node::Proc(g) => self.proc_entry(who, g, "", name).await,
-            Node::ProcPath(g, p) => self.proc_entry(who, g, &p, name).await,
+            Node::Proc(g) => self.proc_entry(who, g, "", name).await?.ok_or(libc::ENOENT),
+            Node::ProcPath(g, p) => self.proc_entry(who, g, &p, name).await?.ok_or(libc::ENOENT),
             Node::Pass(p) => self.pass_attr(who, &format!("{p}/{name}")).await,
             Node::WalkDir => {
                 let i = walk::FILES
@@ -970,7 +1026,9 @@ impl<S: Source> View<S> {
             }
             Node::ProcPath(g, p) => {
                 let (dir, name) = p.rsplit_once('/').unwrap_or(("", p.as_str()));
-                self.proc_entry(who, g, dir, name).await
+                self.proc_entry(who, g, dir, name)
+                    .await?
+                    .ok_or(libc::ENOENT)
             }
             Node::Pass(p) if p.starts_with(ALIAS) => Ok(attr(ino, FileType::Symlink, 0o777, 0, 0)),
             Node::Pass(p) => self.pass_attr(who, &p).await,
@@ -1320,6 +1378,10 @@ mod tests {
     };
 
     fn setup() -> Setup {
+        setup_with_ttl(Duration::from_secs(30))
+    }
+
+    fn setup_with_ttl(ttl: Duration) -> Setup {
         let dir = tempfile::tempdir().unwrap();
         let proc = dir.path().join("proc");
         for d in ["sys/kernel", "tty", "4711", "self/ns"] {
@@ -1356,7 +1418,7 @@ mod tests {
             proc_root: proc,
             cluster_dir: dir.path().join("cluster"),
             node: 1,
-            ttl: Duration::from_secs(30),
+            ttl,
             node_proc: None,
             switch_identity: false,
         };
@@ -1636,5 +1698,111 @@ mod tests {
             b"loadavg of [2]\n"
         );
         assert_eq!(s.at(n.ino.0, "7").await.unwrap_err(), libc::ENOENT);
+    }
+
+    #[tokio::test]
+    async fn only_a_name_its_node_does_not_have_is_absent() {
+        let s = setup();
+        let root = crate::inode::ROOT;
+        let entry = |dir: u64, name: &'static str| {
+            let view = &s.view;
+            async move { view.lookup_entry(&ME, dir, OsStr::new(name)).await }
+        };
+        let d = s.at(root, "20000005").await.unwrap().ino.0;
+        // The node answered (its listing, then its template while a snapshot holds the
+        // process): `ctty` is not there, for the kernel to keep.
+        assert_eq!(entry(d, "ctty").await, Ok(None));
+        assert!(entry(d, "status").await.unwrap().is_some());
+        s.view.readdir(&ME, root).await.unwrap();
+        assert_eq!(entry(d, "ctty").await, Ok(None));
+        assert_eq!(s.at(d, "ctty").await.unwrap_err(), libc::ENOENT);
+        // Elsewhere an absence is an error, kept for a ttl only.
+        let fd = s
+            .view
+            .ino(&Node::ProcPath(20_000_005, "fd".into()))
+            .unwrap();
+        assert_eq!(entry(fd, "3").await.unwrap_err(), libc::ENOENT);
+        assert_eq!(entry(root, "nothing").await.unwrap_err(), libc::ENOENT);
+        // A process gone (not in the snapshot): ENOENT, but no absence to keep.
+        let g = s.view.ino(&Node::Proc(20_000_007)).unwrap();
+        assert_eq!(entry(g, "status").await.unwrap_err(), libc::ENOENT);
+        // cland not answering: EIO, nothing to keep.
+        let g = s.view.ino(&Node::Proc(10_000_009)).unwrap();
+        s.fake.down.store(true, Ordering::SeqCst);
+        assert_eq!(entry(g, "ctty").await.unwrap_err(), libc::EIO);
+    }
+
+    #[test]
+    fn a_walk_keeps_its_snapshot_while_it_reads_and_no_longer() {
+        let ttl = Duration::from_secs(1);
+        let ms = Duration::from_millis;
+        // Anyone, for a ttl.
+        assert!(serves(ms(900), ms(900), false, ttl));
+        assert!(!serves(ms(1000), ms(10), false, ttl));
+        // The walker, while each read comes within a ttl of the one before.
+        assert!(serves(ms(1500), ms(10), true, ttl));
+        assert!(serves(ms(9000), ms(999), true, ttl));
+        // A pause of a second (psutil's cpu_percent(interval=1)) ends the walk.
+        assert!(!serves(ms(1500), ms(1000), true, ttl));
+        // Never beyond WALK_TTL.
+        assert!(!serves(WALK_TTL, ms(1), true, ttl));
+    }
+
+    #[tokio::test]
+    async fn the_walker_reads_live_after_a_pause() {
+        let s = setup_with_ttl(Duration::from_secs(1));
+        let walker = Who { pid: 77, ..ME };
+        s.view.readdir(&walker, crate::inode::ROOT).await.unwrap();
+        let d = s
+            .view
+            .lookup(&walker, crate::inode::ROOT, OsStr::new("10000001"))
+            .await
+            .unwrap();
+        let st = s
+            .view
+            .lookup(&walker, d.ino.0, OsStr::new("stat"))
+            .await
+            .unwrap();
+        // The snapshot as it would be 3 s after the listing, its walker's last read
+        // `idle` ago.
+        let age = |idle: Duration| {
+            let old = s.view.snapshot.lock().clone().unwrap();
+            let now = Instant::now();
+            *s.view.snapshot.lock() = Some(Arc::new(Snapshot {
+                at: now - Duration::from_secs(3),
+                reader: old.reader.clone(),
+                walker: old.walker,
+                used: Mutex::new(now - idle),
+                procs: old.procs.clone(),
+            }));
+        };
+        age(Duration::from_millis(300));
+        read(&s.view, &walker, st.ino.0).await.unwrap();
+        assert_eq!(s.fake.reads.load(Ordering::SeqCst), 0, "the walk goes on");
+        // Another thread reads live.
+        let other = Who { pid: 78, ..ME };
+        read(&s.view, &other, st.ino.0).await.unwrap();
+        assert_eq!(s.fake.reads.load(Ordering::SeqCst), 1);
+        // The walker itself, after a second without a read of the snapshot.
+        s.fake
+            .procs
+            .lock()
+            .get_mut(&10_000_001)
+            .unwrap()
+            .2
+            .insert("stat".into(), Ok(b"10000001 (x) R".to_vec()));
+        age(Duration::from_millis(1500));
+        assert_eq!(
+            read(&s.view, &walker, st.ino.0).await.unwrap(),
+            b"10000001 (x) R"
+        );
+        assert_eq!(s.fake.reads.load(Ordering::SeqCst), 2, "read live");
+        // And a process gone since is gone for it.
+        s.fake.procs.lock().remove(&20_000_005);
+        let gone = s
+            .view
+            .lookup(&walker, crate::inode::ROOT, OsStr::new("20000005"))
+            .await;
+        assert_eq!(gone.unwrap_err(), libc::ENOENT);
     }
 }

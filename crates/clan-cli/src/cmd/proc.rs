@@ -197,7 +197,9 @@ fn read_line_within(fd: std::os::fd::OwnedFd, limit: Duration) -> Option<String>
 /// The top mount at `at`'s canonical path in /proc/self/mountinfo: (source, fstype,
 /// the `user_id` of a FUSE mount).
 fn mount_at(at: &Path) -> Option<(String, String, Option<u32>)> {
-    let text = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    // Bytes: another mount's point need not be UTF-8 (ours, compared below, is).
+    let bytes = std::fs::read("/proc/self/mountinfo").ok()?;
+    let text = String::from_utf8_lossy(&bytes);
     let want = at.to_str()?;
     text.lines().rev().find_map(|l| {
         let (left, right) = l.split_once(" - ")?;
