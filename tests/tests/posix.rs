@@ -1488,3 +1488,64 @@ fn a_gpid_reused_after_a_node_death_gets_its_own_status() {
     }
     eprintln!("gpid {old} reused after the node's death: {reused}");
 }
+
+/// A wait for several processes whose caller goes away collects nothing, not even the
+/// processes that had ended: `clan wait A B` interrupted after A's end and before B's
+/// leaves A's status for the next wait (and A's zombie in place).
+#[test]
+fn an_interrupted_wait_for_several_leaves_the_ended_ones_to_the_next() {
+    root_or_skip!("an_interrupted_wait_for_several_leaves_the_ended_ones_to_the_next");
+    let c = Cluster::up(2);
+    let go = c.dir.join("go-a");
+    let a = c.spawn(
+        2,
+        &[
+            "sh",
+            "-c",
+            &format!(
+                "while [ ! -e {} ]; do sleep 0.02; done; exit 5",
+                go.display()
+            ),
+        ],
+    );
+    let b = c.spawn(2, &["sleep", "1101"]);
+    let waiter = c
+        .cmd()
+        .args(["wait", &a.to_string(), &b.to_string()])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("clan wait");
+    let pid = nix::unistd::Pid::from_raw(waiter.id() as i32);
+    // Its request is out once it holds its connection to cland (its only socket).
+    eventually("the waiter connected", Duration::from_secs(20), || {
+        std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .ok()?
+            .flatten()
+            .any(|f| {
+                std::fs::read_link(f.path())
+                    .is_ok_and(|l| l.to_string_lossy().starts_with("socket:"))
+            })
+            .then_some(())
+    });
+    // A ends while the wait waits for B.
+    std::fs::write(&go, "").unwrap();
+    eventually("A's end", Duration::from_secs(20), || {
+        c.ps_one(a).is_none_or(|p| p["state"] == "Z").then_some(())
+    });
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
+    let o = waiter.wait_with_output().unwrap();
+    assert_eq!(ended(&o), (None, Some(libc::SIGINT)), "{o:?}");
+    // A's status is still there, and B is still waited for.
+    let o = c.clan(&["wait", &a.to_string()]);
+    assert_eq!(o.status.code(), Some(5), "{o:?}");
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("exited 5"),
+        "{o:?}"
+    );
+    assert!(c.ps_one(a).is_none(), "reaped once waited for");
+    c.clan_ok(&["kill", "-s", "KILL", &b.to_string()]);
+    let o = c.clan(&["wait", &b.to_string()]);
+    assert_eq!(o.status.code(), Some(128 + libc::SIGKILL), "{o:?}");
+}

@@ -214,7 +214,9 @@ impl Node {
                     let handled = self.handle_local(op, &creds);
                     let res = if is_wait {
                         // A wait whose caller went away (killed, timed out) is abandoned
-                        // before it collects anything: the status stays for the next wait.
+                        // before it collects anything (`wait_all` takes nothing before
+                        // every process it names is ready): the statuses stay for the
+                        // next wait.
                         tokio::pin!(handled);
                         tokio::select! {
                             r = &mut handled => r,
@@ -704,20 +706,19 @@ impl Node {
                 Ok(Reply::Kill(pb::KillReply { results }))
             }
             Op::Wait(w) => {
-                // One task per process: a request may name a bounded number.
+                // One task per process while waiting: a request may name a bounded number.
                 check_wait_len(w.gpids.len())?;
                 let flags = WaitFlags {
                     untraced: w.untraced,
                     continued: w.continued,
                 };
-                let mut set = tokio::task::JoinSet::new();
-                for (i, &raw) in w.gpids.iter().enumerate() {
-                    let (node, creds) = (self.clone(), creds.clone());
-                    set.spawn(async move {
-                        let res = match gpid(raw) {
-                            Ok(g) => node.wait(g, &creds, flags).await,
-                            Err(e) => Err(e),
-                        };
+                let gpids = w.gpids.iter().map(|&raw| gpid(raw)).collect();
+                let res = self.wait_all(gpids, creds, flags).await;
+                let results = w
+                    .gpids
+                    .iter()
+                    .zip(res)
+                    .map(|(&raw, res)| {
                         let mut r = pb::WaitResult {
                             gpid: raw,
                             ..Default::default()
@@ -728,14 +729,10 @@ impl Node {
                             Ok(WaitEvent::Continued) => r.continued = true,
                             Err(e) => r.error = Some(e.into()),
                         }
-                        (i, r)
-                    });
-                }
-                let mut results: Vec<_> = set.join_all().await;
-                results.sort_by_key(|(i, _)| *i);
-                Ok(Reply::Wait(pb::WaitReply {
-                    results: results.into_iter().map(|(_, r)| r).collect(),
-                }))
+                        r
+                    })
+                    .collect();
+                Ok(Reply::Wait(pb::WaitReply { results }))
             }
             Op::Ps(p) => Ok(Reply::Ps(self.ps_cluster(p).await?)),
             Op::Job(j) => Ok(Reply::Job(self.job_cluster(j, creds.clone()).await?)),

@@ -50,6 +50,41 @@ impl Aliases {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+    /// Every alias: (kind, local id, cluster id).
+    fn entries(&self) -> HashSet<(Kind, u32, Gpid)> {
+        let of = |kind, m: &HashMap<u32, Gpid>| -> Vec<(Kind, u32, Gpid)> {
+            m.iter().map(|(l, g)| (kind, *l, *g)).collect()
+        };
+        of(Kind::Group, &self.pg)
+            .into_iter()
+            .chain(of(Kind::Session, &self.sid))
+            .collect()
+    }
+
+    /// Drops the aliases of `before` (those there when the scan began) whose local group
+    /// or session is not among `pgs` and `sids` (the scan's); an alias made since the scan
+    /// began stays, its process may have come too late to be seen. Returns the cluster
+    /// ids this node holds no alias of any more.
+    fn prune(
+        &mut self,
+        pgs: &HashSet<u32>,
+        sids: &HashSet<u32>,
+        before: &HashSet<(Kind, u32, Gpid)>,
+    ) -> Vec<(Kind, Gpid)> {
+        let mut gone = Vec::new();
+        for (kind, live) in [(Kind::Group, pgs), (Kind::Session, sids)] {
+            let map = match kind {
+                Kind::Group => &mut self.pg,
+                Kind::Session => &mut self.sid,
+            };
+            let was: HashSet<Gpid> = map.values().copied().collect();
+            map.retain(|l, g| live.contains(l) || !before.contains(&(kind, *l, *g)));
+            let now: HashSet<Gpid> = map.values().copied().collect();
+            gone.extend(was.difference(&now).map(|g| (kind, *g)));
+        }
+        gone
+    }
 }
 
 /// At a home node: the other nodes holding members of each of its groups and sessions.
@@ -335,25 +370,16 @@ impl Node {
 
     /// Drops aliases whose local group or session has no process left, and tells their
     /// homes when this node holds no member of a foreign group or session any more.
-    /// `live` holds the local (pgid, sid) of every process of the node.
-    pub fn prune_aliases(self: &Arc<Self>, live: &[(u32, u32)]) {
+    /// `live` holds the local (pgid, sid) of every process of the node, from a scan that
+    /// began when the aliases were `before`: only those can be dropped.
+    pub fn prune_aliases(
+        self: &Arc<Self>,
+        live: &[(u32, u32)],
+        before: &HashSet<(Kind, u32, Gpid)>,
+    ) {
         let pgs: HashSet<u32> = live.iter().map(|p| p.0).collect();
         let sids: HashSet<u32> = live.iter().map(|p| p.1).collect();
-        let mut gone = Vec::new();
-        {
-            let mut a = self.aliases.write();
-            if a.is_empty() {
-                return;
-            }
-            let mut drop_dead = |map: &mut HashMap<u32, Gpid>, live: &HashSet<u32>, kind| {
-                let before: HashSet<Gpid> = map.values().copied().collect();
-                map.retain(|l, _| live.contains(l));
-                let after: HashSet<Gpid> = map.values().copied().collect();
-                gone.extend(before.difference(&after).map(|g| (kind, *g)));
-            };
-            drop_dead(&mut a.pg, &pgs, Kind::Group);
-            drop_dead(&mut a.sid, &sids, Kind::Session);
-        }
+        let gone = self.aliases.write().prune(&pgs, &sids, before);
         for (kind, g) in gone {
             if g.node() != self.id {
                 let node = self.clone();
@@ -364,7 +390,10 @@ impl Node {
 
     /// [`Node::prune_aliases`] over a fresh scan of the node (only when there are aliases).
     pub fn prune_group_aliases(self: &Arc<Self>) {
-        if self.aliases.read().is_empty() {
+        // Before the scan: an alias made during it (its process started after its pid was
+        // listed) is not the scan's to judge.
+        let before = self.aliases.read().entries();
+        if before.is_empty() {
             return;
         }
         let live: Vec<(u32, u32)> = self
@@ -374,7 +403,7 @@ impl Node {
             .filter_map(|p| self.view.attrs(p, false))
             .map(|a| (a.pgrp, a.session))
             .collect();
-        self.prune_aliases(&live);
+        self.prune_aliases(&live, &before);
     }
 
     /// Sizes of the group tables, for `clan stats`.
@@ -545,5 +574,52 @@ impl Node {
         })
         .await
         .unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn g(raw: u64) -> Gpid {
+        Gpid::from_raw(raw).expect("gpid")
+    }
+
+    #[test]
+    fn a_prune_keeps_the_aliases_made_after_its_scan_began() {
+        let mut a = Aliases::default();
+        a.pg.insert(10, g(20_000_007));
+        a.sid.insert(9, g(20_000_001));
+        let before = a.entries();
+        // During the scan (which saw neither group 10 nor 11 live): a new process's alias,
+        // and local group 10 taken again for another cluster group.
+        a.pg.insert(11, g(20_000_007));
+        a.pg.insert(10, g(30_000_005));
+        let gone = a.prune(&HashSet::new(), &[9].into(), &before);
+        assert_eq!(
+            a.pg.get(&11),
+            Some(&g(20_000_007)),
+            "made after the scan began"
+        );
+        assert_eq!(
+            a.pg.get(&10),
+            Some(&g(30_000_005)),
+            "changed after the scan began"
+        );
+        assert_eq!(a.sid.get(&9), Some(&g(20_000_001)), "live");
+        assert!(gone.is_empty(), "{gone:?}");
+        // The next scan sees neither: both go, and the homes are told.
+        let before = a.entries();
+        let mut gone = a.prune(&HashSet::new(), &HashSet::new(), &before);
+        gone.sort_by_key(|(k, g)| (*k == Kind::Session, *g));
+        assert!(a.is_empty());
+        assert_eq!(
+            gone,
+            vec![
+                (Kind::Group, g(20_000_007)),
+                (Kind::Group, g(30_000_005)),
+                (Kind::Session, g(20_000_001))
+            ]
+        );
     }
 }

@@ -53,9 +53,42 @@ impl Node {
                 info.links += 1;
             }
         }
-        // Remote children of live parents here.
-        for (&parent, rec) in self.parents.lock().iter() {
-            if !crate::pid_alive(parent as i32) {
+        // Remote children of live parents here, members of the group that have not ended:
+        // copied under the lock, the parents read from /proc after it.
+        let kids: Vec<(u32, Vec<(Gpid, u64)>)> = self
+            .parents
+            .lock()
+            .iter()
+            .map(|(&parent, rec)| {
+                let kids = rec
+                    .kids
+                    .iter()
+                    .filter(|(_, pg, _)| *pg == raw)
+                    .map(|&(g, _, sid)| (g, sid))
+                    .collect::<Vec<_>>();
+                (parent, kids)
+            })
+            .filter(|(_, kids)| !kids.is_empty())
+            .collect();
+        let kids: Vec<(u32, Vec<u64>)> = {
+            let ch = self.children.lock();
+            let running = |g: &Gpid| {
+                ch.get(g)
+                    .is_some_and(|r| !r.collected && r.state.borrow().exit.is_none())
+            };
+            kids.into_iter()
+                .map(|(p, ks)| {
+                    let sids = ks
+                        .into_iter()
+                        .filter(|(g, _)| running(g))
+                        .map(|(_, sid)| sid)
+                        .collect();
+                    (p, sids)
+                })
+                .collect()
+        };
+        for (parent, sids) in kids {
+            if sids.is_empty() || !crate::pid_alive(parent as i32) {
                 continue;
             }
             let ids = self.caller_ids(parent as i32);
@@ -63,11 +96,9 @@ impl Node {
                 self.cluster_id(Kind::Group, ids.pgid),
                 self.cluster_id(Kind::Session, ids.sid),
             );
-            info.links += rec
-                .kids
-                .iter()
-                .filter(|(_, pg, sid)| *pg == raw && ppg != raw && psid == *sid)
-                .count() as u32;
+            if ppg != raw {
+                info.links += sids.iter().filter(|&&sid| sid == psid).count() as u32;
+            }
         }
         info
     }

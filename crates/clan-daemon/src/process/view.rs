@@ -182,17 +182,16 @@ impl ProcView {
     }
 
     pub fn user_name(&self, uid: u32) -> String {
-        let mut users = self.users.lock();
-        users
-            .entry(uid)
-            .or_insert_with(|| {
-                nix::unistd::User::from_uid(uid.into())
-                    .ok()
-                    .flatten()
-                    .map(|u| u.name)
-                    .unwrap_or_else(|| uid.to_string())
-            })
-            .clone()
+        if let Some(name) = self.users.lock().get(&uid) {
+            return name.clone();
+        }
+        // Looked up with the lock free: an NSS lookup can block (LDAP, sssd).
+        let name = nix::unistd::User::from_uid(uid.into())
+            .ok()
+            .flatten()
+            .map(|u| u.name)
+            .unwrap_or_else(|| uid.to_string());
+        self.users.lock().entry(uid).or_insert(name).clone()
     }
 
     /// Reads one process; `None` when it has gone meanwhile.

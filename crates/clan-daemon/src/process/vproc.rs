@@ -58,6 +58,12 @@ pub struct VProc {
     sessions: std::sync::atomic::AtomicU64,
     /// Hung up: no stub can reattach any more.
     hung_up: std::sync::atomic::AtomicBool,
+    /// Its status changes on their way to its parent's node, sent in order by one task
+    /// (`Node::start_pushes`; detached processes started from another node). Taken when
+    /// the link to its shepherd ends, which ends that task once it has sent the rest.
+    pub pushes: NamedMutex<Option<mpsc::UnboundedSender<pb::ChildStatus>>>,
+    /// Its parent's node released its zombie: it has the exit, nothing more is pushed.
+    pub released: std::sync::atomic::AtomicBool,
 }
 
 impl VProc {
@@ -682,7 +688,10 @@ impl Node {
             subscriber: NamedMutex::new("vproc.subscriber", out),
             sessions: 0.into(),
             hung_up: false.into(),
+            pushes: NamedMutex::new("vproc.pushes", None),
+            released: false.into(),
         });
+        self.start_pushes(&vp);
         self.vprocs.write().insert(gpid, vp.clone());
         if let Some(c) = &spec.creds {
             self.alias_insert(l.ns_pid, l.shepherd_pid, c);
@@ -757,7 +766,18 @@ impl Node {
                 link.deliver(pb::session_output::Output::Lost(e)).await;
                 node.process_exited(&link, ws);
             }
-            node.vprocs.write().remove(&link.gpid);
+            // Its last statuses are queued: the pusher ends once they are sent.
+            link.pushes.lock().take();
+            {
+                // Only this link's entry: a new process may have the gpid by now.
+                let mut vprocs = node.vprocs.write();
+                if vprocs
+                    .get(&link.gpid)
+                    .is_some_and(|v| Arc::ptr_eq(v, &link))
+                {
+                    vprocs.remove(&link.gpid);
+                }
+            }
             link.gone.send_replace(true);
         });
         vp

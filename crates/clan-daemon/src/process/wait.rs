@@ -13,7 +13,7 @@ use crate::process::group::Kind;
 use crate::process::vproc::VProc;
 use clan_core::{Gpid, NodeId, WaitStatus};
 use clan_proto::pb::{self, shepherd_in::Msg as In};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -55,6 +55,18 @@ pub struct WaitFlags {
     pub continued: bool,
 }
 
+impl WaitFlags {
+    /// Whether a record in state `s` has something to report to such a wait.
+    fn wanted(&self, s: &RecState) -> bool {
+        s.exit.is_some()
+            || match s.change {
+                Some(Change::Stopped(_)) => self.untraced,
+                Some(Change::Continued) => self.continued,
+                None => false,
+            }
+    }
+}
+
 /// The parent side's record of a child that lives on some node, with Solaris MC's Figure 4
 /// state: `exit` set moves it right (a zombie at home), a wait or its parent's exit moves it
 /// down (the zombie released, the record gone).
@@ -82,6 +94,10 @@ pub struct ChildRec {
     /// release could reach a new process with the same gpid), and news of that gpid from
     /// the node is about a new process.
     pub gone_with_node: bool,
+    /// A wait (or its parent's exit) collected its exit and the release of its zombie is
+    /// not acknowledged yet: it is reported to nobody any more (the zombie, still there,
+    /// would otherwise be found again by the pull path), and news of it is not news.
+    pub collected: bool,
 }
 
 /// Generations of child records (`ChildRec::gen`), unique for the daemon's life.
@@ -96,6 +112,7 @@ impl ChildRec {
             parented: false,
             gen: NEXT_GEN.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             gone_with_node: false,
+            collected: false,
         }
     }
 }
@@ -136,6 +153,19 @@ fn may_wait(creds: &pb::Creds, uid: u32, gpid: Gpid) -> Result<()> {
     }
 }
 
+/// Takes the exit of `gpid`'s record: marks it collected and returns its generation, whose
+/// zombie is to be released ([`Node::spawn_release`]); a record whose node lost its
+/// processes has nothing to release and goes now (`None`).
+fn collect(ch: &mut HashMap<Gpid, ChildRec>, gpid: Gpid) -> Option<u64> {
+    let rec = ch.get_mut(&gpid)?;
+    if rec.gone_with_node {
+        ch.remove(&gpid);
+        return None;
+    }
+    rec.collected = true;
+    Some(rec.gen)
+}
+
 /// The record of the process that has `gpid` now: a record gone with its node belongs to
 /// a process of the node's previous incarnation (its uncollected status goes, not to this
 /// one, which got the same number: expected, or heard of first).
@@ -160,33 +190,112 @@ impl Node {
             return;
         };
         let mut ch = self.children.lock();
-        let rec = current_record(&mut ch, gpid, st.uid);
-        if st.stopped != 0 {
-            rec.state
-                .send_modify(|s| s.change = Some(Change::Stopped(st.stopped)));
-        } else if st.continued {
-            rec.state
-                .send_modify(|s| s.change = Some(Change::Continued));
-        } else {
-            let ws = WaitStatus::from(st.status.unwrap_or_default());
-            rec.state.send_modify(|s| s.exit = Some(ws));
-            if rec.orphan {
-                // Its parent is gone: nobody waits; the zombie goes at once.
-                ch.remove(&gpid);
-                let node = self.clone();
-                tokio::spawn(async move { node.release(gpid).await });
-            } else if !rec.parented {
-                // No parent in the cluster (started from outside it): its status waits a
-                // while for a `clan wait` by its user, then the zombie goes, as init would
-                // take it; the record goes with it, so a reused gpid never finds it.
-                let (node, gen) = (self.clone(), rec.gen);
-                let after = Duration::from_millis(self.cfg.exit_retention_ms);
-                tokio::spawn(async move {
-                    tokio::time::sleep(after).await;
-                    node.reap_unwaited(gpid, gen).await;
-                });
-            }
+        if st.stopped != 0 || st.continued {
+            // Only a child known and not ended takes a stop or a continue: one told late
+            // (after its exit, or twice) must not make a record that nothing removes.
+            let Some(rec) = ch
+                .get_mut(&gpid)
+                .filter(|r| !r.gone_with_node && !r.collected && r.state.borrow().exit.is_none())
+            else {
+                debug!(%gpid, "a stop or continue of no child expecting one: ignored");
+                return;
+            };
+            let change = if st.stopped != 0 {
+                Change::Stopped(st.stopped)
+            } else {
+                Change::Continued
+            };
+            rec.state.send_modify(|s| s.change = Some(change));
+            return;
         }
+        let rec = current_record(&mut ch, gpid, st.uid);
+        if rec.collected || rec.state.borrow().exit.is_some() {
+            // Told again (a push repeated, or relearned): known already.
+            return;
+        }
+        let ws = WaitStatus::from(st.status.unwrap_or_default());
+        rec.state.send_modify(|s| s.exit = Some(ws));
+        let gen = rec.gen;
+        if rec.orphan {
+            // Its parent is gone: nobody waits; the zombie goes at once.
+            rec.collected = true;
+            drop(ch);
+            self.spawn_release(gpid, gen);
+            return;
+        }
+        if !rec.parented {
+            // No parent in the cluster (started from outside it): its status waits a
+            // while for a `clan wait` by its user, then the zombie goes, as init would
+            // take it; the record goes with it, so a reused gpid never finds it.
+            let node = self.clone();
+            let after = Duration::from_millis(self.cfg.exit_retention_ms);
+            tokio::spawn(async move {
+                tokio::time::sleep(after).await;
+                node.reap_unwaited(gpid, gen).await;
+            });
+            return;
+        }
+        drop(ch);
+        self.kid_exited(gpid);
+    }
+
+    /// Parent side: a child whose parent is a process of this node exited. It no longer
+    /// counts as a link of its group through that parent: if it was one (the parent in
+    /// another group of the same session), the group may be orphaned now.
+    fn kid_exited(self: &Arc<Self>, gpid: Gpid) {
+        let kid: Option<(u32, u64, u64)> = self.parents.lock().iter().find_map(|(&p, r)| {
+            r.kids
+                .iter()
+                .find(|k| k.0 == gpid)
+                .map(|&(_, pg, sid)| (p, pg, sid))
+        });
+        let Some((parent, pg, sid)) = kid else {
+            return;
+        };
+        let Some(g) = Gpid::from_raw(pg) else {
+            return;
+        };
+        let node = self.clone();
+        tokio::spawn(async move {
+            // The parent's group and session now, from /proc, off the workers.
+            let n = node.clone();
+            let was_link = tokio::task::spawn_blocking(move || {
+                let ids = n.caller_ids(parent as i32);
+                crate::pid_alive(parent as i32)
+                    && n.cluster_id(Kind::Group, ids.pgid) != pg
+                    && n.cluster_id(Kind::Session, ids.sid) == sid
+            })
+            .await
+            .unwrap_or(false);
+            if was_link {
+                node.orphan_check(g).await;
+            }
+        });
+    }
+
+    /// Parent side: the record of `gpid` is collected (or gone): its parent's list of
+    /// children forgets it, so that the list holds only children not collected.
+    fn forget_kid(&self, gpid: Gpid) {
+        for rec in self.parents.lock().values_mut() {
+            rec.kids.retain(|k| k.0 != gpid);
+        }
+    }
+
+    /// Parent side: releases the zombie of `gpid`, whose record (generation `gen`) is
+    /// marked collected, on a task of its own (a wait abandoned meanwhile does not stop it),
+    /// then forgets the record. A remote release is sent again until its node answers or
+    /// loses its processes; until then the record stays, so that the status is not
+    /// reported again.
+    fn spawn_release(self: &Arc<Self>, gpid: Gpid, gen: u64) -> tokio::task::JoinHandle<()> {
+        self.forget_kid(gpid);
+        let node = self.clone();
+        tokio::spawn(async move {
+            node.release(gpid, gen).await;
+            let mut ch = node.children.lock();
+            if ch.get(&gpid).is_some_and(|r| r.gen == gen && r.collected) {
+                ch.remove(&gpid);
+            }
+        })
     }
 
     /// Parent side: a child with no parent in the cluster exited `exit_retention_ms` ago;
@@ -194,17 +303,17 @@ impl Node {
     async fn reap_unwaited(self: &Arc<Self>, gpid: Gpid, gen: u64) {
         let release = {
             let mut ch = self.children.lock();
-            let unwaited = ch
-                .get(&gpid)
-                .is_some_and(|r| r.gen == gen && !r.parented && r.state.borrow().exit.is_some());
+            let unwaited = ch.get(&gpid).is_some_and(|r| {
+                r.gen == gen && !r.parented && !r.collected && r.state.borrow().exit.is_some()
+            });
             if !unwaited {
                 return;
             }
-            ch.remove(&gpid).is_some_and(|r| !r.gone_with_node)
+            collect(&mut ch, gpid)
         };
         info!(%gpid, "reaped: its exit status was not waited for");
-        if release {
-            self.release(gpid).await;
+        if let Some(gen) = release {
+            let _ = self.spawn_release(gpid, gen).await;
         }
     }
 
@@ -448,14 +557,14 @@ impl Node {
         {
             let mut ch = self.children.lock();
             for g in rec.kids.iter().map(|k| k.0) {
-                let Some(rec) = ch.get_mut(&g) else { continue };
-                if rec.state.borrow().exit.is_some() {
-                    if !rec.gone_with_node {
-                        release.push(g);
-                    }
-                    ch.remove(&g);
-                } else {
+                // Collected already (a wait releases it).
+                let Some(rec) = ch.get_mut(&g).filter(|r| !r.collected) else {
+                    continue;
+                };
+                if rec.state.borrow().exit.is_none() {
                     rec.orphan = true;
+                } else if let Some(gen) = collect(&mut ch, g) {
+                    release.push((g, gen));
                 }
             }
         }
@@ -463,8 +572,12 @@ impl Node {
             released = release.len(),
             "a parent with remote children exited"
         );
-        for g in release {
-            self.release(g).await;
+        let releases: Vec<_> = release
+            .into_iter()
+            .map(|(g, gen)| self.spawn_release(g, gen))
+            .collect();
+        for r in releases {
+            let _ = r.await;
         }
         for g in groups {
             self.orphan_check(g).await;
@@ -531,7 +644,9 @@ impl Node {
         );
     }
 
-    /// childstatuschange to the parent's node (retried until it answers or is dead).
+    /// childstatuschange to the parent's node: queued to the vproc's pusher
+    /// ([`Node::start_pushes`]), which sends them one after the other, in the order they
+    /// happened.
     fn push_status(self: &Arc<Self>, vp: &Arc<VProc>, mut st: pb::ChildStatus) {
         st.gpid = vp.gpid.raw();
         st.job = vp.job;
@@ -540,31 +655,59 @@ impl Node {
             self.child_status(&st);
             return;
         }
+        let queued = vp
+            .pushes
+            .lock()
+            .as_ref()
+            .is_some_and(|q| q.send(st).is_ok());
+        if !queued {
+            debug!(gpid = %vp.gpid, "a status after its shepherd's end: not pushed");
+        }
+    }
+
+    /// Home side: the pusher of a detached process started from another node, which sends
+    /// its status changes to its parent's node in order, each retried until that node
+    /// answers or is dead: a continue can not overtake the exit that followed it, and
+    /// nothing is sent once the parent released the zombie (a repeat after that would make
+    /// a record nobody collects). Ends when the vproc's link to its shepherd ends.
+    pub fn start_pushes(self: &Arc<Self>, vp: &Arc<VProc>) {
+        if !vp.detached || vp.parent_node == self.id {
+            return;
+        }
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        *vp.pushes.lock() = Some(tx);
         let (node, vp) = (self.clone(), vp.clone());
-        let (gpid, parent) = (vp.gpid, vp.parent_node);
-        let exit = st.stopped == 0 && !st.continued;
         tokio::spawn(async move {
-            loop {
-                if vp.parent_gone.load(std::sync::atomic::Ordering::Acquire) {
-                    // Its parent's node lost its processes meanwhile (`parent_node_lost`
-                    // released the zombie): nobody is told any more.
-                    return;
-                }
-                let op = pb::peer_request::Op::Status(st);
-                match node.call(parent, node.own_creds(), op).await {
-                    Ok(_) => return,
-                    Err(Error::NodeDead(_)) => {
-                        // The parent's node is gone: nobody will wait; release the zombie.
-                        if exit {
-                            info!(gpid = %gpid, parent = %parent, "parent node dead, releasing");
-                            node.release_local(gpid).await;
-                        }
-                        return;
-                    }
-                    Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
-                }
+            while let Some(st) = rx.recv().await {
+                node.push_one(&vp, st).await;
             }
         });
+    }
+
+    async fn push_one(self: &Arc<Self>, vp: &VProc, st: pb::ChildStatus) {
+        use std::sync::atomic::Ordering::Acquire;
+        let (gpid, parent) = (vp.gpid, vp.parent_node);
+        let exit = st.stopped == 0 && !st.continued;
+        loop {
+            if vp.parent_gone.load(Acquire) || vp.released.load(Acquire) {
+                // Its parent's node lost its processes meanwhile (`parent_node_lost`
+                // released the zombie), or the parent collected it: nobody is told any more.
+                return;
+            }
+            let op = pb::peer_request::Op::Status(st);
+            match self.call(parent, self.own_creds(), op).await {
+                Ok(_) => return,
+                Err(Error::NodeDead(_)) => {
+                    // The parent's node is gone: nobody will wait; release the zombie.
+                    if exit {
+                        info!(gpid = %gpid, parent = %parent, "parent node dead, releasing");
+                        self.release_local(gpid).await;
+                    }
+                    return;
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        }
     }
 
     /// Home side: let the shepherd reap the zombie, and return once it has (the gpid is
@@ -574,6 +717,8 @@ impl Node {
             return;
         };
         let mut gone = vp.gone.subscribe();
+        vp.released
+            .store(true, std::sync::atomic::Ordering::Release);
         vp.send(In::Release(true));
         drop(vp);
         let reaped = gone.wait_for(|g| *g);
@@ -585,12 +730,35 @@ impl Node {
         }
     }
 
-    async fn release(self: &Arc<Self>, gpid: Gpid) {
+    /// Parent side: lets the zombie of collected record `gpid` (generation `gen`) go. A
+    /// remote release is sent again until its node answers it, or loses its processes (the
+    /// zombie went with them, and a release could reach a new process with the gpid).
+    async fn release(self: &Arc<Self>, gpid: Gpid, gen: u64) {
         if gpid.node() == self.id {
             self.release_local(gpid).await;
-        } else {
-            let op = pb::peer_request::Op::Release(pb::ReleaseRequest { gpid: gpid.raw() });
-            let _ = self.call(gpid.node(), self.own_creds(), op).await;
+            return;
+        }
+        let op = pb::peer_request::Op::Release(pb::ReleaseRequest { gpid: gpid.raw() });
+        loop {
+            let ours = self
+                .children
+                .lock()
+                .get(&gpid)
+                .is_some_and(|r| r.gen == gen && r.collected && !r.gone_with_node);
+            if !ours {
+                return;
+            }
+            match self.call(gpid.node(), self.own_creds(), op.clone()).await {
+                Ok(_) | Err(Error::NodeDead(_)) => return,
+                Err(Error::NodeDown(e)) => {
+                    debug!(%gpid, "release, sent again: {e}");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(e) => {
+                    warn!(%gpid, "release refused: {e}");
+                    return;
+                }
+            }
         }
     }
 
@@ -627,49 +795,125 @@ impl Node {
         creds: &pb::Creds,
         flags: WaitFlags,
     ) -> Result<WaitEvent> {
-        let wanted = |s: &RecState| {
-            s.exit.is_some()
-                || match s.change {
-                    Some(Change::Stopped(_)) => flags.untraced,
-                    Some(Change::Continued) => flags.continued,
-                    None => false,
+        self.wait_all(vec![Ok(gpid)], creds, flags)
+            .await
+            .pop()
+            .unwrap_or(Err(Error::NoSuchProcess(gpid)))
+    }
+
+    /// Waits for processes the caller started; one result per gpid, in their order. Two
+    /// phases: first until every one has something to report, taking nothing, so that a
+    /// wait abandoned meanwhile (its caller went away, and the future is dropped) leaves
+    /// every status for the next wait; then everything is taken at once, with no await in
+    /// between: exits collected (their zombies released by tasks of their own, which an
+    /// abandoned wait does not stop), stops and continues reported. A gpid named twice is
+    /// waited for once (the later ones are refused).
+    pub async fn wait_all(
+        self: &Arc<Self>,
+        gpids: Vec<Result<Gpid>>,
+        creds: &pb::Creds,
+        flags: WaitFlags,
+    ) -> Vec<Result<WaitEvent>> {
+        let mut out: Vec<Option<Result<WaitEvent>>> = Vec::with_capacity(gpids.len());
+        let mut ready: Vec<Option<Ready>> = vec![None; gpids.len()];
+        let mut waited: Vec<(usize, Gpid)> = Vec::new();
+        let mut named = HashSet::new();
+        for (i, g) in gpids.into_iter().enumerate() {
+            out.push(match g {
+                Err(e) => Some(Err(e)),
+                Ok(g) if !named.insert(g) => Some(Err(Error::Invalid(format!(
+                    "{g} is named more than once in this wait"
+                )))),
+                Ok(g) => {
+                    waited.push((i, g));
+                    None
                 }
-        };
-        let rec = {
-            let ch = self.children.lock();
-            ch.get(&gpid).map(|r| (r.uid, r.gen, r.state.subscribe()))
-        };
-        let mut release = true;
-        let ws = match rec {
-            Some((uid, gen, mut rx)) => {
-                may_wait(creds, uid, gpid)?;
-                loop {
-                    rx.wait_for(wanted)
-                        .await
-                        .map_err(|_| Error::NoSuchProcess(gpid))?;
-                    let mut ch = self.children.lock();
-                    // Gone, or a later process's record: another waiter collected it.
-                    let Some(rec) = ch.get_mut(&gpid).filter(|r| r.gen == gen) else {
-                        return Err(Error::NoSuchProcess(gpid));
-                    };
-                    let state = *rec.state.borrow();
-                    if let Some(ws) = state.exit {
-                        release = !rec.gone_with_node;
-                        ch.remove(&gpid);
-                        break ws;
-                    }
-                    // A stop or continue is reported once, like waitpid's; another waiter
-                    // may have taken it meanwhile.
-                    if wanted(&state) {
-                        rec.state.send_modify(|s| s.change = None);
-                        return Ok(match state.change {
-                            Some(Change::Stopped(sig)) => WaitEvent::Stopped(sig),
-                            _ => WaitEvent::Continued,
-                        });
-                    }
+            });
+        }
+        let mut pending = waited.clone();
+        let collected = loop {
+            // Phase 1: until each has something to report (cancellable: nothing taken).
+            let mut set = tokio::task::JoinSet::new();
+            for &(i, g) in &pending {
+                let (node, creds) = (self.clone(), creds.clone());
+                set.spawn(async move { (i, node.wait_ready(g, &creds, flags).await) });
+            }
+            for (i, r) in set.join_all().await {
+                match r {
+                    Ok(r) => ready[i] = Some(r),
+                    Err(e) => out[i] = Some(Err(e)),
                 }
             }
-            None if gpid.node() == self.id => self.wait_home(gpid, creds, self.id).await?,
+            // Phase 2: all at once, under one lock. A stop or continue another waiter took
+            // meanwhile is waited for again, and nothing is taken before all are there.
+            let mut ch = self.children.lock();
+            pending = waited
+                .iter()
+                .filter(|&&(i, g)| {
+                    out[i].is_none() && !ready[i].is_some_and(|r| r.holds(&ch, g, flags))
+                })
+                .copied()
+                .collect();
+            if !pending.is_empty() {
+                continue;
+            }
+            let mut collected = Vec::new();
+            for &(i, g) in &waited {
+                let Some(r) = ready[i].filter(|_| out[i].is_none()) else {
+                    continue;
+                };
+                let res = take(&mut ch, g, r, creds.uid, flags);
+                if let Ok(WaitEvent::Exited(_)) = res {
+                    collected.push((g, collect(&mut ch, g)));
+                }
+                out[i] = Some(res);
+            }
+            break collected;
+        };
+        // The zombies go, from tasks of their own; the wait returns once they have (as
+        // waitpid), or once a node that does not answer has had time to be declared dead.
+        let deadline = tokio::time::Instant::now() + self.cfg.dead_after() + RELEASE_WAIT;
+        let mut releases = Vec::new();
+        for (g, gen) in collected {
+            match gen {
+                Some(gen) => releases.push(self.spawn_release(g, gen)),
+                None => self.forget_kid(g),
+            }
+        }
+        for r in releases {
+            let _ = tokio::time::timeout_at(deadline, r).await;
+        }
+        out.into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(Error::Internal("not waited for".into()))))
+            .collect()
+    }
+
+    /// Phase 1 of a wait for `gpid`: returns once it has something to report, taking
+    /// nothing.
+    async fn wait_ready(
+        self: &Arc<Self>,
+        gpid: Gpid,
+        creds: &pb::Creds,
+        flags: WaitFlags,
+    ) -> Result<Ready> {
+        let rec = {
+            let ch = self.children.lock();
+            ch.get(&gpid)
+                .map(|r| (r.uid, r.gen, r.collected, r.state.subscribe()))
+        };
+        match rec {
+            // Collected, its release not yet acknowledged.
+            Some((_, _, true, _)) => Err(Error::NoSuchProcess(gpid)),
+            Some((uid, gen, false, mut rx)) => {
+                may_wait(creds, uid, gpid)?;
+                rx.wait_for(|s| flags.wanted(s))
+                    .await
+                    .map_err(|_| Error::NoSuchProcess(gpid))?;
+                Ok(Ready::Record(gen))
+            }
+            None if gpid.node() == self.id => {
+                Ok(Ready::Pulled(self.wait_home(gpid, creds, self.id).await?))
+            }
             None => {
                 let op = pb::peer_request::Op::Wait(pb::WaitRequest {
                     gpids: vec![gpid.raw()],
@@ -686,18 +930,80 @@ impl Node {
                             return Err(e.into());
                         }
                         r.status
-                            .map(WaitStatus::from)
-                            .ok_or(Error::NoSuchProcess(gpid))?
+                            .map(|s| Ready::Pulled(WaitStatus::from(s)))
+                            .ok_or(Error::NoSuchProcess(gpid))
                     }
-                    other => return Err(Error::Internal(format!("unexpected reply {other:?}"))),
+                    other => Err(Error::Internal(format!("unexpected reply {other:?}"))),
                 }
             }
-        };
-        if release {
-            self.release(gpid).await;
         }
-        Ok(WaitEvent::Exited(ws))
     }
+}
+
+/// How long a wait waits for the releases it sent, beyond `dead_after`: a home node's
+/// shepherd may take that long to reap (`release_local`).
+const RELEASE_WAIT: Duration = Duration::from_secs(5);
+
+/// What phase 1 of a wait found for one gpid.
+#[derive(Debug, Clone, Copy)]
+enum Ready {
+    /// Its record (this generation) has what the wait asks for.
+    Record(u64),
+    /// No record here (a restarted cland lost it): its home node has this exit status.
+    Pulled(WaitStatus),
+}
+
+impl Ready {
+    /// Whether phase 2 can report `gpid` now (an error counts: it is final).
+    fn holds(&self, ch: &HashMap<Gpid, ChildRec>, gpid: Gpid, flags: WaitFlags) -> bool {
+        match self {
+            Ready::Record(gen) => ch
+                .get(&gpid)
+                .filter(|r| r.gen == *gen && !r.collected)
+                .is_none_or(|r| flags.wanted(&r.state.borrow())),
+            Ready::Pulled(_) => true,
+        }
+    }
+}
+
+/// Phase 2 of a wait for `gpid`, with [`Ready::holds`] true: what it reports. An exit is
+/// left for [`collect`].
+fn take(
+    ch: &mut HashMap<Gpid, ChildRec>,
+    gpid: Gpid,
+    r: Ready,
+    uid: u32,
+    flags: WaitFlags,
+) -> Result<WaitEvent> {
+    let rec = match r {
+        // Gone, or a later process's record: another waiter collected it.
+        Ready::Record(gen) => ch
+            .get_mut(&gpid)
+            .filter(|r| r.gen == gen && !r.collected)
+            .ok_or(Error::NoSuchProcess(gpid))?,
+        // Recorded here until the release is acknowledged, so that it is not pulled again.
+        Ready::Pulled(ws) => {
+            let rec = current_record(ch, gpid, uid);
+            if rec.collected {
+                return Err(Error::NoSuchProcess(gpid));
+            }
+            rec.state.send_modify(|s| {
+                s.exit.get_or_insert(ws);
+            });
+            rec
+        }
+    };
+    let state = *rec.state.borrow();
+    if let Some(ws) = state.exit {
+        return Ok(WaitEvent::Exited(ws));
+    }
+    // A stop or continue is reported once, like waitpid's.
+    debug_assert!(flags.wanted(&state));
+    rec.state.send_modify(|s| s.change = None);
+    Ok(match state.change {
+        Some(Change::Stopped(sig)) => WaitEvent::Stopped(sig),
+        _ => WaitEvent::Continued,
+    })
 }
 
 #[cfg(test)]
@@ -715,5 +1021,217 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    /// A node 1 of a two-node cluster whose node 2 never answers, with no peer links.
+    fn lone_node(dir: &std::path::Path) -> Arc<Node> {
+        std::fs::write(dir.join("key"), "0123456789abcdef0123").unwrap();
+        std::fs::write(
+            dir.join("cluster.toml"),
+            "name = \"t\"\nkey_file = \"key\"\n\
+             [[node]]\nid = 1\naddr = \"127.0.0.1:1\"\n\
+             [[node]]\nid = 2\naddr = \"127.0.0.1:2\"\n",
+        )
+        .unwrap();
+        let cfg = clan_core::config::ClusterConfig::load(&dir.join("cluster.toml")).unwrap();
+        let id = NodeId::new(1).unwrap();
+        let view =
+            crate::process::view::ProcView::open(id, "/proc".into(), 0, dir.join("clan-shepherd"))
+                .unwrap();
+        let placement = crate::placement::Placement::load(dir.join("loadmgr.json"));
+        Arc::new(Node::new(
+            id,
+            cfg,
+            dir.to_path_buf(),
+            view,
+            None,
+            dir.join("clan-shepherd"),
+            placement,
+        ))
+    }
+
+    fn exit_of(node: &Arc<Node>, gpid: Gpid, code: i32) {
+        node.child_status(&pb::ChildStatus {
+            gpid: gpid.raw(),
+            status: Some(
+                WaitStatus {
+                    code,
+                    ..Default::default()
+                }
+                .into(),
+            ),
+            ..Default::default()
+        });
+    }
+
+    fn change_of(node: &Arc<Node>, gpid: Gpid, stopped: i32, continued: bool) {
+        node.child_status(&pb::ChildStatus {
+            gpid: gpid.raw(),
+            stopped,
+            continued,
+            ..Default::default()
+        });
+    }
+
+    fn exit_code(e: Result<WaitEvent>) -> i32 {
+        match e {
+            Ok(WaitEvent::Exited(ws)) => ws.code,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// Lets every other task of the (current-thread) runtime run until none is ready.
+    async fn settle() {
+        for _ in 0..100 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_wait_abandoned_before_all_are_ready_takes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let node = lone_node(dir.path());
+        let creds = pb::Creds::default();
+        let (a, b) = (
+            Gpid::from_raw(10_000_100).unwrap(),
+            Gpid::from_raw(10_000_101).unwrap(),
+        );
+        node.expect_child(a, 0);
+        node.expect_child(b, 0);
+        exit_of(&node, a, 5);
+        // `clan wait A B`: A has exited, B has not; its caller goes away.
+        let (n, c) = (node.clone(), creds.clone());
+        let w = tokio::spawn(async move {
+            n.wait_all(vec![Ok(a), Ok(b)], &c, WaitFlags::default())
+                .await
+        });
+        settle().await;
+        assert!(!w.is_finished());
+        w.abort();
+        assert!(w.await.is_err());
+        // Nothing was taken: A's status is there for the next wait.
+        let rec = node
+            .children
+            .lock()
+            .get(&a)
+            .map(|r| (r.collected, *r.state.borrow()));
+        assert!(
+            matches!(rec, Some((false, RecState { exit: Some(_), .. }))),
+            "{rec:?}"
+        );
+        assert_eq!(
+            exit_code(node.wait(a, &creds, WaitFlags::default()).await),
+            5
+        );
+        // Both at once once both are there, in the order named.
+        exit_of(&node, b, 6);
+        let (n, c) = (node.clone(), creds.clone());
+        let w = tokio::spawn(async move {
+            n.wait_all(vec![Ok(b), Ok(b), Ok(a)], &c, WaitFlags::default())
+                .await
+        });
+        let mut r = w.await.unwrap().into_iter();
+        assert_eq!(exit_code(r.next().unwrap()), 6);
+        assert!(matches!(r.next(), Some(Err(Error::Invalid(_)))));
+        assert!(matches!(r.next(), Some(Err(Error::NoSuchProcess(_)))));
+        assert!(node.children.lock().is_empty());
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_collected_child_is_not_reported_again_before_its_release_is_answered() {
+        let dir = tempfile::tempdir().unwrap();
+        let node = lone_node(dir.path());
+        let creds = pb::Creds::default();
+        // On node 2, which does not answer: the release is sent again and again.
+        let g = Gpid::from_raw(20_000_100).unwrap();
+        node.expect_child(g, 0);
+        exit_of(&node, g, 3);
+        let (n, c) = (node.clone(), creds.clone());
+        let first = tokio::spawn(async move { n.wait(g, &c, WaitFlags::default()).await });
+        while !node.children.lock().get(&g).is_some_and(|r| r.collected) {
+            tokio::task::yield_now().await;
+        }
+        // A second wait does not ask node 2 for it (the pull path): it is collected.
+        let second = node.wait(g, &creds, WaitFlags::default()).await;
+        assert!(matches!(second, Err(Error::NoSuchProcess(_))), "{second:?}");
+        // Nor does a repeated push of its exit make it waitable again.
+        exit_of(&node, g, 3);
+        let second = node.wait(g, &creds, WaitFlags::default()).await;
+        assert!(matches!(second, Err(Error::NoSuchProcess(_))), "{second:?}");
+        // The first wait's caller goes away: the release goes on; node 2 is declared dead,
+        // and the record goes with it.
+        first.abort();
+        let _ = first.await;
+        node.children_of_dead_node(NodeId::new(2).unwrap());
+        while !node.children.lock().is_empty() {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_stop_or_continue_makes_no_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let node = lone_node(dir.path());
+        let creds = pb::Creds::default();
+        let g = Gpid::from_raw(10_000_200).unwrap();
+        // Of no child expected.
+        change_of(&node, g, libc::SIGSTOP, false);
+        change_of(&node, g, 0, true);
+        assert!(node.children.lock().is_empty());
+        // Of a child: reported once, with the flags that ask for it.
+        node.expect_child(g, 0);
+        change_of(&node, g, libc::SIGSTOP, false);
+        let flags = WaitFlags {
+            untraced: true,
+            continued: true,
+        };
+        let r = node.wait(g, &creds, flags).await;
+        assert!(matches!(r, Ok(WaitEvent::Stopped(libc::SIGSTOP))), "{r:?}");
+        // A continue that arrives after the exit (out of order) is not news.
+        exit_of(&node, g, 0);
+        change_of(&node, g, 0, true);
+        assert_eq!(exit_code(node.wait(g, &creds, flags).await), 0);
+        change_of(&node, g, 0, true);
+        assert!(node.children.lock().is_empty());
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_child_that_ended_is_no_link_and_a_collected_one_is_forgotten() {
+        let dir = tempfile::tempdir().unwrap();
+        let node = lone_node(dir.path());
+        let creds = pb::Creds::default();
+        // This test process is the parent, in another group of its session than the child's
+        // group J: the child, alive, is a controlling link of J.
+        let me = std::process::id();
+        let ids = node.caller_ids(me as i32);
+        let sid = node.cluster_id(Kind::Session, ids.sid);
+        let j = Gpid::from_raw(20_000_007).unwrap();
+        let kid = Gpid::from_raw(20_000_100).unwrap();
+        node.expect_child(kid, 0);
+        node.adopt(
+            me,
+            kid,
+            &pb::Creds {
+                pgid: j.raw(),
+                sid,
+                ..Default::default()
+            },
+        );
+        let links = |node: &Arc<Node>| {
+            let n = node.clone();
+            n.orphan_part(j).links
+        };
+        assert_eq!(links(&node), 1);
+        // It ends: no link any more.
+        exit_of(&node, kid, 0);
+        assert_eq!(links(&node), 0);
+        // Collected: its parent's list forgets it.
+        let (n, c) = (node.clone(), creds.clone());
+        let w = tokio::spawn(async move { n.wait(kid, &c, WaitFlags::default()).await });
+        while !node.children.lock().get(&kid).is_some_and(|r| r.collected) {
+            tokio::task::yield_now().await;
+        }
+        assert!(node.parents.lock()[&me].kids.is_empty());
+        w.abort();
     }
 }
