@@ -8,7 +8,7 @@
 //! - `/GPID/...`: entries, files and links served by cland with the reader's identity.
 //! - A listing of the root fetches a snapshot (`stat status cmdline statm` of every
 //!   process) that serves opens of those files for a second, for the same reader, and for
-//!   the listing thread while its walk goes on ([`serves`]). While it is fresh, names in `/GPID` come from a per-node template (every process directory
+//!   the listing thread while its walk goes on (`serves`). While it is fresh, names in `/GPID` come from a per-node template (every process directory
 //!   of a kernel has the same names and modes; the owner is the process's), the first
 //!   read of an `environ` or `cgroup` fetches that file for the whole node, and cluster
 //!   files are fetched once: what ps, pgrep and top read of every process costs a few
