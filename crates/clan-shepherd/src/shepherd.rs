@@ -372,9 +372,6 @@ struct Shepherd {
     stdin_eof: bool,
     /// Bytes of input received from cland, in all (a resumed stub resends from there),
     /// and as much as was last said (`Out::Taken`: the stub's window of input in flight).
-    /// What is said is what the process was given (written to its stdin, or dropped once
-    /// it can take no more), not what came: input a process does not read waits at the
-    /// stub, not in this shepherd's memory.
     stdin_taken: u64,
     stdin_told: u64,
     /// Bytes of each output the stub has (`In::Acked`): no more than a window beyond it
@@ -1006,16 +1003,6 @@ impl Shepherd {
     }
 
     fn flush_stdin(&mut self) {
-        self.write_stdin();
-        // Every ACK_EVERY bytes given to the process, the stub may send more.
-        let given = self.stdin_taken - self.pending_stdin.len() as u64;
-        if given - self.stdin_told >= window::ACK_EVERY {
-            self.stdin_told = given;
-            self.send(Out::Taken(given));
-        }
-    }
-
-    fn write_stdin(&mut self) {
         let Some(fd) = self.stdin_fd() else {
             self.pending_stdin.clear();
             return;
@@ -1070,6 +1057,10 @@ impl Shepherd {
             }
             In::Stdin(data) => {
                 self.stdin_taken += data.len() as u64;
+                if self.stdin_taken - self.stdin_told >= window::ACK_EVERY {
+                    self.stdin_told = self.stdin_taken;
+                    self.send(Out::Taken(self.stdin_taken));
+                }
                 if !self.stdin_eof {
                     self.pending_stdin.extend_from_slice(&data);
                     if let Some(fd) = self.stdin_fd() {
