@@ -58,6 +58,8 @@ sleep 0.2
 clan ps | grep -E 'STAT|sleep 60[123]'
 say "clan kill -s KILL -g $leader          # the whole group, on every node that holds members"
 clan kill -s KILL -g "$leader"
+# Its status is collected (as a shell collects its children), so no zombie stays behind.
+clan wait "$leader" >/dev/null || true
 
 say "clan run -d --node 4 -- sleep 604; clan node crash 4; clan wait ...   # a power cut looks like a kill"
 victim=$(clan run -d --node 4 -- sleep 604 2>/dev/null)
@@ -78,9 +80,12 @@ wait "$stub" || status=$?
 echo "exit status $status: the run went on, nothing of its output lost"
 
 say "clan run -N 2 -d -- sh -c '(setsid yes >/dev/null &); exec sleep 605'    # a job whose processes try to get away"
-job=$(clan run -N 2 -d -- sh -c '(setsid yes >/dev/null &); exec sleep 605' 2>&1 >/dev/null | awk '{print $2}')
+said=$(mktemp)
+members=$(clan run -N 2 -d -- sh -c '(setsid yes >/dev/null &); exec sleep 605' 2>"$said")
+job=$(awk '{print $2}' "$said")
 say "clan run -N 2 -d -- sleep 606    # a second job, to switch with"
-job2=$(clan run -N 2 -d -- sleep 606 2>&1 >/dev/null | awk '{print $2}')
+members2=$(clan run -N 2 -d -- sleep 606 2>"$said")
+job2=$(awk '{print $2}' "$said")
 run clan job tree "$job"
 run clan job suspend "$job"
 run clan job show "$job"
@@ -88,11 +93,16 @@ run clan job switch "$job" "$job2"
 run clan job switch "$job2" "$job"
 run clan job kill "$job"
 run clan job kill "$job2"
+# shellcheck disable=SC2086
+clan wait $members $members2 >/dev/null || true
 say "clan run --max-procs 20 -- bash -c 'f() { f | f & }; f'   # a fork bomb bounded by its task's pids limit"
-bomb=$(clan run -d --max-procs 20 -- bash -c 'f() { f | f & }; f' 2>&1 >/dev/null | awk '{print $2}')
+bombs=$(clan run -d --max-procs 20 -- bash -c 'f() { f | f & }; f' 2>"$said")
+bomb=$(awk '{print $2}' "$said")
+rm -f "$said"
 sleep 1
 clan job show "$bomb"
 run clan job kill "$bomb"
+clan wait "$bombs" >/dev/null || true
 
 say "clan shell --node 1 -- sh -c 'ps -eo pid,ppid,user,stat,args; pstree; pkill -f \"sleep 60[0]\"; pgrep -c -f \"sleep 60[0]\"'"
 echo "# unmodified procps in a shell whose /proc is the cluster's: every node's processes, by gpid,"
