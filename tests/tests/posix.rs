@@ -1549,3 +1549,43 @@ fn an_interrupted_wait_for_several_leaves_the_ended_ones_to_the_next() {
     let o = c.clan(&["wait", &b.to_string()]);
     assert_eq!(o.status.code(), Some(128 + libc::SIGKILL), "{o:?}");
 }
+
+/// kill(2)'s rule: a sender whose real uid (not only its effective one) is the target's
+/// owner may signal it; one whose real and effective uids both differ may not.
+#[test]
+fn a_real_uid_that_owns_the_target_may_signal_it() {
+    root_or_skip!("a_real_uid_that_owns_the_target_may_signal_it");
+    let c = Cluster::up(2);
+    let (a, b) = (test_user("clantesta"), test_user("clantestb"));
+    let as_ids = |ruid: u32, euid: u32, args: &[&str]| {
+        std::process::Command::new("setpriv")
+            .args([
+                &format!("--ruid={ruid}"),
+                &format!("--euid={euid}"),
+                &format!("--rgid={ruid}"),
+                &format!("--egid={euid}"),
+                "--clear-groups",
+            ])
+            .arg(bin("clan"))
+            .args(args)
+            .env("CLAN_DIR", &c.dir)
+            .current_dir("/tmp")
+            .output()
+            .unwrap()
+    };
+    let o = as_ids(a, a, &["run", "-d", "--node", "2", "--", "sleep", "1111"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let g = String::from_utf8_lossy(&o.stdout).trim().to_string();
+    one(&c, "sleep 1111");
+    // Real and effective uid both another user's: refused.
+    let o = as_ids(b, b, &["kill", &g]);
+    assert_eq!(o.status.code(), Some(4), "{}", stderr(&o));
+    assert!(stderr(&o).contains("permission denied"), "{}", stderr(&o));
+    assert_eq!(live(&c, "sleep 1111").len(), 1);
+    // Real uid the owner's, effective another's: signalled.
+    let o = as_ids(a, b, &["kill", &g]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    eventually("sleep 1111 gone", Duration::from_secs(20), || {
+        live(&c, "sleep 1111").is_empty().then_some(())
+    });
+}

@@ -122,6 +122,15 @@ impl Node {
         // the process that connected.
         let job = self.job_of_caller(pid as u32);
         let ids = self.caller_ids(pid);
+        // SO_PEERCRED gives the effective uid; kill(2) also accepts the real one.
+        let ruid = clan_core::sys::read_small(format!("/proc/{pid}/status"))
+            .ok()
+            .and_then(|st| {
+                clan_core::sys::status_numbers::<u32>(&st, "Uid")
+                    .first()
+                    .copied()
+            })
+            .unwrap_or(cred.uid());
         let alive = pinned.as_ref().is_some_and(pidfd_alive);
         if !alive && cred.uid() != 0 {
             debug!(pid, "client gone before it was identified: refused");
@@ -137,6 +146,7 @@ impl Node {
             sid: self.cluster_id(Kind::Session, ids.sid),
             start: 0,
             job: job.unwrap_or(0),
+            ruid: Some(ruid),
         };
         // Watched for reading only (see clan_core::unixconn).
         let Ok(s) = s.into_std().and_then(UnixConn::from_std) else {

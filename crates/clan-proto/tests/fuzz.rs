@@ -31,6 +31,7 @@ fn samples() -> Vec<Vec<u8>> {
         sid: 20000001,
         start: 99,
         job: 1000001,
+        ruid: Some(1000),
     };
     let proc_req = pb::ProcRequest {
         op: pb::ProcOp::ProcRead as i32,

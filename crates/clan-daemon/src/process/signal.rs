@@ -1,11 +1,14 @@
 //! Signals to processes of this node and of others (Solaris MC 4.1).
 //!
 //! A local signal opens the target's `/proc/PID` directory once, checks POSIX permission
-//! against that very process (the sender's uid must be root or match the target's real or
-//! saved uid) and sends with pidfd_send_signal on the same handle: no pid-reuse race.
+//! against that very process (as kill(2): the sender must be root, or its real or effective
+//! uid match the target's real or saved uid; SIGCONT may also go to any process of the
+//! sender's cluster session) and sends with pidfd_send_signal on the same handle: no
+//! pid-reuse race.
 
 use crate::error::{Error, Result};
 use crate::node::Node;
+use crate::process::group::Kind;
 use crate::process::view::ProcHandle;
 use clan_core::sys::{pidfd_send_queued, pidfd_send_signal};
 use clan_core::Gpid;
@@ -78,10 +81,15 @@ impl Node {
         queued: Option<&pb::Queued>,
     ) -> Result<()> {
         let gpid = h.gpid;
-        // Root may signal anything; others need the target's real and saved uids.
+        // Root may signal anything; others need their real or effective uid (`uid`; a
+        // request without `ruid`, from an older node, has the effective one only) to be the
+        // target's real or saved uid. SIGCONT may go to any process of the sender's session.
         if creds.uid != 0 {
             let u = h.uids()?;
-            if creds.uid != u.real && creds.uid != u.saved {
+            let senders = [creds.uid, creds.ruid.unwrap_or(creds.uid)];
+            let owner = senders.iter().any(|&s| s == u.real || s == u.saved);
+            let session = sig == libc::SIGCONT && self.in_session(gpid, creds.sid);
+            if !(owner || session) {
                 return Err(Error::Permission(format!(
                     "permission denied to signal {gpid} (uid {})",
                     u.real
@@ -106,6 +114,15 @@ impl Node {
             Some(libc::EPERM) => Error::Permission(format!("permission denied to signal {gpid}")),
             _ => Error::internal(&format!("signal {gpid}"), e),
         })
+    }
+
+    /// Whether the process `gpid` of this node is in cluster session `sid` (0: none).
+    fn in_session(&self, gpid: Gpid, sid: u64) -> bool {
+        sid != 0
+            && self
+                .view
+                .attrs(gpid.local(), false)
+                .is_some_and(|a| self.cluster_id(Kind::Session, a.session) == sid)
     }
 
     /// SIGTSTP, SIGTTIN and SIGTTOU to a process whose group its kernel thinks orphaned
