@@ -123,14 +123,7 @@ impl Node {
         let job = self.job_of_caller(pid as u32);
         let ids = self.caller_ids(pid);
         // SO_PEERCRED gives the effective uid; kill(2) also accepts the real one.
-        let ruid = clan_core::sys::read_small(format!("/proc/{pid}/status"))
-            .ok()
-            .and_then(|st| {
-                clan_core::sys::status_numbers::<u32>(&st, "Uid")
-                    .first()
-                    .copied()
-            })
-            .unwrap_or(cred.uid());
+        let ruid = ids.ruid.unwrap_or(cred.uid());
         let alive = pinned.as_ref().is_some_and(pidfd_alive);
         if !alive && cred.uid() != 0 {
             debug!(pid, "client gone before it was identified: refused");
