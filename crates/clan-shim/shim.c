@@ -4,7 +4,7 @@
 // gpid (node * 10,000,000 + its pid on its node). This library makes the calls that take a
 // pid accept those numbers:
 //   - a gpid of the shell's own node (CLAN_SHIM_NODE, see shim_init) becomes the local pid;
-//     one whose local part is 0 names no process (ESRCH);
+//     a number whose local part is 0 is no gpid (see is_gpid);
 //   - a gpid of another node goes through `clan kill` (CLAN_BIN), whose exit code becomes
 //     errno (3 ESRCH, 4 EPERM, 2 EINVAL, others EIO);
 //   - a process group id below -10,000,000 (kill(-PGID)) is a cluster group, whose members
@@ -95,13 +95,11 @@ static long raw(long n, long a, long b, long c, long d) {
 
 long shim_raw(long n, long a, long b, long c, long d) { return raw(n, a, b, c, d); }
 
-static int is_gpid(long pid) { return pid >= SPAN; }
+// A gpid: 10,000,000 and above, and not a multiple of it (local part 0 names no process;
+// such a number passes to the kernel untouched, which has no pid that large: ESRCH, where
+// a translation would have made it kill(0) of the caller's own group).
+static int is_gpid(long pid) { return pid >= SPAN && pid % SPAN != 0; }
 static int is_local_gpid(long pid) { return node > 0 && pid / SPAN == node; }
-// A gpid with local part 0 names no process (it would be kill(0) once translated).
-static int no_process(void) {
-    errno = ESRCH;
-    return -1;
-}
 
 // Decimal of v into buf (no allocation; for the helper's argv).
 static const char *dec(long v, char *buf, size_t len) {
@@ -223,8 +221,6 @@ int kill(pid_t pid, int sig) {
     if (p <= -SPAN)
         return via_clan(-p, sig, 1);
     if (is_gpid(p)) {
-        if (p % SPAN == 0)
-            return no_process();
         if (is_local_gpid(p))
             return (int)raw(SYS_kill, p % SPAN, sig, 0, 0);
         return via_clan(p, sig, 0);
@@ -244,8 +240,6 @@ int killpg(pid_t pgrp, int sig) {
 int sigqueue(pid_t pid, int sig, const union sigval value) {
     long p = pid;
     if (is_gpid(p)) {
-        if (p % SPAN == 0)
-            return no_process();
         if (is_local_gpid(p))
             return real_sigqueue((pid_t)(p % SPAN), sig, value);
         return via_clan_queued(p, sig, 0, 1, (long)(intptr_t)value.sival_ptr);
@@ -260,8 +254,6 @@ int tgkill(pid_t tgid, pid_t tid, int sig) {
             errno = EINVAL;
             return -1;
         }
-        if (g % SPAN == 0)
-            return no_process();
         if (is_local_gpid(g))
             return (int)raw(SYS_tgkill, g % SPAN, is_gpid(t) ? t % SPAN : t, sig, 0);
         // Threads do not cross nodes: the main thread's signal goes to its process; another
@@ -278,8 +270,6 @@ int tgkill(pid_t tgid, pid_t tid, int sig) {
 int pidfd_open(pid_t pid, unsigned int flags) {
     long p = pid;
     if (is_gpid(p)) {
-        if (p % SPAN == 0)
-            return no_process();
         if (is_local_gpid(p))
             return (int)raw(SYS_pidfd_open, p % SPAN, flags, 0, 0);
         errno = EREMOTE;
@@ -329,8 +319,6 @@ long ptrace(enum __ptrace_request req, ...) {
     void *data = va_arg(ap, void *);
     va_end(ap);
     if (is_gpid(pid)) {
-        if (pid % SPAN == 0)
-            return no_process();
         if (!is_local_gpid(pid)) {
             errno = EREMOTE; // a process of another node can not be traced from here
             return -1;

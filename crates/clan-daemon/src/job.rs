@@ -1122,26 +1122,20 @@ impl Node {
     /// runs on this node. The task's lock (`task.op` in `clan stats locks`) is made on
     /// first use and dropped once no operation holds or waits for it.
     fn one_at_a_time<T>(&self, job: u64, f: impl FnOnce() -> T) -> T {
-        type Locks = clan_core::lock::NamedMutex<
-            std::collections::HashMap<(u32, u64), Arc<clan_core::lock::NamedMutex<()>>>,
-        >;
-        static LOCKS: std::sync::OnceLock<Locks> = std::sync::OnceLock::new();
-        let locks =
-            LOCKS.get_or_init(|| clan_core::lock::NamedMutex::new("task.ops", Default::default()));
-        let key = (self.id.get(), job);
-        let lock = locks
+        let lock = self
+            .task_ops
             .lock()
-            .entry(key)
+            .entry(job)
             .or_insert_with(|| Arc::new(clan_core::lock::NamedMutex::new("task.op", ())))
             .clone();
         let out = {
             let _held = lock.lock();
             f()
         };
-        let mut map = locks.lock();
+        let mut map = self.task_ops.lock();
         // The table's reference and ours: nobody else waits for it.
         if Arc::strong_count(&lock) == 2 {
-            map.remove(&key);
+            map.remove(&job);
         }
         out
     }

@@ -88,6 +88,9 @@ pub struct Node {
     pub task_peaks: NamedMutex<HashMap<u64, u32>>,
     /// Open control files of this node's tasks, by job (`job.rs`, `Node::task`).
     pub task_files: NamedMutex<HashMap<u64, Arc<crate::job::TaskFiles>>>,
+    /// Per job, the lock its task's operations take one at a time (`job::one_at_a_time`),
+    /// there while an operation holds or waits for it.
+    pub task_ops: NamedMutex<HashMap<u64, Arc<NamedMutex<()>>>>,
     /// Shepherds started ahead of time, waiting for a spec.
     pub pool: NamedMutex<Vec<crate::process::vproc::Waiting>>,
     /// The socket to this node's shepherd zygote, which forks waiting shepherds (None
@@ -165,6 +168,7 @@ impl Node {
             zygote: NamedMutex::new("shepherd.zygote", None),
             task_peaks: NamedMutex::new("task.peaks", HashMap::new()),
             task_files: NamedMutex::new("task.files", HashMap::new()),
+            task_ops: NamedMutex::new("task.ops", HashMap::new()),
             genealogy: NamedMutex::new("genealogy", Default::default()),
             aliases: NamedRwLock::new("group.aliases", Aliases::default()),
             members: NamedMutex::new("group.members", Members::default()),
