@@ -517,15 +517,18 @@ impl<'a> Tasks<'a> {
     }
 
     /// From parked: the first job running, the other suspended by `method`; `k` switches
-    /// timed (at most `budget`, at least [`MIN_PER_BLOCK`]), each after [`PACE`] and, when
-    /// `rtt` is given, followed by the round trip of a trivial request (`nodes`) after the
-    /// same pause; parked again.
+    /// timed (at most `budget`, at least [`MIN_PER_BLOCK`]), each after [`PACE`]: in `s`
+    /// as the caller sees it, in `node` as the node took it (the sum of its two tasks'
+    /// `took_ns`: the switch its gang scheduler would make, no request's round trip) and,
+    /// when `rtt` is given, followed by the round trip of a trivial request (`nodes`) after
+    /// the same pause; parked again.
     fn block(
         &self,
         method: &str,
         k: usize,
         budget: Duration,
         s: &mut Samples,
+        node_time: &mut Samples,
         mut rtt: Option<&mut Samples>,
     ) -> anyhow::Result<()> {
         use pb::JobAction::{JobResume, JobSuspend};
@@ -551,6 +554,8 @@ impl<'a> Tasks<'a> {
             s.push(t.elapsed());
             check(&reply, &[(from, "suspended"), (to, "running")])
                 .with_context(|| format!("switch {from} -> {to} by {method}"))?;
+            let took: u64 = reply[0].tasks.iter().map(|t| t.took_ns).sum();
+            node_time.push(Duration::from_nanos(took));
             running = 1 - running;
             if let Some(rtt) = rtt.as_deref_mut() {
                 // After the same pause, so that it finds cland as idle as the switch did.
@@ -615,7 +620,10 @@ struct SwitchRow {
     spin: Samples,
     back_to_back: Samples,
     freeze: Samples,
+    /// The freezer switch as the node took it (its own clock: no request's round trip).
+    node_freeze: Samples,
     signals: Samples,
+    node_signals: Samples,
     /// Why the signal method's series stopped, if it failed.
     signals_failed: Option<String>,
     rtt: Samples,
@@ -647,7 +655,9 @@ fn switch_config(
         spin: Samples::default(),
         back_to_back: Samples::default(),
         freeze: Samples::default(),
+        node_freeze: Samples::default(),
         signals: Samples::default(),
+        node_signals: Samples::default(),
         signals_failed: None,
         rtt: Samples::default(),
     };
@@ -655,9 +665,17 @@ fn switch_config(
         floor.block(Wait::Poll, true, per, budget, &mut row.floor)?;
         floor.block(Wait::Spin, true, per, budget, &mut row.spin)?;
         floor.block(Wait::Poll, false, per, budget, &mut row.back_to_back)?;
-        tasks.block(FREEZE, per, budget, &mut row.freeze, Some(&mut row.rtt))?;
+        tasks.block(
+            FREEZE,
+            per,
+            budget,
+            &mut row.freeze,
+            &mut row.node_freeze,
+            Some(&mut row.rtt),
+        )?;
         if row.signals_failed.is_none() {
-            if let Err(e) = tasks.block(SIGNALS, per, budget, &mut row.signals, None) {
+            let (s, n) = (&mut row.signals, &mut row.node_signals);
+            if let Err(e) = tasks.block(SIGNALS, per, budget, s, n, None) {
                 println!("  clan job_switch, signals: failed: {e:#}");
                 row.signals_failed = Some(format!("{e:#}"));
                 tasks.recover()?;
@@ -682,6 +700,12 @@ fn switch_config(
         Some(base),
     );
     r.latency(&g, freeze, &row.freeze, Some(base));
+    r.latency(
+        &g,
+        "  the same as node 1 took it (its gang scheduler's switch)",
+        &row.node_freeze,
+        Some(base),
+    );
     match (&row.signals_failed, row.signals.len()) {
         (None, _) => r.latency(
             &g,
@@ -697,6 +721,14 @@ fn switch_config(
             r.latency(&g, &name, &row.signals, Some(freeze));
             r.note(&format!("{g}: clan job_switch by signals failed: {why}"));
         }
+    }
+    if row.node_signals.len() > 0 {
+        r.latency(
+            &g,
+            "  clan signals as node 1 took it",
+            &row.node_signals,
+            Some("  the same as node 1 took it (its gang scheduler's switch)"),
+        );
     }
     r.latency(
         &g,
@@ -719,8 +751,8 @@ fn summary_table(rows: &[SwitchRow]) -> String {
         }
     };
     let mut t = String::from(
-        "| processes | load | floor | floor, no poll | floor, back to back | clan freeze | freeze / floor | clan signals | signals / freeze | nodes() round trip |\n\
-         |---|---|---|---|---|---|---|---|---|---|\n",
+        "| processes | load | floor | floor, no poll | floor, back to back | clan freeze | freeze / floor | node's own freeze switch | node's / floor | clan signals | signals / freeze | nodes() round trip |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in rows {
         let (signals, ratio_s) = match &r.signals_failed {
@@ -732,7 +764,7 @@ fn summary_table(rows: &[SwitchRow]) -> String {
             Some(_) => ("failed".into(), "-".into()),
         };
         t.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.3} |\n",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.3} |\n",
             r.procs,
             if r.busy { "busy" } else { "idle" },
             ms(&r.floor),
@@ -740,6 +772,8 @@ fn summary_table(rows: &[SwitchRow]) -> String {
             ms(&r.back_to_back),
             ms(&r.freeze),
             ratio(&r.freeze, &r.floor),
+            ms(&r.node_freeze),
+            ratio(&r.node_freeze, &r.floor),
             signals,
             ratio_s,
             r.rtt.median().as_secs_f64() * 1e3,

@@ -145,6 +145,15 @@ impl TaskFiles {
 
     /// The host pids in the task (`cgroup.procs`, read afresh).
     fn procs(&self) -> std::io::Result<Vec<u32>> {
+        use std::os::unix::fs::FileExt;
+        // `cgroup.procs` is a seq_file: one read fills the kernel's page of whole lines (a
+        // pid and a newline, at most 8 bytes), so a read that leaves more room than a line
+        // holds it all, and the second read that would return 0 is not needed.
+        let mut page = [0u8; 4096];
+        let n = self.procs.read_at(&mut page, 0)?;
+        if n + 16 < page.len() {
+            return Ok(pids_in(&String::from_utf8_lossy(&page[..n])));
+        }
         let text = clan_core::sys::read_whole_at(&self.procs)?;
         Ok(pids_in(&String::from_utf8_lossy(&text)))
     }
@@ -226,8 +235,18 @@ fn cpu_usec(dir: &Path) -> u64 {
 
 /// The state letter of a host process (`None` once it is gone).
 fn proc_state(pid: u32) -> Option<char> {
-    let s = clan_core::sys::read_small(format!("/proc/{pid}/stat")).ok()?;
-    s.rsplit_once(')')?.1.trim_start().chars().next()
+    use std::os::unix::fs::FileExt;
+    // The state follows the command name, at most 64 bytes: one read of the start of the
+    // file (job operations read it for every process they act on).
+    let mut buf = [0u8; 128];
+    let f = std::fs::File::open(format!("/proc/{pid}/stat")).ok()?;
+    let n = f.read_at(&mut buf, 0).ok()?;
+    let text = &buf[..n];
+    let end = text.iter().rposition(|&b| b == b')')?;
+    text[end + 1..]
+        .iter()
+        .find(|b| !b.is_ascii_whitespace())
+        .map(|&b| char::from(b))
 }
 
 /// Whether a host process is stopped (or gone): a job-control stop (`T`) or a ptrace stop
@@ -240,6 +259,12 @@ fn stopped(pid: u32) -> bool {
 /// Whether a host process is in a stop a SIGCONT ends (job control, or under a tracer).
 fn held(pid: u32) -> bool {
     matches!(proc_state(pid), Some('T' | 't'))
+}
+
+/// Whether every one of `pids` is stopped or gone (read until the first that runs).
+fn all_held(pids: &[u32]) -> bool {
+    pids.iter()
+        .all(|p| matches!(proc_state(*p), Some('T' | 't') | None))
 }
 
 fn send(pid: u32, sig: nix::sys::signal::Signal) {
@@ -952,11 +977,7 @@ impl Node {
     fn task_state(files: &TaskFiles, pids: &[u32], marked: bool) -> &'static str {
         if pids.is_empty() {
             "empty"
-        } else if files.frozen()
-            || pids
-                .iter()
-                .all(|p| matches!(proc_state(*p), Some('T' | 't') | None))
-        {
+        } else if files.frozen() || all_held(pids) {
             "suspended"
         } else if files.freezing() || marked {
             "suspending"
@@ -970,11 +991,16 @@ impl Node {
     /// (a switch is on a gang scheduler's every time slice).
     fn task_brief(&self, job: u64, files: &TaskFiles, pids: &[u32], whole: bool) -> pb::TaskInfo {
         let marked = whole && self.stopping_jobs.lock().contains(&job);
+        self.task_brief_as(job, pids, Self::task_state(files, pids, marked))
+    }
+
+    /// [`Self::task_brief`] of a task whose state is known.
+    fn task_brief_as(&self, job: u64, pids: &[u32], state: &str) -> pb::TaskInfo {
         pb::TaskInfo {
             job,
             node: self.id.get(),
             procs: pids.len() as u32,
-            state: Self::task_state(files, pids, marked).into(),
+            state: if pids.is_empty() { "empty" } else { state }.into(),
             ..Default::default()
         }
     }
@@ -1095,18 +1121,24 @@ impl Node {
         // suspend of the same task was stopping processes would leave some of them stopped
         // behind it. A kill of the whole task is not held behind a suspend (the kernel's
         // `cgroup.kill` and the rounds of SIGKILL reach every process whatever its state).
+        // Each is timed from the moment it asks for the task's lock (`took_ns`).
         let act = |action: A, job: u64| -> Result<Option<pb::TaskInfo>> {
+            let start = Instant::now();
             let run = || match self.task(job) {
                 Some(t) => self
                     .act_on_task(action, req, job, &t, method, creds)
                     .map(Some),
                 None => Ok(None), // no task of the job here
             };
-            if action == A::JobKill && req.subtree == 0 {
-                run()
+            let mut info = if action == A::JobKill && req.subtree == 0 {
+                run()?
             } else {
-                self.one_at_a_time(job, run)
+                self.one_at_a_time(job, run)?
+            };
+            if let Some(i) = &mut info {
+                i.took_ns = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
             }
+            Ok(info)
         };
         if action == A::JobSwitch {
             // A gang scheduler's row switch: the old row stops before the new one runs.
@@ -1201,6 +1233,11 @@ impl Node {
         let frozen = || files.frozen() || files.freezing();
         let mut changed;
         let mut left = Vec::new();
+        // The task's state after the action when the action itself has just read it from the
+        // kernel (a freeze or thaw verified): a switch, on a gang scheduler's every time
+        // slice, does not read `cgroup.events`, `cgroup.freeze` and `cgroup.procs` again
+        // (it reports the processes it acted on).
+        let mut known = None;
         match action {
             A::JobSuspend if signals || subtree.is_some() => {
                 changed = before.state != "suspended";
@@ -1264,10 +1301,21 @@ impl Node {
             A::JobSuspend => {
                 changed = before.state != "suspended";
                 files.set_frozen(dir, true)?;
+                // The kernel has just said `frozen 1`: not read again below.
+                known = Some("suspended");
             }
             A::JobResume => {
                 changed = before.state != "running";
                 files.set_frozen(dir, false)?;
+                // Thawed (the kernel has just said `frozen 0`, and nothing asks for a
+                // freeze): stopped only if every process is held by a job-control stop.
+                known = Some(if all_held(&members) {
+                    "suspended"
+                } else if marked {
+                    "suspending"
+                } else {
+                    "running"
+                });
             }
             A::JobKill => {
                 let sig = signal_number(req.signal)?;
@@ -1296,7 +1344,10 @@ impl Node {
             // Nothing of it is left to be stopped.
             self.mark_stopping(job, false);
         }
-        let mut after = self.task_brief(job, files, &reached(self), whole);
+        let mut after = match known {
+            Some(state) => self.task_brief_as(job, &members, state),
+            None => self.task_brief(job, files, &reached(self), whole),
+        };
         if action == A::JobResume
             && !signals
             && subtree.is_none()
@@ -1570,6 +1621,61 @@ mod tests {
         assert!(!files.has_freezer() && !files.frozen() && !files.freezing());
         let files = TaskFiles::open(dir.path(), true).unwrap();
         assert!(files.has_freezer() && files.frozen() && files.freezing());
+    }
+
+    /// `cgroup.procs` is read in one call when it fits a page with room to spare, and
+    /// whole otherwise: a list longer than a page loses no pid.
+    #[test]
+    fn a_long_procs_list_is_read_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let pids: Vec<u32> = (1_000_000..1_000_700).collect();
+        let text: String = pids.iter().map(|p| format!("{p}\n")).collect();
+        assert!(text.len() > 4096);
+        for (name, text) in [
+            ("cgroup.events", "populated 1\nfrozen 0\n".to_string()),
+            ("cgroup.procs", text),
+        ] {
+            std::fs::write(dir.path().join(name), text).unwrap();
+        }
+        let files = TaskFiles::open(dir.path(), false).unwrap();
+        assert_eq!(files.procs().unwrap(), pids);
+        std::fs::write(dir.path().join("cgroup.procs"), "42\n43\n").unwrap();
+        assert_eq!(files.procs().unwrap(), vec![42, 43]);
+    }
+
+    /// A process's state is read from the start of its `stat`, after the last `)` (a
+    /// command name may hold one): running, stopped, gone.
+    #[test]
+    fn process_states_are_read() {
+        // This thread runs (the test binary's main thread waits for it).
+        let me = nix::unistd::gettid().as_raw() as u32;
+        assert_eq!(proc_state(me), Some('R'));
+        let mut child = std::process::Command::new("sleep")
+            .arg("100")
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGSTOP,
+        )
+        .unwrap();
+        // The stop is asynchronous: waitpid(WUNTRACED) reports it once it happened.
+        let st = nix::sys::wait::waitpid(
+            nix::unistd::Pid::from_raw(pid as i32),
+            Some(nix::sys::wait::WaitPidFlag::WUNTRACED),
+        )
+        .unwrap();
+        assert!(
+            matches!(st, nix::sys::wait::WaitStatus::Stopped(..)),
+            "{st:?}"
+        );
+        assert_eq!(proc_state(pid), Some('T'));
+        assert!(all_held(&[pid]));
+        assert!(!all_held(&[pid, me]));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert_eq!(proc_state(pid), None);
     }
 
     /// Processes the genealogy does not know (no proc connector, or forks not handled yet)

@@ -280,8 +280,14 @@ async fn act_on(c: &Client, action: A, t: &Target, sig: i32, resume: u64) -> Exi
         if task.procs == 0 {
             println!("job {} on node {}{subtree}: {already}", task.job, task.node);
         } else {
+            // How long the node took, verified (no round trip): what a switch costs it.
+            let took = if task.changed && task.took_ns > 0 {
+                format!(" in {:.2} ms", task.took_ns as f64 / 1e6)
+            } else {
+                String::new()
+            };
             println!(
-                "job {} on node {}{subtree}: {} ({} process{plural})",
+                "job {} on node {}{subtree}: {} ({} process{plural}){took}",
                 task.job,
                 task.node,
                 if task.changed { done } else { already },
