@@ -1227,9 +1227,11 @@ impl Node {
             None => task.pids.clone(),
         };
         let whole = subtree.is_none();
-        let before = self.task_brief(job, files, &members, whole);
         // Suspended as a whole with signals (perhaps only partly: a suspend that failed).
         let marked = self.stopping_jobs.lock().contains(&job);
+        // The state before the action, read by the actions whose report needs it (before
+        // they act).
+        let state_before = || Self::task_state(files, &members, whole && marked);
         let frozen = || files.frozen() || files.freezing();
         let mut changed;
         let mut left = Vec::new();
@@ -1240,7 +1242,7 @@ impl Node {
         let mut known = None;
         match action {
             A::JobSuspend if signals || subtree.is_some() => {
-                changed = before.state != "suspended";
+                changed = state_before() != "suspended";
                 // A task the freezer holds is suspended already, and its processes could
                 // not take a SIGSTOP before they are thawed.
                 if !files.frozen() {
@@ -1266,7 +1268,7 @@ impl Node {
                 self.resume_by_signals(job, dir, subtree)?;
             }
             A::JobResume if signals => {
-                changed = before.state != "running" || marked || members.iter().any(|p| held(*p));
+                changed = state_before() != "running" || marked || members.iter().any(|p| held(*p));
                 // A resume undoes a suspension by either method.
                 if files.freezing() {
                     files.set_frozen(dir, false)?;
@@ -1299,13 +1301,15 @@ impl Node {
                 self.kill_by_signals(job, dir, files, sig)?;
             }
             A::JobSuspend => {
-                changed = before.state != "suspended";
+                // Already suspended by clan: frozen, or stopped as a whole by signals (a
+                // task's processes are not read on a gang scheduler's every time slice).
+                changed = !(files.frozen() || marked && all_held(&members));
                 files.set_frozen(dir, true)?;
                 // The kernel has just said `frozen 1`: not read again below.
                 known = Some("suspended");
             }
             A::JobResume => {
-                changed = before.state != "running";
+                changed = state_before() != "running";
                 files.set_frozen(dir, false)?;
                 // Thawed (the kernel has just said `frozen 0`, and nothing asks for a
                 // freeze): stopped only if every process is held by a job-control stop.
@@ -1334,7 +1338,7 @@ impl Node {
                         send_raw(p, sig);
                     }
                 }
-                changed = before.procs > 0;
+                changed = !members.is_empty();
             }
             A::JobList | A::JobTree | A::JobAdopt | A::JobOwner | A::JobSwitch => {
                 unreachable!("handled above")
@@ -1361,7 +1365,7 @@ impl Node {
         }
         after.changed = changed;
         if action == A::JobKill {
-            after.procs = before.procs; // how many it reached
+            after.procs = members.len() as u32; // how many it reached
         }
         if action == A::JobKill && subtree.is_none() && req.signal == libc::SIGKILL {
             // Verified, not assumed: no process of the node's view is still in the job.
