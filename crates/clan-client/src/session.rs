@@ -43,6 +43,11 @@ const RETRY: Duration = Duration::from_millis(100);
 /// The caller's inputs waiting for the writer.
 const QUEUE: usize = 64;
 
+/// The largest piece of kept input sent again in one message after a break: a window in
+/// one frame would be copied whole at each hop to the shepherd, which would hold several
+/// copies of it at once.
+const RESEND_CHUNK: usize = 64 * 1024;
+
 /// Attached processes: send them input and signals, receive their output and exit.
 pub struct Session {
     pub started: Started,
@@ -357,7 +362,8 @@ impl Writer {
                             })),
                         });
                     }
-                    again.push(Input::Stdin(p.stdin.since(r.stdin_taken)));
+                    let kept = p.stdin.since(r.stdin_taken);
+                    again.extend(kept.chunks(RESEND_CHUNK).map(|c| Input::Stdin(c.to_vec())));
                 }
                 if p.eof && !r.stdin_eof {
                     again.push(Input::StdinEof(true));
