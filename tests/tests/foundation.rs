@@ -1214,6 +1214,197 @@ fn bulk_stdin_with_a_slow_reader_does_not_hang() {
     }
 }
 
+/// The most a shepherd may grow holding input its process does not read: the window it
+/// may hold, and its own buffers around it (a frame being read, the unread input's buffer
+/// as it grows); far below the input it would hold without a bound.
+const UNREAD_GROWTH: u64 = 3 * clan_proto::window::WINDOW as u64;
+
+/// No event says that a stub will take no more input: the pipe that feeds it, full and
+/// staying full this long (ms), is taken for it.
+const STUB_HELD: u16 = 1000;
+
+/// A stub whose process reads nothing of its stdin before the test writes a line to the
+/// fifo `go` (made here), and then counts it. Returns the stub, its stdout (past the
+/// process's `ready`), its stdin (non-blocking) and the host pid of the process's shepherd.
+fn unread_stdin_stub(
+    c: &Cluster,
+    from: &str,
+    go: &std::path::Path,
+) -> (
+    KillOnDrop,
+    BufReader<std::process::ChildStdout>,
+    std::process::ChildStdin,
+    String,
+) {
+    use std::os::fd::AsRawFd;
+    nix::unistd::mkfifo(go, nix::sys::stat::Mode::S_IRWXU).unwrap();
+    let script = format!("echo ready; read x < {}; exec wc -c", go.display());
+    let mut stub = KillOnDrop(
+        c.cmd()
+            .args([
+                "--from", from, "run", "--node", "2", "--", "sh", "-c", &script,
+            ])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut out = BufReader::new(stub.0.stdout.take().unwrap());
+    let mut l = String::new();
+    out.read_line(&mut l).unwrap();
+    assert_eq!(l, "ready\n");
+    // Its shepherd is its kernel parent.
+    let sh = host_processes_mentioning(&go.display().to_string())
+        .into_iter()
+        .find_map(|p| {
+            let (pid, cmd) = p.split_once(": ")?;
+            cmd.starts_with("sh -c ").then(|| pid.to_string())
+        })
+        .expect("the process");
+    let shepherd = proc_status(&sh, "PPid:").to_string();
+    let stdin = stub.0.stdin.take().unwrap();
+    nix::fcntl::fcntl(
+        stdin.as_raw_fd(),
+        nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
+    )
+    .unwrap();
+    (stub, out, stdin, shepherd)
+}
+
+/// Field `field` of /proc/`pid`/status, its first number (kB for memory).
+fn proc_status(pid: &str, field: &str) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    s.lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{field} of {pid}: {s}"))
+}
+
+/// Writes `data` from `*fed` on to the non-blocking `stdin` of a stub until it takes no
+/// more ([`STUB_HELD`]) having taken at least `at_least` bytes in all; it must not take all.
+fn feed_until_held(
+    stdin: &mut std::process::ChildStdin,
+    data: &[u8],
+    fed: &mut usize,
+    at_least: usize,
+) {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    use std::os::fd::AsFd;
+    loop {
+        match stdin.write(&data[*fed..]) {
+            Ok(n) => *fed += n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                let mut p = [PollFd::new(stdin.as_fd(), PollFlags::POLLOUT)];
+                if poll(&mut p, PollTimeout::from(STUB_HELD)).unwrap() == 0 && *fed >= at_least {
+                    return;
+                }
+            }
+            Err(e) => panic!("feeding the stub: {e}"),
+        }
+        assert!(
+            *fed < data.len(),
+            "the stub took all the input: nothing held it back"
+        );
+    }
+}
+
+/// Lets the process read (the line on `go`), writes the rest of `data` and the end, and
+/// checks that the process counted every byte, once, and the stub ended well.
+fn read_the_rest(
+    mut stub: KillOnDrop,
+    mut out: BufReader<std::process::ChildStdout>,
+    mut stdin: std::process::ChildStdin,
+    go: &std::path::Path,
+    data: &[u8],
+    fed: usize,
+    shepherd_grown: impl Fn() -> u64,
+) {
+    use std::os::fd::AsRawFd;
+    std::fs::write(go, "go\n").unwrap();
+    nix::fcntl::fcntl(
+        stdin.as_raw_fd(),
+        nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::empty()),
+    )
+    .unwrap();
+    stdin.write_all(&data[fed..]).unwrap();
+    let grown = shepherd_grown();
+    assert!(grown <= UNREAD_GROWTH, "the shepherd grew by {grown} bytes");
+    drop(stdin);
+    let mut l = String::new();
+    out.read_line(&mut l).unwrap();
+    let st = stub.0.wait().unwrap();
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut stub.0.stderr.take().unwrap(), &mut err).unwrap();
+    assert_eq!(l.trim(), data.len().to_string(), "{err}");
+    assert!(st.success() && err.is_empty(), "{st:?}: {err}");
+}
+
+/// Input that a process does not read waits at its stub, not in its shepherd: the stub is
+/// held back by the window (the pipe that feeds it fills up), the shepherd holds at most a
+/// window unread, and once the process reads, every byte arrives, once. Regression: the
+/// shepherd counted input as taken when it came and kept what its process had not read
+/// without bound (`yes | clan run --node 2 sleep 1000` grew it until memory ran out).
+#[test]
+fn unread_stdin_waits_at_the_stub_not_in_the_shepherd() {
+    root_or_skip!("unread_stdin_waits_at_the_stub_not_in_the_shepherd");
+    use clan_proto::window::WINDOW;
+    let c = Cluster::up(2);
+    let go = c.dir.join("go");
+    let (stub, out, mut stdin, shepherd) = unread_stdin_stub(&c, "1", &go);
+    let before = proc_status(&shepherd, "VmRSS:") * 1024;
+    let grown = || (proc_status(&shepherd, "VmHWM:") * 1024).saturating_sub(before);
+    let data: Vec<u8> = (0..64 << 20).map(|i| (i % 251) as u8).collect();
+    let mut fed = 0;
+    // At least a window taken: the stub stopped for its window, not on its way.
+    feed_until_held(&mut stdin, &data, &mut fed, WINDOW);
+    assert!(
+        grown() <= UNREAD_GROWTH,
+        "the shepherd grew by {} bytes holding unread input ({fed} bytes fed)",
+        grown()
+    );
+    read_the_rest(stub, out, stdin, &go, &data, fed, grown);
+}
+
+/// Input a process does not read, held while either cland restarts, still arrives once
+/// and whole: the shepherd drops what it holds at the resume and the stub sends it again
+/// from what was given (an older session's input never reaches the shepherd after a
+/// newer session's resume); the shepherd stays within its bound through the restarts.
+#[test]
+fn unread_stdin_held_across_restarts_arrives_once() {
+    root_or_skip!("unread_stdin_held_across_restarts_arrives_once");
+    use clan_proto::window::WINDOW;
+    let c = Cluster::up(2);
+    let go = c.dir.join("go");
+    let (stub, out, mut stdin, shepherd) = unread_stdin_stub(&c, "1", &go);
+    let before = proc_status(&shepherd, "VmRSS:") * 1024;
+    let grown = || (proc_status(&shepherd, "VmHWM:") * 1024).saturating_sub(before);
+    let data: Vec<u8> = (0..24 << 20).map(|i| (i % 251) as u8).collect();
+    let mut fed = 0;
+    feed_until_held(&mut stdin, &data, &mut fed, WINDOW);
+    let mut daemons = vec![];
+    for (restart, reattaches) in [(2, 1), (1, 2)] {
+        c.kill_cland(restart);
+        daemons.push(c.restart_cland(restart));
+        eventually("stub reattached", Duration::from_secs(20), || {
+            (c.log(2).matches("stub reattached").count() == reattaches).then_some(())
+        });
+        let had = fed;
+        feed_until_held(&mut stdin, &data, &mut fed, had);
+        assert!(
+            grown() <= UNREAD_GROWTH,
+            "cland {restart}: the shepherd grew by {} bytes holding unread input",
+            grown()
+        );
+    }
+    read_the_rest(stub, out, stdin, &go, &data, fed, grown);
+    drop(c);
+    for mut d in daemons {
+        let _ = d.wait();
+    }
+}
+
 /// Input piped at full speed while a cland restarts waits (backpressure) instead of
 /// being dropped: every byte arrives.
 #[test]

@@ -7,9 +7,10 @@
 //! process broke and when it was taken up again. When the session to a process breaks
 //! while its node lives (`Interrupted` from this node's cland, or this node's cland itself
 //! gone), the reader asks for a new one from its counts (`ResumeFrom`); the process's
-//! shepherd answers `Resumed` with how much input it has and resends its output from the
-//! counts, and the writer resends the input it did not get. Output that arrives for a
-//! process between the break and its `Resumed` is dropped: the resend covers it.
+//! shepherd answers `Resumed` with how much input its process was given and resends its
+//! output from the counts, and the writer resends the input from there. Output that
+//! arrives for a process between the break and its `Resumed` is dropped: the resend
+//! covers it.
 //!
 //! Nothing here waits on a write while it holds what the other half needs: the reader
 //! never writes (it hands control messages to the writer), so a writer blocked by a full
@@ -17,7 +18,8 @@
 //! broken the writer takes no more of the caller's input: the queue fills and the caller
 //! waits (backpressure). Both directions have a window, so that a break never loses more
 //! than is kept: the writer has at most a window of input in flight beyond what the
-//! shepherd said it has (`Taken`), and the reader tells the shepherd how much output it has
+//! shepherd said its process was given (`Taken`; input a process does not read waits
+//! here, not in its shepherd), and the reader tells the shepherd how much output it has
 //! (`Ack`) every [`window::ACK_EVERY`] bytes, beyond which the shepherd reads no more than
 //! a window.
 
@@ -40,6 +42,11 @@ const RETRY: Duration = Duration::from_millis(100);
 
 /// The caller's inputs waiting for the writer.
 const QUEUE: usize = 64;
+
+/// The largest piece of kept input sent again in one message after a break: a window in
+/// one frame would be copied whole at each hop to the shepherd, which would hold several
+/// copies of it at once.
+const RESEND_CHUNK: usize = 64 * 1024;
 
 /// Attached processes: send them input and signals, receive their output and exit.
 pub struct Session {
@@ -89,7 +96,7 @@ enum Ctl {
     /// The connection to cland broke (`None`) or a new one stands, whose sessions to
     /// these processes are being taken up.
     Conn(Option<WriteHalf>, Vec<Gpid>),
-    /// The shepherd of this process has this much input.
+    /// The shepherd of this process gave it this much input.
     Taken(Gpid, u64),
     /// Tell the shepherd how much output there is (not held by a broken session: it is
     /// dropped with the connection, and the resume carries the counts anyway).
@@ -177,7 +184,7 @@ struct Sent {
     /// Input written, counted and its last window kept, and whether its end was.
     stdin: Kept,
     eof: bool,
-    /// Input the shepherd said it has.
+    /// Input the shepherd said it gave the process.
     taken: u64,
     /// Controls written in all, and the last `CONTROLS_KEPT` of them.
     controls: u64,
@@ -355,7 +362,8 @@ impl Writer {
                             })),
                         });
                     }
-                    again.push(Input::Stdin(p.stdin.since(r.stdin_taken)));
+                    let kept = p.stdin.since(r.stdin_taken);
+                    again.extend(kept.chunks(RESEND_CHUNK).map(|c| Input::Stdin(c.to_vec())));
                 }
                 if p.eof && !r.stdin_eof {
                     again.push(Input::StdinEof(true));

@@ -30,16 +30,17 @@ use tracing::{debug, info, warn};
 
 /// One process of a run, seen from the stub's node.
 pub enum Endpoint {
-    Local(Arc<VProc>),
+    /// On this node: the vproc and the number of the session the stub has of it.
+    Local(Arc<VProc>, u64),
     Remote(mpsc::UnboundedSender<pb::SessionInput>),
 }
 
 impl Endpoint {
     pub fn input(&self, gpid: Gpid, input: Input) {
         match self {
-            Endpoint::Local(vp) => {
+            Endpoint::Local(vp, session) => {
                 if let Some(m) = to_shepherd(input) {
-                    vp.send(m);
+                    vp.send_from(*session, m);
                 }
             }
             Endpoint::Remote(tx) => {
@@ -54,7 +55,7 @@ impl Endpoint {
     /// The stub is gone without collecting the status: hang the process up.
     pub fn orphan(self, gpid: Gpid) {
         match self {
-            Endpoint::Local(vp) => vp.hang_up(),
+            Endpoint::Local(vp, _) => vp.hang_up(),
             // Said before the connection closes, which alone would park the process.
             Endpoint::Remote(tx) => {
                 let _ = tx.send(pb::SessionInput {
@@ -115,7 +116,8 @@ impl Node {
                     Some(out),
                 )
                 .await?;
-            return Ok((vp.gpid, Endpoint::Local(vp)));
+            // A new process: its first session, number 0.
+            return Ok((vp.gpid, Endpoint::Local(vp, 0)));
         }
         let req = pb::PeerFrame {
             frame: Some(Frame::Request(pb::PeerRequest {
@@ -163,7 +165,7 @@ impl Node {
         loop {
             let taken = if node == self.id {
                 self.reattach_local(&from, creds, out.clone(), self.id)
-                    .map(|(vp, _)| Endpoint::Local(vp))
+                    .map(|(vp, session)| Endpoint::Local(vp, session))
             } else {
                 self.remote_session(node, &req, out.clone(), "reattach")
                     .await
@@ -623,7 +625,10 @@ pub async fn serve_remote(
     }
     // Input has a task of its own: PeerReader::read is not cancel safe, so it must never be
     // a branch of a select! that another branch can win halfway through a frame.
-    // It returns how the stub's side ended the session.
+    // It returns how the stub's side ended the session. Aborting it is not enough to stop
+    // it relaying: a task that finds its frames already received runs on until it yields,
+    // which on a busy node can be after a newer session's `Resume`; so each message goes
+    // only while this session is the latest (`VProc::send_from`).
     let input_vp = vp.clone();
     let mut input = tokio::spawn(async move {
         while let Ok(Some(f)) = rd.read().await {
@@ -636,7 +641,10 @@ pub async fn serve_remote(
                     Input::HangUp(_) => return Ended::HungUp,
                     i => {
                         if let Some(m) = to_shepherd(i) {
-                            input_vp.send(m);
+                            if !input_vp.send_from(session, m) {
+                                // A newer session took the process over: this one is over.
+                                break;
+                            }
                         }
                     }
                 }

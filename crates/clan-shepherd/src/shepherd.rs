@@ -15,6 +15,7 @@ use nix::sys::signal::{signal, sigprocmask, SigHandler, SigSet, SigmaskHow, Sign
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::unistd::{fork, pipe2, setsid, ForkResult};
 use prost::Message;
+use std::collections::VecDeque;
 use std::ffi::CString;
 use std::fs::File;
 use std::io::{Read, Write};
@@ -368,11 +369,16 @@ struct Shepherd {
     attached: bool,
     orphaned: bool,
     exited: Option<WaitStatus>,
-    pending_stdin: Vec<u8>,
+    /// Input received and not given to the process yet (its stdin is full). The stub has
+    /// no more than a window of input in flight beyond what it was told was given, so no
+    /// more than that waits here, however long the process does not read.
+    pending_stdin: VecDeque<u8>,
     stdin_eof: bool,
-    /// Bytes of input received from cland, in all (a resumed stub resends from there),
-    /// and as much as was last said (`Out::Taken`: the stub's window of input in flight).
-    stdin_taken: u64,
+    /// Bytes of input given to the process in all (written to its stdin, or dropped once it
+    /// can take no more), and as much as was last said (`Out::Taken`, which lets the stub
+    /// send a window beyond it). Not what came: input the process does not read waits at
+    /// the stub, not here. A resumed stub sends again from there (`resume`).
+    stdin_given: u64,
     stdin_told: u64,
     /// Bytes of each output the stub has (`In::Acked`): no more than a window beyond it
     /// are read from the process, so what a break loses can always be sent again.
@@ -797,9 +803,9 @@ fn start(
         attached: false,
         orphaned: false,
         exited: None,
-        pending_stdin: Vec::new(),
+        pending_stdin: VecDeque::new(),
         stdin_eof: false,
-        stdin_taken: 0,
+        stdin_given: 0,
         stdin_told: 0,
         acked: [0; 2],
         sent: Default::default(),
@@ -835,6 +841,10 @@ const ERR: usize = 1;
 
 /// The largest piece of kept output sent in one message.
 const RESEND_CHUNK: usize = 64 * 1024;
+
+/// The most an emptied input buffer keeps allocated: the buffer of a backlog (up to a
+/// window, while the process did not read) is given back once it drained.
+const STDIN_IDLE_CAPACITY: usize = 256 * 1024;
 
 fn output_msg(which: usize, data: Vec<u8>) -> Out {
     if which == OUT {
@@ -948,11 +958,22 @@ impl Shepherd {
     /// A stub's new session: say where each stream goes on from (its offset, or the oldest
     /// byte still kept), resend the kept output from there, tell a stop or continue the
     /// stub missed, and relay again.
+    ///
+    /// Input goes on from what the process was given: what waits here is dropped, and the
+    /// stub sends it again (it keeps a window beyond what it was told, and was told no
+    /// more than was given). Counted as had, it would let the stub send a window more
+    /// after each break while the process does not read. Its end, if it came, comes again
+    /// after it. (Input of an older session never follows a resume: cland relays a
+    /// session's input only while it is the latest, `VProc::send_from`.)
     fn resume(&mut self, from: &pb::ResumeFrom) {
         self.attached = true;
         self.ack(from);
+        if !self.pending_stdin.is_empty() {
+            self.pending_stdin = VecDeque::new();
+            self.stdin_eof = false;
+        }
         self.send(Out::Resumed(pb::Resumed {
-            stdin_taken: self.stdin_taken,
+            stdin_taken: self.stdin_given,
             stdin_eof: self.stdin_eof,
             stdout: self.sent[OUT].clamp(from.stdout),
             stderr: self.sent[ERR].clamp(from.stderr),
@@ -1002,28 +1023,41 @@ impl Shepherd {
         }
     }
 
+    /// Gives the process what input waits, as much as its stdin takes now, and every
+    /// [`window::ACK_EVERY`] bytes given tells the stub, which may then send more.
     fn flush_stdin(&mut self) {
+        self.write_stdin();
+        self.tell_given();
+    }
+
+    fn tell_given(&mut self) {
+        if self.stdin_given - self.stdin_told >= window::ACK_EVERY {
+            self.stdin_told = self.stdin_given;
+            self.send(Out::Taken(self.stdin_given));
+        }
+    }
+
+    fn write_stdin(&mut self) {
         let Some(fd) = self.stdin_fd() else {
-            self.pending_stdin.clear();
+            self.drop_pending_stdin();
             return;
         };
         let raw = fd.as_raw_fd();
         while !self.pending_stdin.is_empty() {
+            let (first, _) = self.pending_stdin.as_slices();
             // SAFETY: writing from a live buffer to a descriptor we own.
-            let n = unsafe {
-                libc::write(
-                    raw,
-                    self.pending_stdin.as_ptr().cast(),
-                    self.pending_stdin.len(),
-                )
-            };
+            let n = unsafe { libc::write(raw, first.as_ptr().cast(), first.len()) };
             if n > 0 {
                 self.pending_stdin.drain(..n as usize);
+                self.stdin_given += n as u64;
             } else {
                 let e = std::io::Error::last_os_error();
+                if e.kind() == std::io::ErrorKind::Interrupted {
+                    continue;
+                }
                 if e.kind() != std::io::ErrorKind::WouldBlock {
                     // The reader is gone: what it did not take is lost, as with a local pipe.
-                    self.pending_stdin.clear();
+                    self.drop_pending_stdin();
                     if let Stdio::Pipes { stdin, .. } = &mut self.stdio {
                         *stdin = None;
                     }
@@ -1031,16 +1065,28 @@ impl Shepherd {
                 break;
             }
         }
-        if self.pending_stdin.is_empty() && self.stdin_eof {
-            match &mut self.stdio {
-                Stdio::Pipes { stdin, .. } => *stdin = None,
-                Stdio::Pty { master: Some(m) } => {
-                    // EOF on a terminal is the VEOF character at the start of a line.
-                    let _ = nix::unistd::write(m.as_fd(), &[4u8]);
+        if self.pending_stdin.is_empty() {
+            if self.pending_stdin.capacity() > STDIN_IDLE_CAPACITY {
+                // A backlog's buffer is given back once it drained.
+                self.pending_stdin = VecDeque::new();
+            }
+            if self.stdin_eof {
+                match &mut self.stdio {
+                    Stdio::Pipes { stdin, .. } => *stdin = None,
+                    Stdio::Pty { master: Some(m) } => {
+                        // EOF on a terminal is the VEOF character at the start of a line.
+                        let _ = nix::unistd::write(m.as_fd(), &[4u8]);
+                    }
+                    _ => {}
                 }
-                _ => {}
             }
         }
+    }
+
+    /// Input that nothing will read any more (its reader is gone) counts as given.
+    fn drop_pending_stdin(&mut self) {
+        self.stdin_given += self.pending_stdin.len() as u64;
+        self.pending_stdin = VecDeque::new();
     }
 
     fn reap_and_exit(&mut self) -> ! {
@@ -1056,13 +1102,12 @@ impl Shepherd {
                 self.send(Out::Info(info));
             }
             In::Stdin(data) => {
-                self.stdin_taken += data.len() as u64;
-                if self.stdin_taken - self.stdin_told >= window::ACK_EVERY {
-                    self.stdin_told = self.stdin_taken;
-                    self.send(Out::Taken(self.stdin_taken));
-                }
-                if !self.stdin_eof {
-                    self.pending_stdin.extend_from_slice(&data);
+                if self.stdin_eof {
+                    // Past its end (a stub sends none): nothing will read it.
+                    self.stdin_given += data.len() as u64;
+                    self.tell_given();
+                } else {
+                    self.pending_stdin.extend(&data);
                     if let Some(fd) = self.stdin_fd() {
                         set_nonblocking(fd);
                     }

@@ -71,6 +71,23 @@ impl VProc {
         let _ = self.tx.send(pb::ShepherdIn { msg: Some(msg) });
     }
 
+    /// Sends `msg`, which came on session `session` of its stub, unless a newer session
+    /// has the process (false then). Checked with the subscriber lock held, under which a
+    /// reattach sends its `Resume`, so what a session relays reaches the shepherd before
+    /// the next session's `Resume` or not at all. An old session's connection may still
+    /// hold input when the new one takes over (a reattach from the stub's node does not
+    /// wait for the old end to be noticed, and the old relay may lag behind it on a busy
+    /// node): the stub sends that input again from the shepherd's counts in `Resumed`, so
+    /// relayed after the `Resume` it would reach the process twice.
+    pub fn send_from(&self, session: u64, msg: In) -> bool {
+        let _sub = self.subscriber.lock();
+        if self.sessions.load(SeqCst) != session {
+            return false;
+        }
+        self.send(msg);
+        true
+    }
+
     /// The session to its stub is gone for good: SIGHUP, as a terminal or ssh connection that
     /// drops sends it, then orphan (pipes closed, reaped by the shepherd when it exits).
     pub fn hang_up(&self) {
