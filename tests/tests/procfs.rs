@@ -1368,3 +1368,89 @@ fn sigterm_stops_a_view_server_mounted_in_a_node_namespace() {
     let text = std::fs::read_to_string(&loadavg).expect("the new view");
     assert_eq!(text.split_whitespace().count(), 5, "{text}");
 }
+
+/// The host pid of the one process whose command line is `cmd` (a node's process, seen
+/// from the host's pid namespace, which holds the local cluster's).
+fn host_pid_of(cmd: &str) -> u32 {
+    let found = eventually(cmd, Duration::from_secs(10), || {
+        let v: Vec<u32> = host_processes_mentioning(cmd)
+            .iter()
+            .filter(|l| l.split_once(": ").is_some_and(|(_, c)| c.trim_end() == cmd))
+            .filter_map(|l| l.split_once(':')?.0.parse().ok())
+            .collect();
+        (v.len() == 1).then(|| v[0])
+    });
+    found
+}
+
+/// Starts `argv` as user `uid` with `clan run -d` on node `n`; its gpid.
+fn spawn_as(c: &Cluster, uid: u32, n: u32, argv: &[&str]) -> Gpid {
+    let clan = bin("clan");
+    let dir = format!("CLAN_DIR={}", c.dir.display());
+    let node = n.to_string();
+    let mut args = vec![
+        "env",
+        &dir,
+        clan.to_str().expect("utf-8"),
+        "run",
+        "-d",
+        "--node",
+        &node,
+        "--",
+    ];
+    args.extend_from_slice(argv);
+    let o = as_user(uid, &args);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stdout)
+        .trim()
+        .parse()
+        .expect("gpid")
+}
+
+/// Regression: root without CAP_SYS_PTRACE (or other capabilities) is not privileged by
+/// its uid: through the view it may read what the kernel lets it read natively, no more
+/// (a process's `cwd`, `io`, `environ`, `fd/` of another user's process and of root's).
+#[test]
+fn root_without_capabilities_reads_what_the_kernel_lets_it() {
+    root_or_skip!("root_without_capabilities_reads_what_the_kernel_lets_it");
+    let c = Cluster::up(2);
+    let a = test_user("clanpfsa");
+    let theirs = spawn_as(&c, a, 2, &["sleep", "611"]);
+    let roots = c.spawn(2, &["sleep", "612"]);
+    let m = Mounted::new(&c);
+    let probe = |drop: &str, dir: &str| -> String {
+        let script = format!(
+            "for f in environ io stat; do cat {dir}/$f >/dev/null 2>&1 && echo $f:read || echo $f:refused; done; \
+             readlink {dir}/cwd >/dev/null 2>&1 && echo cwd:read || echo cwd:refused; \
+             ls {dir}/fd >/dev/null 2>&1 && echo fd:read || echo fd:refused"
+        );
+        let o = Command::new("setpriv")
+            .arg(format!("--inh-caps={drop}"))
+            .arg(format!("--bounding-set={drop}"))
+            .args(["sh", "-c", &script])
+            .stdin(Stdio::null())
+            .output()
+            .expect("setpriv");
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let mut refused = 0;
+    for (g, cmd) in [(theirs, "sleep 611"), (roots, "sleep 612")] {
+        let host = host_pid_of(cmd);
+        for drop in ["-sys_ptrace", "-sys_ptrace,-sys_admin,-perfmon", "-all"] {
+            let native = probe(drop, &format!("/proc/{host}"));
+            let view = probe(drop, &m.path(&g.to_string()).to_string_lossy());
+            assert_eq!(
+                view, native,
+                "{cmd} without {drop}: the view, then the kernel"
+            );
+            refused += native.matches("refused").count();
+        }
+        // With every capability, root reads them all.
+        let full = probe("+all", &m.path(&g.to_string()).to_string_lossy());
+        assert!(!full.contains("refused"), "{cmd}: {full}");
+    }
+    assert!(
+        refused > 0,
+        "the kernel refused nothing: the test proves nothing"
+    );
+}

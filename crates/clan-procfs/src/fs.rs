@@ -358,20 +358,19 @@ impl<S: Source> Filesystem for ProcFs<S> {
             match view.getattr(&who, ino.0).await {
                 Ok(a) => {
                     let bits = u32::from(a.perm);
-                    let class = if who.uid == 0 {
-                        // root: everything but executing what no one may execute
-                        if mask.contains(AccessFlags::X_OK)
-                            && a.kind != fuser::FileType::Directory
-                            && bits & 0o111 == 0
-                        {
+                    let reader = view.reader(&who);
+                    let executes =
+                        mask.contains(AccessFlags::X_OK) && a.kind != fuser::FileType::Directory;
+                    let class = if reader.overrides_modes(executes) {
+                        // root with CAP_DAC_OVERRIDE (CAP_DAC_READ_SEARCH to read or
+                        // search): everything but executing what no one may execute
+                        if executes && bits & 0o111 == 0 {
                             return reply.error(Errno::EACCES);
                         }
                         return reply.ok();
                     } else if who.uid == a.uid {
                         bits >> 6
-                    } else if who.gid == a.gid
-                        || view.reader(&who).groups.binary_search(&a.gid).is_ok()
-                    {
+                    } else if who.gid == a.gid || reader.groups.binary_search(&a.gid).is_ok() {
                         bits >> 3
                     } else {
                         bits
