@@ -1383,6 +1383,15 @@ fn host_pid_of(cmd: &str) -> u32 {
     found
 }
 
+/// The host pid of node `n`'s init (pid 1 of its pid namespace).
+fn node_init(c: &Cluster, n: u32) -> u32 {
+    std::fs::read_to_string(c.node_dir(n).join("init.pid"))
+        .expect("init.pid")
+        .trim()
+        .parse()
+        .expect("init pid")
+}
+
 /// Starts `argv` as user `uid` with `clan run -d` on node `n`; its gpid.
 fn spawn_as(c: &Cluster, uid: u32, n: u32, argv: &[&str]) -> Gpid {
     let clan = bin("clan");
@@ -1405,6 +1414,90 @@ fn spawn_as(c: &Cluster, uid: u32, n: u32, argv: &[&str]) -> Gpid {
         .trim()
         .parse()
         .expect("gpid")
+}
+
+/// Regression: a node whose /proc hides other users' processes (hidepid=2) hides them
+/// through the view too, at once: a lookup or listing by another user right after root's
+/// (which the kernel and the server cached for a second) does not find root's process.
+#[test]
+fn hidepid_of_a_node_hides_other_users_processes_at_once() {
+    root_or_skip!("hidepid_of_a_node_hides_other_users_processes_at_once");
+    let c = Cluster::up(2);
+    let b = test_user("clanpfsb");
+    let init = node_init(&c, 2).to_string();
+    let o = Command::new("nsenter")
+        .args([
+            "-t",
+            &init,
+            "-m",
+            "--",
+            "mount",
+            "-o",
+            "remount,hidepid=2",
+            "/proc",
+        ])
+        .output()
+        .expect("nsenter");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let roots = c.spawn(2, &["sleep", "600"]);
+    let theirs = spawn_as(&c, b, 2, &["sleep", "601"]);
+    // The node's kernel hides root's process from the user, not the user's own.
+    let o = Command::new("nsenter")
+        .args(["-t", &init, "-m", "--", "setpriv"])
+        .arg(format!("--reuid={b}"))
+        .arg(format!("--regid={b}"))
+        .args(["--clear-groups", "ls", "/proc"])
+        .output()
+        .expect("nsenter");
+    let native = String::from_utf8_lossy(&o.stdout).to_string();
+    let native: Vec<&str> = native.split_whitespace().collect();
+    assert!(
+        !native.contains(&roots.local().to_string().as_str()),
+        "{native:?}"
+    );
+    assert!(
+        native.contains(&theirs.local().to_string().as_str()),
+        "{native:?}"
+    );
+    let m = Mounted::new(&c);
+    std::fs::set_permissions(&m.dir, std::os::unix::fs::PermissionsExt::from_mode(0o755)).ok();
+    let listed = |who: &str| -> Vec<u64> {
+        std::fs::read_dir(&m.dir)
+            .unwrap_or_else(|e| panic!("list the view as {who}: {e}"))
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse().ok())
+            .collect()
+    };
+    for _ in 0..3 {
+        // Root lists, looks up and reads: the entry is in the kernel's cache, the
+        // snapshot in the server's.
+        assert!(listed("root").contains(&roots.raw()));
+        assert!(std::fs::metadata(m.path(&roots.to_string())).is_ok());
+        assert!(m.read(&format!("{roots}/status")).contains("sleep"));
+        // At once, the user (this thread, with the user's ids).
+        let gid = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(b))
+            .ok()
+            .flatten()
+            .map_or(b, |u| u.gid.as_raw());
+        let acting = clan_core::sys::ActingAs::user(b, gid, &[]).expect("act as the user");
+        let seen = std::fs::metadata(m.path(&roots.to_string()));
+        let read = std::fs::read(m.path(&format!("{roots}/status")));
+        let names = listed("the user");
+        let own = std::fs::metadata(m.path(&theirs.to_string()));
+        drop(acting);
+        assert_eq!(
+            seen.map(|_| ()).map_err(|e| e.kind()),
+            Err(ErrorKind::NotFound),
+            "the user found root's process"
+        );
+        assert!(read.is_err(), "the user read root's process's status");
+        assert!(
+            !names.contains(&roots.raw()),
+            "listed for the user: {names:?}"
+        );
+        assert!(names.contains(&theirs.raw()), "{names:?}");
+        assert!(own.is_ok(), "the user's own process: {own:?}");
+    }
 }
 
 /// Regression: root without CAP_SYS_PTRACE (or other capabilities) is not privileged by

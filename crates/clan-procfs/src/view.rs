@@ -172,7 +172,9 @@ pub struct View<S> {
     inodes: Mutex<Inodes>,
     snapshot: Mutex<Option<Arc<Snapshot>>>,
     listings: Timed<ListKey, Arc<Vec<pb::DirEntry>>>,
-    owners: Timed<u64, (u32, u32)>,
+    /// The owner of `/GPID` for one reader: (reader, gpid). Per reader, as everything
+    /// kept: a node's /proc mounted with `hidepid` shows a process to some readers only.
+    owners: Timed<(Reader, u64), (u32, u32)>,
     nodes: Mutex<Option<(Instant, Vec<u32>)>>,
     readers: Timed<u32, Reader>,
     /// Per node: the names of a process directory and their modes.
@@ -260,21 +262,19 @@ impl<S: Source> View<S> {
     }
 
     /// How long the kernel may keep the answer of a lookup of `name` in `parent`: not at
-    /// all for a small number at the root, whose answer depends on the caller (a clan
-    /// shell's process finds its node's procfs there, other callers the local /proc).
+    /// all for a number at the root, whose answer depends on the caller: a clan shell's
+    /// process finds its node's procfs at a small one, other callers the local /proc; and
+    /// a process directory is there for a reader only if its node's kernel shows it to
+    /// that reader (a node's /proc mounted with `hidepid=2` hides other users' processes),
+    /// while the kernel's cache of entries is one for every caller: it asks again at each
+    /// walk through `/GPID`, for the caller of that walk.
     /// The names of a process directory are fixed for the life of the process (as the
     /// kernel's own are), so the kernel keeps them, present or absent, for
     /// [`PROC_NAMES_TTL`]: they go with the directory's own entry, which is asked for
-    /// again after `ttl` and dropped, with them, once the process is gone.
+    /// again at each walk and dropped, with them, once the process is gone.
     pub fn entry_ttl(&self, parent: u64, name: &OsStr) -> Duration {
         match self.node(parent) {
-            Ok(Node::Root)
-                if name.to_str().is_some_and(|n| {
-                    is_number(n) && n.parse::<u64>().is_ok_and(|v| !is_cluster_pid(v))
-                }) =>
-            {
-                Duration::ZERO
-            }
+            Ok(Node::Root) if name.to_str().is_some_and(is_number) => Duration::ZERO,
             Ok(Node::Proc(_)) => PROC_NAMES_TTL,
             _ => self.opts.ttl,
         }
@@ -360,7 +360,7 @@ impl<S: Source> View<S> {
     /// Forgets what is cached of a process a node says is gone (the kernel may still
     /// hold its entry for a ttl).
     fn forget(&self, gpid: u64) {
-        self.owners.lock().remove(&gpid);
+        self.owners.lock().retain(|(_, g), _| *g != gpid);
         self.listings.lock().retain(|(_, g, _), _| *g != gpid);
         let mut gone = self.gone.lock();
         if gone.len() > 4096 {
@@ -417,7 +417,8 @@ impl<S: Source> View<S> {
                 self.templates.lock().insert(node, Arc::new(t));
             }
             if let Some(owner) = owner_of_entries(&v) {
-                self.owners.lock().insert(gpid, (Instant::now(), owner));
+                let key = (key.0.clone(), gpid);
+                self.owners.lock().insert(key, (Instant::now(), owner));
             }
         }
         let mut m = self.listings.lock();
@@ -438,7 +439,7 @@ impl<S: Source> View<S> {
             return None;
         }
         let reader = self.reader(who);
-        let s = self.snapshot_for(gpid, Some(&reader), who.pid)?;
+        let s = self.snapshot_for(gpid, &reader, who.pid)?;
         let e = s.procs.get(&gpid)?;
         let stat = e
             .files
@@ -458,7 +459,9 @@ impl<S: Source> View<S> {
         })
     }
 
-    /// The owner of `/GPID` (uid, gid): from a fresh snapshot, else from its listing.
+    /// The owner of `/GPID` (uid, gid) as the reader sees it: from the reader's fresh
+    /// snapshot, else from its listing for the reader (`ENOENT` where the process's node
+    /// hides it from the reader).
     async fn owner(&self, who: &Who, gpid: u64) -> Result<(u32, u32), Errno> {
         if gpid == CLUSTER_INIT {
             return Ok((0, 0));
@@ -466,13 +469,14 @@ impl<S: Source> View<S> {
         if Gpid::from_raw(gpid).is_none() {
             return Err(libc::ENOENT);
         }
+        let reader = self.reader(who);
         if let Some(e) = self
-            .snapshot_for(gpid, None, who.pid)
+            .snapshot_for(gpid, &reader, who.pid)
             .and_then(|s| s.procs.get(&gpid).cloned())
         {
             return Ok((e.uid, e.gid));
         }
-        if let Some((at, o)) = self.owners.lock().get(&gpid) {
+        if let Some((at, o)) = self.owners.lock().get(&(reader, gpid)) {
             if at.elapsed() < self.opts.ttl {
                 return Ok(*o);
             }
@@ -497,7 +501,7 @@ impl<S: Source> View<S> {
             format!("{dir}/{name}")
         };
         if dir.is_empty() {
-            if let Some(known) = self.template_entry(gpid, name, &path, who.pid)? {
+            if let Some(known) = self.template_entry(who, gpid, name, &path)? {
                 return Ok(known);
             }
         }
@@ -524,19 +528,20 @@ impl<S: Source> View<S> {
         Ok(Some(attr(ino, kind, e.mode, e.uid, e.gid)))
     }
 
-    /// A name of `/GPID` answered without asking: while a fresh snapshot holds the
-    /// process, from its node's template (the names and modes every process directory of
-    /// that kernel has) with the process's owner, as the kernel gives every entry.
+    /// A name of `/GPID` answered without asking: while the reader's fresh snapshot holds
+    /// the process, from its node's template (the names and modes every process directory
+    /// of that kernel has) with the process's owner, as the kernel gives every entry.
     /// `Ok(None)`: ask; `Ok(Some(None))`: not a name of the node's process directories.
     fn template_entry(
         &self,
+        who: &Who,
         gpid: u64,
         name: &str,
         path: &str,
-        pid: u32,
     ) -> Result<Option<Option<FileAttr>>, Errno> {
+        let reader = self.reader(who);
         let Some(owner) = self
-            .snapshot_for(gpid, None, pid)
+            .snapshot_for(gpid, &reader, who.pid)
             .and_then(|s| s.procs.get(&gpid).map(|e| (e.uid, e.gid)))
         else {
             return Ok(None);
@@ -633,11 +638,11 @@ impl<S: Source> View<S> {
         });
     }
 
-    /// The last snapshot if it may still speak for `gpid` and was taken for `reader`
-    /// (`None`: for any reader).
-    fn snapshot_for(&self, gpid: u64, reader: Option<&Reader>, pid: u32) -> Option<Arc<Snapshot>> {
+    /// The last snapshot if it may still speak for `gpid` and was taken for `reader`: never
+    /// another reader's, which may show processes this one's node hides from it (`hidepid`).
+    fn snapshot_for(&self, gpid: u64, reader: &Reader, pid: u32) -> Option<Arc<Snapshot>> {
         let snap = self.snapshot.lock().clone()?;
-        (self.current(&snap, gpid, pid) && reader.is_none_or(|r| *r == snap.reader)).then_some(snap)
+        (self.current(&snap, gpid, pid) && *reader == snap.reader).then_some(snap)
     }
 
     /// Contents of a file of a process: from the last snapshot when it is fresh, was
@@ -650,7 +655,7 @@ impl<S: Source> View<S> {
             Some(e) => Err(Failure::from_pb(e).errno()),
             None => Ok(f.data.clone()),
         };
-        if let Some(s) = self.snapshot_for(gpid, Some(&reader), who.pid) {
+        if let Some(s) = self.snapshot_for(gpid, &reader, who.pid) {
             if let Some(e) = s.procs.get(&gpid) {
                 if let Some(f) = e.files.iter().find(|f| f.name == path) {
                     return served(f);
@@ -1270,6 +1275,8 @@ mod tests {
         readdirs: AtomicUsize,
         snapshots: AtomicUsize,
         down: std::sync::atomic::AtomicBool,
+        /// Nodes' /proc mounted with `hidepid=2`: a process is there for root and its owner.
+        hidepid: std::sync::atomic::AtomicBool,
     }
 
     fn err(code: pb::ErrorCode) -> pb::Error {
@@ -1284,7 +1291,11 @@ mod tests {
             if self.down.load(Ordering::SeqCst) {
                 return Err(Failure::Unavailable("no cland".into()));
             }
-            let procs = self.procs.lock();
+            let mut procs = self.procs.lock().clone();
+            if self.hidepid.load(Ordering::SeqCst) {
+                let reader = req.reader.clone().unwrap_or_default().uid;
+                procs.retain(|_, (uid, _, _)| reader == 0 || *uid == reader);
+            }
             let mut reply = pb::ProcReply::default();
             match pb::ProcOp::try_from(req.op) {
                 Ok(pb::ProcOp::ProcSnapshot) => {
@@ -1569,8 +1580,13 @@ mod tests {
         let s = setup();
         let root = crate::inode::ROOT;
         let d = s.at(root, "10000001").await.unwrap();
-        assert_eq!(s.view.entry_ttl(root, OsStr::new("10000001")), s.view.ttl());
+        // A process directory is asked for again at each walk, for its caller.
+        assert_eq!(
+            s.view.entry_ttl(root, OsStr::new("10000001")),
+            Duration::ZERO
+        );
         assert_eq!(s.view.entry_ttl(root, OsStr::new("4711")), Duration::ZERO);
+        assert_eq!(s.view.entry_ttl(root, OsStr::new("sys")), s.view.ttl());
         assert!(!s.view.caches_absence(root));
         assert_eq!(
             s.view.entry_ttl(d.ino.0, OsStr::new("status")),
@@ -1612,6 +1628,45 @@ mod tests {
             .unwrap();
         read(&s.view, &other, a.ino.0).await.unwrap();
         assert_eq!(s.fake.reads.load(Ordering::SeqCst), 1);
+    }
+
+    /// Regression: a reader never sees a process its node hides from it (`hidepid`), also
+    /// right after another reader's listing and lookups.
+    #[tokio::test]
+    async fn a_process_hidden_from_a_reader_is_not_found_after_another_readers_listing() {
+        let s = setup();
+        s.fake.hidepid.store(true, Ordering::SeqCst);
+        let root = crate::inode::ROOT;
+        s.view.readdir(&ME, root).await.unwrap();
+        let d = s.at(root, "20000006").await.unwrap();
+        s.at(d.ino.0, "status").await.unwrap();
+        let user = Who {
+            uid: 1000,
+            gid: 100,
+            pid: 0,
+        };
+        let lookup = |name: &'static str| s.view.lookup(&user, root, OsStr::new(name));
+        assert_eq!(lookup("20000006").await.unwrap_err(), libc::ENOENT);
+        assert_eq!(
+            s.view
+                .lookup_entry(&user, d.ino.0, OsStr::new("status"))
+                .await
+                .unwrap_err(),
+            libc::ENOENT
+        );
+        assert_eq!(
+            s.view.getattr(&user, d.ino.0).await.unwrap_err(),
+            libc::ENOENT
+        );
+        assert!(lookup("20000005").await.is_ok(), "the reader's own");
+        let listed = names(&s.view.readdir(&user, root).await.unwrap());
+        assert!(!listed.contains(&"20000006".to_string()), "{listed:?}");
+        assert!(listed.contains(&"20000005".to_string()), "{listed:?}");
+        // The kernel keeps no process directory for the next caller: it asks at each walk.
+        assert_eq!(
+            s.view.entry_ttl(root, OsStr::new("20000006")),
+            Duration::ZERO
+        );
     }
 
     #[tokio::test]
