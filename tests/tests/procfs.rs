@@ -1416,6 +1416,79 @@ fn spawn_as(c: &Cluster, uid: u32, n: u32, argv: &[&str]) -> Gpid {
         .expect("gpid")
 }
 
+/// Regression: a handle on a process that has exited never shows the process that took
+/// its pid. An open file read again from its start gives ESRCH (the kernel's answer), and
+/// a directory handle opens nothing of the new process; a path looked up afresh finds the
+/// new one.
+#[test]
+fn handles_of_an_exited_process_never_show_the_one_that_reuses_its_pid() {
+    use std::io::{Read, Seek, SeekFrom};
+    use std::os::fd::AsRawFd;
+    root_or_skip!("handles_of_an_exited_process_never_show_the_one_that_reuses_its_pid");
+    let c = Cluster::up(2);
+    let g = c.spawn(2, &["sleep", "600"]);
+    let m = Mounted::new(&c);
+    let mut held = std::fs::File::open(m.path(&format!("{g}/status"))).expect("open status");
+    let mut s = String::new();
+    held.read_to_string(&mut s).expect("read status");
+    assert!(s.contains(&format!("\nPid:\t{g}\n")), "{s}");
+    let dir = std::fs::File::open(m.path(&g.to_string())).expect("open the directory");
+    c.clan_ok(&["kill", "-s", "KILL", &g.to_string()]);
+    c.clan(&["wait", &g.to_string()]);
+    // A process of node 2 that takes the pid again: its parent sets the namespace's last
+    // pid just below it and forks until its child has it.
+    let script = "import os, signal, sys\n\
+        want = int(sys.argv[1])\n\
+        for _ in range(1000):\n\
+        \x20   with open('/proc/sys/kernel/ns_last_pid', 'w') as f: f.write(str(want - 1))\n\
+        \x20   pid = os.fork()\n\
+        \x20   if pid == 0: os.execvp('sleep', ['sleep', '601'])\n\
+        \x20   if pid == want: break\n\
+        \x20   os.kill(pid, signal.SIGKILL); os.waitpid(pid, 0)\n\
+        os.waitpid(pid, 0)\n";
+    c.spawn(2, &["python3", "-c", script, &g.local().to_string()]);
+    eventually("the pid taken again", Duration::from_secs(20), || {
+        let cmd = std::fs::read(m.path(&format!("{g}/cmdline"))).ok()?;
+        (cmd == b"sleep\x00601\x00").then_some(())
+    });
+    // The open file of the exited process: ESRCH, not the new process's status.
+    held.seek(SeekFrom::Start(0)).expect("seek");
+    let mut buf = [0u8; 4096];
+    match held.read(&mut buf) {
+        Ok(n) => panic!(
+            "the old file read the new process: {}",
+            String::from_utf8_lossy(&buf[..n])
+        ),
+        Err(e) => assert_eq!(e.raw_os_error(), Some(libc::ESRCH), "{e}"),
+    }
+    // The old directory handle: no file of the new process through it (the kernel says
+    // ENOENT; FUSE answers EIO itself on an inode it has replaced by the new process's).
+    let opened = nix::fcntl::openat(
+        Some(dir.as_raw_fd()),
+        "status",
+        nix::fcntl::OFlag::O_RDONLY,
+        nix::sys::stat::Mode::empty(),
+    );
+    match opened {
+        Ok(fd) => {
+            // SAFETY: openat just returned this descriptor and nothing else owns it.
+            let mut f = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+            let mut s = String::new();
+            let _ = f.read_to_string(&mut s);
+            panic!("the old directory opened the new process's status: {s}");
+        }
+        Err(e) => assert!(
+            matches!(e, nix::errno::Errno::ENOENT | nix::errno::Errno::EIO),
+            "{e}"
+        ),
+    }
+    // A path looked up afresh is the new process.
+    let s = m.read(&format!("{g}/status"));
+    assert!(s.contains(&format!("\nPid:\t{g}\n")), "{s}");
+    let cmd = std::fs::read(m.path(&format!("{g}/cmdline"))).expect("cmdline");
+    assert_eq!(cmd, b"sleep\x00601\x00");
+}
+
 /// Regression: a node whose /proc hides other users' processes (hidepid=2) hides them
 /// through the view too, at once: a lookup or listing by another user right after root's
 /// (which the kernel and the server cached for a second) does not find root's process.

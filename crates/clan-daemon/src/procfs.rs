@@ -873,6 +873,19 @@ impl Node {
         Ok(self.rewrite(pid, file, data, shepherds))
     }
 
+    /// The start time of process `pid`, read after an answer about it was made: when it
+    /// is `want`, the start of the process the asker means, that process had the pid
+    /// from before the request to now, so the answer is its own, not that of a process
+    /// that took its pid after it exited. `NoSuchProcess` if another has it now, or none
+    /// (`want` 0: whichever).
+    fn started(&self, pid: u32, want: u64) -> Result<u64> {
+        let g = Gpid::new(self.id, pid).ok_or_else(|| Error::NotFound(format!("no pid {pid}")))?;
+        match self.view.start_ticks(pid) {
+            Some(start) if want == 0 || start == want => Ok(start),
+            _ => Err(Error::NoSuchProcess(g)),
+        }
+    }
+
     fn proc_entry(&self, pid: u32) -> Option<pb::ProcEntry> {
         let (_, uid, gid) = self.view.stat_entry(&pid.to_string()).ok()?;
         let attrs = self.view.attrs(pid, false)?;
@@ -962,6 +975,7 @@ impl Node {
                 }
                 let pid = self.proc_pid(req.gpid)?;
                 reply.data = self.read_one(&reader, pid, &parts, &ShepherdCache::default())?;
+                reply.start_ticks = self.started(pid, req.start_ticks)?;
             }
             P::ProcReadlink => {
                 let parts = check_path(&req.path)?;
@@ -972,6 +986,7 @@ impl Node {
                     .view
                     .readlink_entry(&rel)
                     .map_err(|e| io_err(e, &rel))?;
+                reply.start_ticks = self.started(pid, req.start_ticks)?;
             }
             P::ProcReaddir => {
                 let parts = check_path(&req.path)?;
@@ -1010,6 +1025,7 @@ impl Node {
                         gid,
                     });
                 }
+                reply.start_ticks = self.started(pid, req.start_ticks)?;
             }
             P::ProcGlobal => {
                 let parts = check_path(&req.path)?;

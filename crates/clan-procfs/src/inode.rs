@@ -9,10 +9,16 @@
 //! | 16, 17 ... 22 | the hidden `.clan-walk` and its files (`crate::walk`) |
 //! | `1 << 20 \| n << 4 \| k` | `nodes/n` (k = 0) and its files (k = 1 ... 6) |
 //! | `gpid << 24` | the directory `/GPID` |
-//! | `gpid << 24 \| 1 << 20 \| i` | a name of `/GPID` (i below 4096: its index in a table shared by every process, never renumbered) or a deeper path (i from 4096: its index in the process's own table) |
+//! | `gpid << 24 \| t << 21 \| 1 << 20 \| i` | a name of `/GPID` (i below 4096: its index in a table shared by every process, never renumbered) or a deeper path (i from 4096: its index in the gpid's own table), of the `t`th process to have the gpid (modulo 8) |
 //! | `1 << 63 \| i` | a path passed through to the local /proc (i: index in that table) |
 //!
 //! Gpids are below 2^31 (213 nodes of 10^7), so `gpid << 24` stays below 2^55.
+//!
+//! A gpid names one process at a time, known by its start time ([`Inodes::bind`]); one that
+//! takes the pid of one that exited is a new one: the kernel gets its directory with a new
+//! generation (the start time, [`Inodes::start_of`]), and its paths get numbers of their
+//! own (the tag `t`), so a handle on the old process's files stays the old process's, and
+//! the view answers it as the kernel does for an exited process.
 
 use std::collections::HashMap;
 
@@ -28,6 +34,11 @@ const _: () = assert!(CLUSTER_BASE + (NodeFile::ALL.len() as u64) <= WALK_DIR);
 const PROC_SHIFT: u32 = 24;
 const PROC_PATH: u64 = 1 << 20;
 const PROC_INDEX: u64 = (1 << 20) - 1;
+/// Processes one after the other with one gpid whose paths have numbers apart: the tag
+/// in bits 21 to 23 (a handle kept on the 8th process before is taken for this one's).
+const TAGS: usize = 8;
+const TAG_SHIFT: u32 = 21;
+const TAG_MASK: u64 = (TAGS as u64 - 1) << TAG_SHIFT;
 /// Indices below this are the names of `/GPID` itself (a fixed set: the kernel's names
 /// of a process directory), the same number in every process and never renumbered, so
 /// that an entry the kernel keeps for long ([`crate::view::PROC_NAMES_TTL`]) keeps
@@ -170,14 +181,38 @@ impl PathTable {
     }
 }
 
+/// What the view keeps of one gpid.
+#[derive(Debug)]
+struct ProcState {
+    /// The start times of the processes that have had the gpid, by tag (0: none or not
+    /// known); `current` is the tag of the one the gpid names now.
+    starts: [u64; TAGS],
+    current: usize,
+    /// Deeper paths (indices from [`PROC_NAMES`]).
+    paths: PathTable,
+}
+
+impl ProcState {
+    fn new() -> ProcState {
+        ProcState {
+            starts: [0; TAGS],
+            current: 0,
+            paths: PathTable {
+                next: PROC_NAMES,
+                ..PathTable::default()
+            },
+        }
+    }
+}
+
 /// The tables behind the numbers that are not computed.
 #[derive(Debug, Default)]
 pub struct Inodes {
     /// The names of `/GPID` itself, shared by every process (indices below
     /// [`PROC_NAMES`]).
     names: PathTable,
-    /// Deeper paths, per process (indices from [`PROC_NAMES`]).
-    procs: HashMap<u64, PathTable>,
+    /// Per gpid: its processes and deeper paths.
+    procs: HashMap<u64, ProcState>,
     pass: PathTable,
 }
 
@@ -206,17 +241,12 @@ impl Inodes {
                 let named = (!p.contains('/'))
                     .then(|| self.names.intern(p, PROC_NAMES - 1))
                     .flatten();
+                let state = self.procs.entry(*g).or_insert_with(ProcState::new);
                 let i = match named {
                     Some(i) => i,
-                    None => {
-                        let t = self.procs.entry(*g).or_insert_with(|| PathTable {
-                            next: PROC_NAMES,
-                            ..PathTable::default()
-                        });
-                        t.intern(p, PROC_INDEX)?
-                    }
+                    None => state.paths.intern(p, PROC_INDEX)?,
                 };
-                g << PROC_SHIFT | PROC_PATH | i
+                g << PROC_SHIFT | (state.current as u64) << TAG_SHIFT | PROC_PATH | i
             }
             Node::Proc(_) | Node::ProcPath(..) => return None,
             Node::Pass(p) => PASS | self.pass.intern(p, PASS - 1)?,
@@ -233,16 +263,18 @@ impl Inodes {
         }
         if let Some(g) = gpid_of(ino) {
             let low = ino & ((1 << PROC_SHIFT) - 1);
+            let path = low & !(PROC_INDEX | TAG_MASK) == PROC_PATH;
             return match low {
                 0 => Some(Node::Proc(g)),
-                _ if low & !PROC_INDEX == PROC_PATH && low & PROC_INDEX < PROC_NAMES => self
+                _ if path && low & PROC_INDEX < PROC_NAMES => self
                     .names
                     .get(low & PROC_INDEX)
                     .cloned()
                     .map(|p| Node::ProcPath(g, p)),
-                _ if low & !PROC_INDEX == PROC_PATH => self
+                _ if path => self
                     .procs
                     .get(&g)?
+                    .paths
                     .get(low & PROC_INDEX)
                     .cloned()
                     .map(|p| Node::ProcPath(g, p)),
@@ -276,6 +308,38 @@ impl Inodes {
         }
     }
 
+    /// The start time of the process `ino` stands for (the one its gpid names now, for
+    /// `/GPID` itself); 0 when not known or not a process's.
+    pub fn start_of(&self, ino: u64) -> u64 {
+        let Some(state) = gpid_of(ino).and_then(|g| self.procs.get(&g)) else {
+            return 0;
+        };
+        let low = ino & ((1 << PROC_SHIFT) - 1);
+        let tag = if low == 0 {
+            state.current
+        } else {
+            ((low & TAG_MASK) >> TAG_SHIFT) as usize
+        };
+        state.starts[tag]
+    }
+
+    /// `gpid` names the process that started at `start` from now on (what a lookup of
+    /// `/GPID` found). Another one than before is a new process: its paths get a tag of
+    /// their own. 0 (not known) changes nothing.
+    pub fn bind(&mut self, gpid: u64, start: u64) {
+        if start == 0 {
+            return;
+        }
+        let state = self.procs.entry(gpid).or_insert_with(ProcState::new);
+        if state.starts[state.current] == start {
+            return;
+        }
+        if state.starts[state.current] != 0 {
+            state.current = (state.current + 1) % TAGS;
+        }
+        state.starts[state.current] = start;
+    }
+
     /// Forgets the paths of processes for which `keep` is false (they are gone).
     pub fn retain_procs(&mut self, keep: impl Fn(u64) -> bool) {
         self.procs.retain(|&g, _| keep(g));
@@ -289,7 +353,12 @@ impl Inodes {
     /// How many paths are interned (processes, passed through).
     pub fn sizes(&self) -> (usize, usize) {
         (
-            self.names.by_path.len() + self.procs.values().map(|t| t.by_path.len()).sum::<usize>(),
+            self.names.by_path.len()
+                + self
+                    .procs
+                    .values()
+                    .map(|t| t.paths.by_path.len())
+                    .sum::<usize>(),
             self.pass.by_path.len(),
         )
     }
@@ -392,6 +461,44 @@ mod tests {
         let fd4 = t.ino(&p(10_000_001, "fd/4")).unwrap();
         assert!(fd4 & PROC_INDEX >= PROC_NAMES);
         assert_eq!(t.node(fd4), Some(p(10_000_001, "fd/4")));
+    }
+
+    /// Regression: a process that takes the pid of one that exited gets numbers of its own
+    /// for its paths and a new generation for its directory; the old numbers stay the old
+    /// process's.
+    #[test]
+    fn a_process_that_reuses_a_gpid_gets_numbers_of_its_own() {
+        let mut t = Inodes::default();
+        let p = |name: &str| Node::ProcPath(20_000_005, name.to_string());
+        t.bind(20_000_005, 700);
+        let dir = t.ino(&Node::Proc(20_000_005)).unwrap();
+        let status = t.ino(&p("status")).unwrap();
+        let fd = t.ino(&p("fd/3")).unwrap();
+        assert_eq!(
+            (t.start_of(dir), t.start_of(status), t.start_of(fd)),
+            (700, 700, 700)
+        );
+        t.bind(20_000_005, 700);
+        assert_eq!(t.ino(&p("status")), Some(status), "the same process");
+        t.bind(20_000_005, 900);
+        let status2 = t.ino(&p("status")).unwrap();
+        let fd2 = t.ino(&p("fd/3")).unwrap();
+        assert_ne!(status2, status);
+        assert_ne!(fd2, fd);
+        assert_eq!(
+            t.ino(&Node::Proc(20_000_005)),
+            Some(dir),
+            "/GPID keeps its number"
+        );
+        assert_eq!(gpid_of(status2), Some(20_000_005));
+        assert_eq!(t.node(status2), Some(p("status")));
+        assert_eq!(t.node(status), Some(p("status")));
+        assert_eq!((t.start_of(dir), t.start_of(status2)), (900, 900));
+        assert_eq!((t.start_of(status), t.start_of(fd)), (700, 700));
+        // Not known: no start; other numbers: none.
+        let other = t.ino(&Node::ProcPath(30_000_001, "status".into())).unwrap();
+        assert_eq!(t.start_of(other), 0);
+        assert_eq!(t.start_of(ROOT), 0);
     }
 
     #[test]
