@@ -1620,3 +1620,62 @@ fn root_without_capabilities_reads_what_the_kernel_lets_it() {
         "the kernel refused nothing: the test proves nothing"
     );
 }
+
+/// Regression: the inode tables of a process's paths are bounded: the numbers of the
+/// paths of threads that exited are given back once the kernel has forgotten them (FUSE
+/// forget), while the paths of a live thread keep their numbers. Watched as `top -H` does
+/// it, over a process that starts and ends threads without pause.
+#[test]
+fn paths_of_exited_threads_are_forgotten_and_live_ones_keep_their_numbers() {
+    use std::os::unix::fs::MetadataExt;
+    root_or_skip!("paths_of_exited_threads_are_forgotten_and_live_ones_keep_their_numbers");
+    let c = Cluster::up(2);
+    let g = c.spawn(
+        2,
+        &[
+            "python3",
+            "-c",
+            "import threading\nwhile True:\n    t = threading.Thread(target=int)\n    t.start()\n    t.join()\n",
+        ],
+    );
+    let m = Mounted::new(&c);
+    /// The index of a path inside its process (the low 20 bits of its number).
+    fn index(p: &Path) -> Option<u64> {
+        std::fs::metadata(p)
+            .ok()
+            .map(|md| md.ino() & ((1 << 20) - 1))
+    }
+    let main = m.path(&format!("{g}/task/{g}/stat"));
+    let main_ino = std::fs::metadata(&main).expect("the main thread").ino();
+    // One round of top -H: list the threads, look at each one's stat. Returns the
+    // indices of paths of threads other than the main one.
+    let round = || -> Vec<u64> {
+        let mut v = Vec::new();
+        for e in std::fs::read_dir(m.path(&format!("{g}/task")))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let tid = e.file_name().to_string_lossy().into_owned();
+            if tid != g.to_string() {
+                v.extend(index(&m.path(&format!("{g}/task/{tid}/stat"))));
+            }
+        }
+        v
+    };
+    let mut threads = 0;
+    while threads < 600 {
+        threads += round().len();
+    }
+    // The kernel lets go of what it no longer uses (it would under memory pressure).
+    std::fs::write("/proc/sys/vm/drop_caches", "2").expect("drop caches");
+    // New threads' paths get numbers given back, not ever higher ones.
+    eventually("numbers given back", Duration::from_secs(30), || {
+        round().into_iter().max().filter(|&i| i < 4096 + 256)
+    });
+    assert_eq!(
+        std::fs::metadata(&main).expect("the main thread").ino(),
+        main_ino,
+        "a live thread's number changed"
+    );
+}

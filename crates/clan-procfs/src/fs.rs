@@ -127,6 +127,8 @@ impl<S: Source> Filesystem for ProcFs<S> {
             match view.lookup_entry(&who, parent.0, &name).await {
                 Ok(Some(a)) => {
                     let generation = Generation(view.generation(a.ino.0));
+                    // Counted before the reply: the kernel may forget it at once.
+                    view.looked_up(a.ino.0);
                     reply.entry_with_ttls(&view.ttl(), &entry_ttl, &a, generation)
                 }
                 // Known to be absent (the node answered; a process directory's names never
@@ -142,6 +144,12 @@ impl<S: Source> Filesystem for ProcFs<S> {
                 Err(e) => reply.error(errno(e)),
             }
         });
+    }
+
+    /// The kernel let go of an inode it had from `nlookup` lookups: the view keeps a path's
+    /// number no longer than the kernel holds it, once the path is gone (FUSE's forget).
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        self.view.forgot(ino.0, nlookup);
     }
 
     fn getattr(&self, req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {

@@ -19,8 +19,15 @@
 //! generation (the start time, [`Inodes::start_of`]), and its paths get numbers of their
 //! own (the tag `t`), so a handle on the old process's files stays the old process's, and
 //! the view answers it as the kernel does for an exited process.
+//!
+//! The tables hold what the kernel may still ask about, no more (FUSE's forget): the
+//! kernel holds a number from each lookup that answered it until it forgets that many
+//! ([`Inodes::looked_up`], [`Inodes::forget`]). A path that is gone (its process, or a
+//! thread or descriptor a listing no longer has: [`Inodes::retire_listed`]) is
+//! dropped once the kernel holds it no more, and its number is given again; a path that
+//! is there keeps its number (the names of `/GPID` always do).
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 
 pub const ROOT: u64 = 1;
 pub const SELF: u64 = 2;
@@ -148,12 +155,24 @@ impl Node {
     }
 }
 
-/// Paths interned to small numbers that are never reused (while the table lives).
+/// A numbered path, and how many lookups of its number the kernel has not forgotten.
+#[derive(Debug)]
+struct Entry {
+    path: String,
+    lookups: u64,
+}
+
+/// Paths interned to small numbers. A number is given again only once its path is gone
+/// and the kernel has forgotten it.
 #[derive(Debug, Default)]
 struct PathTable {
+    /// The paths that are there.
     by_path: HashMap<String, u64>,
-    by_index: HashMap<u64, String>,
+    /// Every number: of a path that is there, or of one gone that the kernel still holds.
+    by_index: HashMap<u64, Entry>,
     next: u64,
+    /// Numbers given back, the lowest given first.
+    free: BTreeSet<u64>,
 }
 
 impl PathTable {
@@ -161,24 +180,93 @@ impl PathTable {
         if let Some(&i) = self.by_path.get(path) {
             return Some(i);
         }
-        if self.next > limit {
-            return None;
-        }
-        let i = self.next;
-        self.next += 1;
+        let i = match self.free.pop_first() {
+            Some(i) => i,
+            None if self.next > limit => return None,
+            None => {
+                self.next += 1;
+                self.next - 1
+            }
+        };
         self.by_path.insert(path.to_string(), i);
-        self.by_index.insert(i, path.to_string());
+        self.by_index.insert(
+            i,
+            Entry {
+                path: path.to_string(),
+                lookups: 0,
+            },
+        );
         Some(i)
     }
 
     fn get(&self, i: u64) -> Option<&String> {
-        self.by_index.get(&i)
+        self.by_index.get(&i).map(|e| &e.path)
     }
 
-    fn retain(&mut self, keep: impl Fn(&str) -> bool) {
-        self.by_path.retain(|p, _| keep(p));
-        self.by_index.retain(|_, p| keep(p));
+    fn looked_up(&mut self, i: u64) {
+        if let Some(e) = self.by_index.get_mut(&i) {
+            e.lookups += 1;
+        }
     }
+
+    /// The kernel forgot `n` lookups of number `i`. A path gone that it holds no more is
+    /// dropped; `also_there`: one that is there too (its number changes at its next
+    /// lookup).
+    fn forget(&mut self, i: u64, n: u64, also_there: bool) {
+        let Some(e) = self.by_index.get_mut(&i) else {
+            return;
+        };
+        e.lookups = e.lookups.saturating_sub(n);
+        if e.lookups == 0 {
+            if also_there && self.by_path.get(&e.path) == Some(&i) {
+                self.by_path.remove(&e.path);
+            }
+            self.drop_if_gone(i);
+        }
+    }
+
+    /// Drops number `i` if its path is gone and the kernel holds it no more.
+    fn drop_if_gone(&mut self, i: u64) {
+        let Some(e) = self.by_index.get(&i) else {
+            return;
+        };
+        if e.lookups == 0 && self.by_path.get(&e.path) != Some(&i) {
+            self.by_index.remove(&i);
+            self.free.insert(i);
+        }
+    }
+
+    /// The paths for which `gone` is true are gone: dropped now if the kernel holds them
+    /// no more, else once it has forgotten them.
+    fn retire(&mut self, gone: impl Fn(&str) -> bool) {
+        let numbers: Vec<u64> = self
+            .by_path
+            .iter()
+            .filter(|(p, _)| gone(p))
+            .map(|(_, &i)| i)
+            .collect();
+        for i in numbers {
+            if let Some(e) = self.by_index.get(&i) {
+                let path = e.path.clone();
+                self.by_path.remove(&path);
+            }
+            self.drop_if_gone(i);
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.by_index.is_empty()
+    }
+}
+
+/// Whether `path` is in directory `dir` (any depth) under a name not in `names`.
+fn under_but_not(path: &str, dir: &str, names: &[&str]) -> bool {
+    let rest = if dir.is_empty() {
+        Some(path)
+    } else {
+        path.strip_prefix(dir).and_then(|r| r.strip_prefix('/'))
+    };
+    rest.is_some_and(|r| !names.contains(&r.split('/').next().unwrap_or(r)))
 }
 
 /// What the view keeps of one gpid.
@@ -190,6 +278,8 @@ struct ProcState {
     current: usize,
     /// Deeper paths (indices from [`PROC_NAMES`]).
     paths: PathTable,
+    /// Lookups of `/GPID` and of its names the kernel has not forgotten.
+    held: u64,
 }
 
 impl ProcState {
@@ -201,7 +291,31 @@ impl ProcState {
                 next: PROC_NAMES,
                 ..PathTable::default()
             },
+            held: 0,
         }
+    }
+
+    /// Whether the kernel holds nothing of the gpid and no path of it is kept.
+    fn is_empty(&self) -> bool {
+        self.held == 0 && self.paths.is_empty()
+    }
+}
+
+/// What a number of a process stands for in its tables.
+enum ProcIno {
+    /// `/GPID` or one of its names (counted together).
+    Named(u64),
+    /// A deeper path: (gpid, index).
+    Deeper(u64, u64),
+}
+
+fn proc_ino(ino: u64) -> Option<ProcIno> {
+    let g = gpid_of(ino)?;
+    let low = ino & ((1 << PROC_SHIFT) - 1);
+    match low & PROC_INDEX {
+        _ if low == 0 => Some(ProcIno::Named(g)),
+        i if i < PROC_NAMES => Some(ProcIno::Named(g)),
+        i => Some(ProcIno::Deeper(g, i)),
     }
 }
 
@@ -340,26 +454,103 @@ impl Inodes {
         state.starts[state.current] = start;
     }
 
-    /// Forgets the paths of processes for which `keep` is false (they are gone).
+    /// The kernel was given `ino` by a lookup: it holds it until it forgets it.
+    pub fn looked_up(&mut self, ino: u64) {
+        if ino & PASS != 0 {
+            return self.pass.looked_up(ino & !PASS);
+        }
+        match proc_ino(ino) {
+            Some(ProcIno::Named(g)) => {
+                self.procs.entry(g).or_insert_with(ProcState::new).held += 1;
+            }
+            Some(ProcIno::Deeper(g, i)) => {
+                if let Some(state) = self.procs.get_mut(&g) {
+                    state.paths.looked_up(i);
+                }
+            }
+            None => {}
+        }
+    }
+
+    /// The kernel forgot `n` lookups of `ino` (FUSE forget): what is gone and no longer
+    /// held is dropped. A passed-through path goes then even if it is there (the kernel's
+    /// own /proc numbers its entries anew too; a host pid's are many over time).
+    pub fn forget(&mut self, ino: u64, n: u64) {
+        if ino & PASS != 0 {
+            return self.pass.forget(ino & !PASS, n, true);
+        }
+        let g = match proc_ino(ino) {
+            Some(ProcIno::Named(g)) => {
+                if let Some(state) = self.procs.get_mut(&g) {
+                    state.held = state.held.saturating_sub(n);
+                }
+                g
+            }
+            Some(ProcIno::Deeper(g, i)) => {
+                if let Some(state) = self.procs.get_mut(&g) {
+                    state.paths.forget(i, n, false);
+                }
+                g
+            }
+            None => return,
+        };
+        if self.procs.get(&g).is_some_and(ProcState::is_empty) {
+            self.procs.remove(&g);
+        }
+    }
+
+    /// The processes for which `keep` is false are gone: their paths go (once the kernel
+    /// holds them no more), and with them what is known of the gpid.
     pub fn retain_procs(&mut self, keep: impl Fn(u64) -> bool) {
-        self.procs.retain(|&g, _| keep(g));
+        self.procs.retain(|&g, state| {
+            if !keep(g) {
+                state.paths.retire(|_| true);
+            }
+            !state.is_empty()
+        });
     }
 
-    /// Forgets passed-through paths for which `keep` is false.
+    /// `gpid`'s process is gone: as [`Inodes::retain_procs`], for one.
+    pub fn retire_proc(&mut self, gpid: u64) {
+        if let Some(state) = self.procs.get_mut(&gpid) {
+            state.paths.retire(|_| true);
+            if state.is_empty() {
+                self.procs.remove(&gpid);
+            }
+        }
+    }
+
+    /// A listing of directory `dir` of `gpid`'s process has `names`: paths in it under
+    /// other names are gone (threads, descriptors).
+    pub fn retire_listed(&mut self, gpid: u64, dir: &str, names: &[&str]) {
+        if let Some(state) = self.procs.get_mut(&gpid) {
+            state.paths.retire(|p| under_but_not(p, dir, names));
+            if state.is_empty() {
+                self.procs.remove(&gpid);
+            }
+        }
+    }
+
+    /// Passed-through paths for which `keep` is false are gone.
     pub fn retain_pass(&mut self, keep: impl Fn(&str) -> bool) {
-        self.pass.retain(keep);
+        self.pass.retire(|p| !keep(p));
     }
 
-    /// How many paths are interned (processes, passed through).
+    /// A listing of the passed-through directory `dir` has `names`: paths in it under
+    /// other names are gone.
+    pub fn retire_pass_listed(&mut self, dir: &str, names: &[&str]) {
+        self.pass
+            .retire(|p| !dir.is_empty() && under_but_not(p, dir, names));
+    }
+
+    /// How many paths are numbered (processes' own, passed through).
     pub fn sizes(&self) -> (usize, usize) {
         (
-            self.names.by_path.len()
-                + self
-                    .procs
-                    .values()
-                    .map(|t| t.paths.by_path.len())
-                    .sum::<usize>(),
-            self.pass.by_path.len(),
+            self.procs
+                .values()
+                .map(|t| t.paths.by_index.len())
+                .sum::<usize>(),
+            self.pass.by_index.len(),
         )
     }
 }
@@ -429,10 +620,102 @@ mod tests {
     fn forgotten_processes_keep_their_numbers_apart() {
         let mut t = Inodes::default();
         let a = t.ino(&Node::ProcPath(10_000_001, "fd/3".into())).unwrap();
+        t.looked_up(a);
         t.retain_procs(|g| g != 10_000_001);
-        assert_eq!(t.node(a), None);
+        // Gone, but the kernel holds it: its number stands for it, and is not given.
+        assert_eq!(t.node(a), Some(Node::ProcPath(10_000_001, "fd/3".into())));
         let b = t.ino(&Node::ProcPath(10_000_001, "fd/4".into())).unwrap();
+        assert_ne!(a, b);
         assert_eq!(t.node(b), Some(Node::ProcPath(10_000_001, "fd/4".into())));
+        // Forgotten by the kernel: dropped, its number given again.
+        t.forget(a, 1);
+        assert_eq!(t.node(a), None);
+        t.retain_procs(|_| false);
+        assert_eq!(t.sizes(), (0, 0));
+    }
+
+    /// Regression: tables of paths grew for the life of the mount (`task/TID` of every
+    /// thread a process ever had). Paths a listing no longer has go once the kernel has
+    /// forgotten them, and their numbers are given again; paths that are there keep theirs.
+    #[test]
+    fn paths_of_gone_threads_go_and_live_ones_keep_their_numbers() {
+        let mut t = Inodes::default();
+        let g = 20_000_005;
+        let p = |path: String| Node::ProcPath(g, path);
+        let dir = t.ino(&Node::Proc(g)).unwrap();
+        t.looked_up(dir);
+        let main = t.ino(&p(format!("task/{g}/stat"))).unwrap();
+        t.looked_up(main);
+        let mut highest = 0;
+        for tid in 20_000_006..20_010_000u64 {
+            let listed = [g.to_string(), tid.to_string()];
+            let names: Vec<&str> = listed.iter().map(String::as_str).collect();
+            // top -H: list task/, look at each thread's stat.
+            t.retire_listed(g, "task", &names);
+            let d = t.ino(&p(format!("task/{tid}"))).unwrap();
+            let st = t.ino(&p(format!("task/{tid}/stat"))).unwrap();
+            t.looked_up(d);
+            t.looked_up(st);
+            highest = highest.max(st & PROC_INDEX);
+            // The kernel forgets the thread's entries some time after it ended.
+            if tid % 10 == 0 {
+                for old in tid - 10..tid {
+                    for path in [format!("task/{old}"), format!("task/{old}/stat")] {
+                        if let Some(&i) = t
+                            .procs
+                            .get(&g)
+                            .and_then(|s| s.paths.by_index.iter().find(|(_, e)| e.path == path))
+                            .map(|(i, _)| i)
+                        {
+                            t.forget(g << PROC_SHIFT | PROC_PATH | i, 1);
+                        }
+                    }
+                }
+            }
+        }
+        assert!(highest < PROC_NAMES + 64, "numbers grew to {highest}");
+        assert!(t.sizes().0 < 64, "{:?}", t.sizes());
+        assert_eq!(
+            t.ino(&p(format!("task/{g}/stat"))),
+            Some(main),
+            "a live thread's"
+        );
+        // The kernel forgets the live thread's too: it keeps its number all the same.
+        t.forget(main, 1);
+        assert_eq!(t.ino(&p(format!("task/{g}/stat"))), Some(main));
+        // The process goes: what the kernel holds stays until it forgets it all, then
+        // nothing is left of it.
+        t.retain_procs(|_| false);
+        assert_eq!(t.node(main), None, "gone and forgotten");
+        let held: Vec<(u64, u64)> = t.procs[&g]
+            .paths
+            .by_index
+            .iter()
+            .map(|(&i, e)| (i, e.lookups))
+            .collect();
+        for (i, n) in held {
+            t.forget(g << PROC_SHIFT | PROC_PATH | i, n);
+        }
+        assert!(t.procs.contains_key(&g), "the kernel holds /GPID");
+        t.forget(dir, 1);
+        assert_eq!(t.sizes(), (0, 0));
+        assert!(t.procs.is_empty());
+    }
+
+    #[test]
+    fn passed_through_paths_go_when_forgotten_or_gone() {
+        let mut t = Inodes::default();
+        let pass = |p: &str| Node::Pass(p.to_string());
+        let a = t.ino(&pass("4711/status")).unwrap();
+        t.looked_up(a);
+        t.forget(a, 1);
+        assert_eq!(t.node(a), None, "forgotten by the kernel");
+        let task = t.ino(&pass("4711/task/4712")).unwrap();
+        t.ino(&pass("4711/task/4711")).unwrap();
+        t.retire_pass_listed("4711/task", &["4711"]);
+        assert_eq!(t.node(task), None, "a thread the listing no longer has");
+        t.retain_pass(|p| !p.starts_with("4711"));
+        assert_eq!(t.sizes(), (0, 0));
     }
 
     #[test]
@@ -450,13 +733,15 @@ mod tests {
         // A sweep forgets the process (wrongly, say: it was left out of one listing)
         // while the kernel keeps its `/GPID/status` entry: the number still stands for
         // `status`, and a name numbered afterwards gets a number of its own.
+        t.looked_up(status);
         t.retain_procs(|_| false);
         assert_eq!(t.node(status), Some(p(10_000_001, "status")));
         let stat = t.ino(&p(10_000_001, "stat")).unwrap();
         assert_ne!(stat, status);
         assert_eq!(t.ino(&p(10_000_001, "status")), Some(status));
         assert_eq!(t.node(stat), Some(p(10_000_001, "stat")));
-        // The deeper path's number is gone with its table, and is not a name's.
+        // The deeper path's number is gone with its table (not held by the kernel), and is
+        // not a name's.
         assert_eq!(t.node(fd), None);
         let fd4 = t.ino(&p(10_000_001, "fd/4")).unwrap();
         assert!(fd4 & PROC_INDEX >= PROC_NAMES);

@@ -320,6 +320,16 @@ impl<S: Source> View<S> {
         self.inodes.lock().node(ino).ok_or(libc::ENOENT)
     }
 
+    /// The kernel was given `ino` by a lookup (it holds it until it forgets it).
+    pub fn looked_up(&self, ino: u64) {
+        self.inodes.lock().looked_up(ino);
+    }
+
+    /// The kernel forgot `n` lookups of `ino` (FUSE forget).
+    pub fn forgot(&self, ino: u64, n: u64) {
+        self.inodes.lock().forget(ino, n);
+    }
+
     /// The reader behind `who` (its groups read at most once a second per thread).
     pub fn reader(&self, who: &Who) -> Reader {
         let mut m = self.readers.lock();
@@ -375,6 +385,7 @@ impl<S: Source> View<S> {
     fn forget(&self, gpid: u64) {
         self.owners.lock().retain(|(_, g), _| *g != gpid);
         self.listings.lock().retain(|(_, g, _), _| *g != gpid);
+        self.inodes.lock().retire_proc(gpid);
         let mut gone = self.gone.lock();
         if gone.len() > 4096 {
             let ttl = self.opts.ttl;
@@ -427,6 +438,11 @@ impl<S: Source> View<S> {
             .map_err(|e| e.errno())?;
         let of = reply.start_ticks;
         let v = Arc::new(reply.entries);
+        if !path.is_empty() {
+            // Threads and descriptors come and go: the numbers of those gone go too.
+            let names: Vec<&str> = v.iter().map(|e| e.name.as_str()).collect();
+            self.inodes.lock().retire_listed(gpid, path, &names);
+        }
         if path.is_empty() && !v.is_empty() {
             if let Some(node) = Gpid::from_raw(gpid).map(|g| g.node().get()) {
                 let t = v.iter().map(|e| (e.name.clone(), e.mode)).collect();
@@ -666,7 +682,7 @@ impl<S: Source> View<S> {
     }
 
     /// Forgets the inode numbers of processes that are gone and of host processes that
-    /// are gone (at most every ten seconds).
+    /// are gone (at most every ten seconds), once the kernel holds them no more.
     fn sweep(&self, s: &Snapshot, down: &[u32]) {
         let mut swept = self.swept.lock();
         if swept.elapsed() < Duration::from_secs(10) {
@@ -1310,7 +1326,9 @@ impl<S: Source> View<S> {
                         Ok(v)
                     })
                     .await?;
-                for (name, ft) in local {
+                let names: Vec<&str> = local.iter().filter_map(|(n, _)| n.to_str()).collect();
+                self.inodes.lock().retire_pass_listed(&p, &names);
+                for (name, ft) in &local {
                     let Some(n) = name.to_str() else { continue };
                     let kind = ft
                         .and_then(FileType::from_std)
