@@ -1488,9 +1488,12 @@ mod tests {
     }
 
     impl Setup {
-        /// `name` in directory `parent`, looked up as [`ME`].
+        /// `name` in directory `parent`, looked up as [`ME`] (and held, as by the kernel
+        /// when FUSE answers a lookup).
         async fn at(&self, parent: u64, name: &str) -> Result<FileAttr, Errno> {
-            self.view.lookup(&ME, parent, OsStr::new(name)).await
+            let a = self.view.lookup(&ME, parent, OsStr::new(name)).await?;
+            self.view.looked_up(a.ino.0);
+            Ok(a)
         }
     }
 
