@@ -65,8 +65,8 @@ pub fn status_numbers(status: &str, key: &str) -> Vec<u64> {
 
 /// The reader behind a FUSE request: its uid and gid as FUSE reports them, and the
 /// supplementary groups and effective capabilities of the calling thread (`Groups:` and
-/// `CapEff:` of its status; no capabilities when it can not be read, none known when
-/// FUSE gives no pid).
+/// `CapEff:` of its status; none when it can not be read or FUSE gives no pid: a caller
+/// is not privileged by what the view does not know of it).
 pub fn reader(proc_root: &Path, uid: u32, gid: u32, pid: u32) -> Reader {
     let status = (pid != 0)
         .then(|| std::fs::read_to_string(proc_root.join(pid.to_string()).join("status")).ok())
@@ -82,11 +82,12 @@ pub fn reader(proc_root: &Path, uid: u32, gid: u32, pid: u32) -> Reader {
         .unwrap_or_default();
     groups.sort_unstable();
     groups.dedup();
-    let caps = match (pid, &status) {
-        (0, _) => None,
-        (_, Some(s)) => Some(clan_core::sys::status_caps(s, "CapEff").unwrap_or(0)),
-        (_, None) => Some(0),
-    };
+    let caps = Some(
+        status
+            .as_deref()
+            .and_then(|s| clan_core::sys::status_caps(s, "CapEff"))
+            .unwrap_or(0),
+    );
     Reader {
         uid,
         gid,
@@ -394,9 +395,9 @@ mod tests {
         assert_eq!(r.caps, Some(0x80000));
         assert!(reader(&f.proc(), 1, 1, 0).groups.is_empty());
         assert!(reader(&f.proc(), 1, 1, 99).groups.is_empty());
-        // A caller gone: no capabilities; FUSE gave no pid: not known.
+        // A caller gone, or FUSE gave no pid: no capabilities.
         assert_eq!(reader(&f.proc(), 0, 0, 99).caps, Some(0));
-        assert_eq!(reader(&f.proc(), 0, 0, 0).caps, None);
+        assert_eq!(reader(&f.proc(), 0, 0, 0).caps, Some(0));
         let mut root = reader(&f.proc(), 0, 0, 55);
         assert!(!root.overrides_modes(false));
         root.caps = Some(1 << clan_core::sys::cap::DAC_READ_SEARCH);
