@@ -730,8 +730,8 @@ impl<S: Source> View<S> {
                     return served(f);
                 }
                 if BATCH_FILES.contains(&path) {
-                    if let Some((at, f)) = self.batch(who, &reader, gpid, path).await {
-                        if start == 0 || at == start {
+                    if let Some((started, f)) = self.batch(who, &reader, gpid, path).await {
+                        if start == 0 || started == start {
                             return served(&f);
                         }
                     }
