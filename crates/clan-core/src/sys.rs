@@ -433,6 +433,8 @@ pub fn status_caps(status: &str, key: &str) -> Option<u64> {
 pub mod cap {
     pub const DAC_OVERRIDE: u32 = 1;
     pub const DAC_READ_SEARCH: u32 = 2;
+    pub const SETGID: u32 = 6;
+    pub const SETUID: u32 = 7;
     pub const SYS_PTRACE: u32 = 19;
 
     /// Whether the set `caps` holds capability `cap`.

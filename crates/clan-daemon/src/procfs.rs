@@ -362,12 +362,15 @@ pub fn quick(req: &pb::ProcRequest) -> bool {
     }
 }
 
-/// Who a request from `client` reads as: a root client (the FUSE server) reads on
-/// behalf of its callers, with no capability it does not have itself; anyone else as
-/// itself.
+/// Who a request from `client` reads as: a root client that could take any identity
+/// itself (CAP_SETUID and CAP_SETGID: the FUSE server) reads on behalf of its callers,
+/// with no capability it does not have itself; anyone else as itself.
 pub fn delegated(reader: Option<pb::Creds>, client: &pb::Creds) -> pb::Creds {
+    use clan_core::sys::cap;
+    let caps = client.cap_eff.unwrap_or(u64::MAX);
+    let may = client.uid == 0 && cap::has(caps, cap::SETUID) && cap::has(caps, cap::SETGID);
     match reader {
-        Some(mut r) if client.uid == 0 => {
+        Some(mut r) if may => {
             if let Some(mine) = client.cap_eff {
                 r.cap_eff = Some(r.cap_eff.unwrap_or(u64::MAX) & mine);
             }
@@ -1448,17 +1451,20 @@ NSsid:\t7\t1\nThreads:\t1\n";
             cap_eff,
             ..Default::default()
         };
-        let caller = creds(0, Some(0b111));
+        let ids = 1 << clan_core::sys::cap::SETUID | 1 << clan_core::sys::cap::SETGID;
+        let caller = creds(0, Some(ids | 0b111));
         assert_eq!(delegated(Some(caller.clone()), &creds(0, None)), caller);
         assert_eq!(
-            delegated(Some(caller.clone()), &creds(0, Some(0b101))).cap_eff,
-            Some(0b101)
+            delegated(Some(caller.clone()), &creds(0, Some(ids | 0b101))).cap_eff,
+            Some(ids | 0b101)
         );
         assert_eq!(
-            delegated(Some(creds(0, None)), &creds(0, Some(0b1))).cap_eff,
-            Some(0b1)
+            delegated(Some(creds(0, None)), &creds(0, Some(ids))).cap_eff,
+            Some(ids)
         );
-        // Anyone else reads as itself.
+        // Root that could not take another's identity, and anyone else, read as itself.
+        let capless = creds(0, Some(0b101));
+        assert_eq!(delegated(Some(creds(1000, None)), &capless), capless);
         let user = creds(1000, Some(0));
         assert_eq!(delegated(Some(caller), &user), user);
         assert_eq!(delegated(None, &user), user);
