@@ -1368,3 +1368,314 @@ fn sigterm_stops_a_view_server_mounted_in_a_node_namespace() {
     let text = std::fs::read_to_string(&loadavg).expect("the new view");
     assert_eq!(text.split_whitespace().count(), 5, "{text}");
 }
+
+/// The host pid of the one process whose command line is `cmd` (a node's process, seen
+/// from the host's pid namespace, which holds the local cluster's).
+fn host_pid_of(cmd: &str) -> u32 {
+    let found = eventually(cmd, Duration::from_secs(10), || {
+        let v: Vec<u32> = host_processes_mentioning(cmd)
+            .iter()
+            .filter(|l| l.split_once(": ").is_some_and(|(_, c)| c.trim_end() == cmd))
+            .filter_map(|l| l.split_once(':')?.0.parse().ok())
+            .collect();
+        (v.len() == 1).then(|| v[0])
+    });
+    found
+}
+
+/// The host pid of node `n`'s init (pid 1 of its pid namespace).
+fn node_init(c: &Cluster, n: u32) -> u32 {
+    std::fs::read_to_string(c.node_dir(n).join("init.pid"))
+        .expect("init.pid")
+        .trim()
+        .parse()
+        .expect("init pid")
+}
+
+/// Starts `argv` as user `uid` with `clan run -d` on node `n`; its gpid.
+fn spawn_as(c: &Cluster, uid: u32, n: u32, argv: &[&str]) -> Gpid {
+    let clan = bin("clan");
+    let dir = format!("CLAN_DIR={}", c.dir.display());
+    let node = n.to_string();
+    let mut args = vec![
+        "env",
+        &dir,
+        clan.to_str().expect("utf-8"),
+        "run",
+        "-d",
+        "--node",
+        &node,
+        "--",
+    ];
+    args.extend_from_slice(argv);
+    let o = as_user(uid, &args);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stdout)
+        .trim()
+        .parse()
+        .expect("gpid")
+}
+
+/// Regression: a handle on a process that has exited never shows the process that took
+/// its pid. An open file read again from its start gives ESRCH (the kernel's answer), and
+/// a directory handle opens nothing of the new process; a path looked up afresh finds the
+/// new one.
+#[test]
+fn handles_of_an_exited_process_never_show_the_one_that_reuses_its_pid() {
+    use std::io::{Read, Seek, SeekFrom};
+    use std::os::fd::AsRawFd;
+    root_or_skip!("handles_of_an_exited_process_never_show_the_one_that_reuses_its_pid");
+    let c = Cluster::up(2);
+    let g = c.spawn(2, &["sleep", "600"]);
+    let m = Mounted::new(&c);
+    let mut held = std::fs::File::open(m.path(&format!("{g}/status"))).expect("open status");
+    let mut s = String::new();
+    held.read_to_string(&mut s).expect("read status");
+    assert!(s.contains(&format!("\nPid:\t{g}\n")), "{s}");
+    let dir = std::fs::File::open(m.path(&g.to_string())).expect("open the directory");
+    c.clan_ok(&["kill", "-s", "KILL", &g.to_string()]);
+    c.clan(&["wait", &g.to_string()]);
+    // A process of node 2 that takes the pid again: its parent sets the namespace's last
+    // pid just below it and forks until its child has it.
+    let script = "import os, signal, sys\n\
+        want = int(sys.argv[1])\n\
+        for _ in range(1000):\n\
+        \x20   with open('/proc/sys/kernel/ns_last_pid', 'w') as f: f.write(str(want - 1))\n\
+        \x20   pid = os.fork()\n\
+        \x20   if pid == 0: os.execvp('sleep', ['sleep', '601'])\n\
+        \x20   if pid == want: break\n\
+        \x20   os.kill(pid, signal.SIGKILL); os.waitpid(pid, 0)\n\
+        os.waitpid(pid, 0)\n";
+    c.spawn(2, &["python3", "-c", script, &g.local().to_string()]);
+    eventually("the pid taken again", Duration::from_secs(20), || {
+        let cmd = std::fs::read(m.path(&format!("{g}/cmdline"))).ok()?;
+        (cmd == b"sleep\x00601\x00").then_some(())
+    });
+    // The open file of the exited process: ESRCH, not the new process's status.
+    held.seek(SeekFrom::Start(0)).expect("seek");
+    let mut buf = [0u8; 4096];
+    match held.read(&mut buf) {
+        Ok(n) => panic!(
+            "the old file read the new process: {}",
+            String::from_utf8_lossy(&buf[..n])
+        ),
+        Err(e) => assert_eq!(e.raw_os_error(), Some(libc::ESRCH), "{e}"),
+    }
+    // The old directory handle: no file of the new process through it (the kernel says
+    // ENOENT; FUSE answers EIO itself on an inode it has replaced by the new process's).
+    let opened = nix::fcntl::openat(
+        Some(dir.as_raw_fd()),
+        "status",
+        nix::fcntl::OFlag::O_RDONLY,
+        nix::sys::stat::Mode::empty(),
+    );
+    match opened {
+        Ok(fd) => {
+            // SAFETY: openat just returned this descriptor and nothing else owns it.
+            let mut f = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+            let mut s = String::new();
+            let _ = f.read_to_string(&mut s);
+            panic!("the old directory opened the new process's status: {s}");
+        }
+        Err(e) => assert!(
+            matches!(e, nix::errno::Errno::ENOENT | nix::errno::Errno::EIO),
+            "{e}"
+        ),
+    }
+    // A path looked up afresh is the new process.
+    let s = m.read(&format!("{g}/status"));
+    assert!(s.contains(&format!("\nPid:\t{g}\n")), "{s}");
+    let cmd = std::fs::read(m.path(&format!("{g}/cmdline"))).expect("cmdline");
+    assert_eq!(cmd, b"sleep\x00601\x00");
+}
+
+/// Regression: a node whose /proc hides other users' processes (hidepid=2) hides them
+/// through the view too, at once: a lookup or listing by another user right after root's
+/// (which the kernel and the server cached for a second) does not find root's process.
+#[test]
+fn hidepid_of_a_node_hides_other_users_processes_at_once() {
+    root_or_skip!("hidepid_of_a_node_hides_other_users_processes_at_once");
+    let c = Cluster::up(2);
+    let b = test_user("clanpfsb");
+    let init = node_init(&c, 2).to_string();
+    let o = Command::new("nsenter")
+        .args([
+            "-t",
+            &init,
+            "-m",
+            "--",
+            "mount",
+            "-o",
+            "remount,hidepid=2",
+            "/proc",
+        ])
+        .output()
+        .expect("nsenter");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let roots = c.spawn(2, &["sleep", "600"]);
+    let theirs = spawn_as(&c, b, 2, &["sleep", "601"]);
+    // The node's kernel hides root's process from the user, not the user's own.
+    let o = Command::new("nsenter")
+        .args(["-t", &init, "-m", "--", "setpriv"])
+        .arg(format!("--reuid={b}"))
+        .arg(format!("--regid={b}"))
+        .args(["--clear-groups", "ls", "/proc"])
+        .output()
+        .expect("nsenter");
+    let native = String::from_utf8_lossy(&o.stdout).to_string();
+    let native: Vec<&str> = native.split_whitespace().collect();
+    assert!(
+        !native.contains(&roots.local().to_string().as_str()),
+        "{native:?}"
+    );
+    assert!(
+        native.contains(&theirs.local().to_string().as_str()),
+        "{native:?}"
+    );
+    let m = Mounted::new(&c);
+    std::fs::set_permissions(&m.dir, std::os::unix::fs::PermissionsExt::from_mode(0o755)).ok();
+    let listed = |who: &str| -> Vec<u64> {
+        std::fs::read_dir(&m.dir)
+            .unwrap_or_else(|e| panic!("list the view as {who}: {e}"))
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse().ok())
+            .collect()
+    };
+    for _ in 0..3 {
+        // Root lists, looks up and reads: the entry is in the kernel's cache, the
+        // snapshot in the server's.
+        assert!(listed("root").contains(&roots.raw()));
+        assert!(std::fs::metadata(m.path(&roots.to_string())).is_ok());
+        assert!(m.read(&format!("{roots}/status")).contains("sleep"));
+        // At once, the user (this thread, with the user's ids).
+        let gid = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(b))
+            .ok()
+            .flatten()
+            .map_or(b, |u| u.gid.as_raw());
+        let acting = clan_core::sys::ActingAs::user(b, gid, &[]).expect("act as the user");
+        let seen = std::fs::metadata(m.path(&roots.to_string()));
+        let read = std::fs::read(m.path(&format!("{roots}/status")));
+        let names = listed("the user");
+        let own = std::fs::metadata(m.path(&theirs.to_string()));
+        drop(acting);
+        assert_eq!(
+            seen.map(|_| ()).map_err(|e| e.kind()),
+            Err(ErrorKind::NotFound),
+            "the user found root's process"
+        );
+        assert!(read.is_err(), "the user read root's process's status");
+        assert!(
+            !names.contains(&roots.raw()),
+            "listed for the user: {names:?}"
+        );
+        assert!(names.contains(&theirs.raw()), "{names:?}");
+        assert!(own.is_ok(), "the user's own process: {own:?}");
+    }
+}
+
+/// Regression: root without CAP_SYS_PTRACE (or other capabilities) is not privileged by
+/// its uid: through the view it may read what the kernel lets it read natively, no more
+/// (a process's `cwd`, `io`, `environ`, `fd/` of another user's process and of root's).
+#[test]
+fn root_without_capabilities_reads_what_the_kernel_lets_it() {
+    root_or_skip!("root_without_capabilities_reads_what_the_kernel_lets_it");
+    let c = Cluster::up(2);
+    let a = test_user("clanpfsa");
+    let theirs = spawn_as(&c, a, 2, &["sleep", "611"]);
+    let roots = c.spawn(2, &["sleep", "612"]);
+    let m = Mounted::new(&c);
+    let probe = |drop: &str, dir: &str| -> String {
+        let script = format!(
+            "for f in environ io stat; do cat {dir}/$f >/dev/null 2>&1 && echo $f:read || echo $f:refused; done; \
+             readlink {dir}/cwd >/dev/null 2>&1 && echo cwd:read || echo cwd:refused; \
+             ls {dir}/fd >/dev/null 2>&1 && echo fd:read || echo fd:refused"
+        );
+        let o = Command::new("setpriv")
+            .arg(format!("--inh-caps={drop}"))
+            .arg(format!("--bounding-set={drop}"))
+            .args(["sh", "-c", &script])
+            .stdin(Stdio::null())
+            .output()
+            .expect("setpriv");
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let mut refused = 0;
+    for (g, cmd) in [(theirs, "sleep 611"), (roots, "sleep 612")] {
+        let host = host_pid_of(cmd);
+        for drop in ["-sys_ptrace", "-sys_ptrace,-sys_admin,-perfmon", "-all"] {
+            let native = probe(drop, &format!("/proc/{host}"));
+            let view = probe(drop, &m.path(&g.to_string()).to_string_lossy());
+            assert_eq!(
+                view, native,
+                "{cmd} without {drop}: the view, then the kernel"
+            );
+            refused += native.matches("refused").count();
+        }
+        // With every capability, root reads them all.
+        let full = probe("+all", &m.path(&g.to_string()).to_string_lossy());
+        assert!(!full.contains("refused"), "{cmd}: {full}");
+    }
+    assert!(
+        refused > 0,
+        "the kernel refused nothing: the test proves nothing"
+    );
+}
+
+/// Regression: the inode tables of a process's paths are bounded: the numbers of the
+/// paths of threads that exited are given back once the kernel has forgotten them (FUSE
+/// forget), while the paths of a live thread keep their numbers. Watched as `top -H` does
+/// it, over a process that starts and ends threads without pause.
+#[test]
+fn paths_of_exited_threads_are_forgotten_and_live_ones_keep_their_numbers() {
+    use std::os::unix::fs::MetadataExt;
+    root_or_skip!("paths_of_exited_threads_are_forgotten_and_live_ones_keep_their_numbers");
+    let c = Cluster::up(2);
+    let g = c.spawn(
+        2,
+        &[
+            "python3",
+            "-c",
+            "import threading\nwhile True:\n    t = threading.Thread(target=int)\n    t.start()\n    t.join()\n",
+        ],
+    );
+    let m = Mounted::new(&c);
+    /// The index of a path inside its process (the low 20 bits of its number).
+    fn index(p: &Path) -> Option<u64> {
+        std::fs::metadata(p)
+            .ok()
+            .map(|md| md.ino() & ((1 << 20) - 1))
+    }
+    let main = m.path(&format!("{g}/task/{g}/stat"));
+    let main_ino = std::fs::metadata(&main).expect("the main thread").ino();
+    // One round of top -H: list the threads, look at each one's stat. Returns the
+    // indices of paths of threads other than the main one.
+    let round = || -> Vec<u64> {
+        let mut v = Vec::new();
+        for e in std::fs::read_dir(m.path(&format!("{g}/task")))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let tid = e.file_name().to_string_lossy().into_owned();
+            if tid != g.to_string() {
+                v.extend(index(&m.path(&format!("{g}/task/{tid}/stat"))));
+            }
+        }
+        v
+    };
+    let mut threads = 0;
+    while threads < 600 {
+        threads += round().len();
+    }
+    // The kernel lets go of what it no longer uses (it would under memory pressure).
+    std::fs::write("/proc/sys/vm/drop_caches", "2").expect("drop caches");
+    // New threads' paths get numbers given back, not ever higher ones.
+    eventually("numbers given back", Duration::from_secs(30), || {
+        round().into_iter().max().filter(|&i| i < 4096 + 256)
+    });
+    assert_eq!(
+        std::fs::metadata(&main).expect("the main thread").ino(),
+        main_ino,
+        "a live thread's number changed"
+    );
+}

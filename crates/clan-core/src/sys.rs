@@ -424,6 +424,25 @@ pub fn status_field<'a>(status: &'a str, key: &str) -> Option<&'a str> {
     })
 }
 
+/// A capability set of a `status` field (`CapEff`, `CapPrm`: hexadecimal), if it parses.
+pub fn status_caps(status: &str, key: &str) -> Option<u64> {
+    u64::from_str_radix(status_field(status, key)?, 16).ok()
+}
+
+/// Capability numbers (linux/capability.h) the cluster /proc applies the kernel's rules of.
+pub mod cap {
+    pub const DAC_OVERRIDE: u32 = 1;
+    pub const DAC_READ_SEARCH: u32 = 2;
+    pub const SETGID: u32 = 6;
+    pub const SETUID: u32 = 7;
+    pub const SYS_PTRACE: u32 = 19;
+
+    /// Whether the set `caps` holds capability `cap`.
+    pub fn has(caps: u64, cap: u32) -> bool {
+        caps & (1 << cap) != 0
+    }
+}
+
 /// The numbers of a `status` field, in order, skipping what does not parse.
 pub fn status_numbers<T: std::str::FromStr>(status: &str, key: &str) -> Vec<T> {
     status_field(status, key)
@@ -600,6 +619,63 @@ pub fn lives(pid: u32, start: u64) -> bool {
 pub struct ActingAs {
     gid: u32,
     groups: Vec<libc::gid_t>,
+    /// The thread's capabilities before, when it kept uid 0 and lowered its effective set
+    /// ([`ActingAs::reader`]); `None` when it took a user's uid.
+    caps: Option<[CapData; 2]>,
+}
+
+/// `struct __user_cap_header_struct` (linux/capability.h).
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: libc::c_int,
+}
+
+/// `struct __user_cap_data_struct`: one 32-bit half of each set.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+/// `_LINUX_CAPABILITY_VERSION_3`: 64-bit sets, as two `CapData`.
+const CAP_VERSION_3: u32 = 0x2008_0522;
+
+/// The calling thread's capabilities.
+fn thread_caps() -> io::Result<[CapData; 2]> {
+    let mut head = CapHeader {
+        version: CAP_VERSION_3,
+        pid: 0,
+    };
+    let mut data = [CapData::default(); 2];
+    // SAFETY: capget writes one header and two data structs, both ours and live.
+    let r = unsafe { libc::syscall(libc::SYS_capget, &mut head, data.as_mut_ptr()) };
+    if r == 0 {
+        Ok(data)
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Sets the calling thread's (only: the raw system call with pid 0) capabilities.
+fn set_thread_caps(data: &[CapData; 2]) -> io::Result<()> {
+    let mut head = CapHeader {
+        version: CAP_VERSION_3,
+        pid: 0,
+    };
+    // SAFETY: capset reads one header and two data structs, both ours and live.
+    let r = unsafe { libc::syscall(libc::SYS_capset, &mut head, data.as_ptr()) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+fn effective(data: &[CapData; 2]) -> u64 {
+    u64::from(data[0].effective) | u64::from(data[1].effective) << 32
 }
 
 impl ActingAs {
@@ -610,6 +686,51 @@ impl ActingAs {
         if uid == 0 || unsafe { libc::geteuid() } != 0 {
             return Ok(None);
         }
+        ActingAs::switch(Some(uid), gid, groups, None)
+    }
+
+    /// Acts as a reader with these ids and effective capabilities (`caps`: its `CapEff`;
+    /// `None`: not known, all of them). A user's uid drops every capability, as
+    /// [`ActingAs::user`]; root keeps its uid and takes the reader's gid and groups and,
+    /// in place of its effective set, the part of it the reader has: the kernel's
+    /// privilege is the capability, not uid 0 (a root process without CAP_SYS_PTRACE may
+    /// not read another user's `cwd`). `Ok(None)` when there is nothing to change.
+    pub fn reader(
+        uid: u32,
+        gid: u32,
+        groups: &[u32],
+        caps: Option<u64>,
+    ) -> io::Result<Option<ActingAs>> {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            return Ok(None);
+        }
+        if uid != 0 {
+            return ActingAs::user(uid, gid, groups);
+        }
+        let Some(caps) = caps else {
+            return Ok(None);
+        };
+        let before = thread_caps()?;
+        let mine = effective(&before);
+        if mine & !caps == 0 {
+            return Ok(None);
+        }
+        let lowered = mine & caps;
+        let mut after = before;
+        after[0].effective = lowered as u32;
+        after[1].effective = (lowered >> 32) as u32;
+        ActingAs::switch(None, gid, groups, Some((before, after)))
+    }
+
+    /// Takes `groups`, `gid`, then `uid` (a user's) or the capabilities `caps` (before,
+    /// after) on this thread.
+    fn switch(
+        uid: Option<u32>,
+        gid: u32,
+        groups: &[u32],
+        caps: Option<([CapData; 2], [CapData; 2])>,
+    ) -> io::Result<Option<ActingAs>> {
         // SAFETY: getgroups with size 0 only counts the groups.
         let count = unsafe { libc::getgroups(0, std::ptr::null_mut()) };
         if count < 0 {
@@ -623,9 +744,10 @@ impl ActingAs {
         }
         saved.truncate(n as usize);
         let undo = ActingAs {
-            // SAFETY: as above.
+            // SAFETY: getegid has no preconditions.
             gid: unsafe { libc::getegid() },
             groups: saved,
+            caps: caps.map(|(before, _)| before),
         };
         let check = |ret: libc::c_long| {
             if ret == 0 {
@@ -641,24 +763,84 @@ impl ActingAs {
         // SAFETY: raw setresgid/setresuid take plain integers (-1: unchanged) and change
         // only this thread's credentials.
         check(unsafe { libc::syscall(libc::SYS_setresgid, -1i32, gid, -1i32) })?;
-        // SAFETY: as above.
-        check(unsafe { libc::syscall(libc::SYS_setresuid, -1i32, uid, -1i32) })?;
+        match (uid, caps) {
+            (Some(uid), _) => {
+                // SAFETY: as above.
+                check(unsafe { libc::syscall(libc::SYS_setresuid, -1i32, uid, -1i32) })?
+            }
+            (None, Some((_, after))) => set_thread_caps(&after)?,
+            (None, None) => {}
+        }
         Ok(Some(undo))
     }
 }
 
 impl Drop for ActingAs {
     fn drop(&mut self) {
-        // SAFETY: as in `user`; the effective uid first, which gives the capabilities back
-        // that the other two need. Failing here would leave a thread of the daemon with a
-        // user's identity: abort rather than go on.
+        // The capabilities (or the effective uid, which gives them back) first: the other
+        // two need them. Failing here would leave a thread of the daemon with a user's
+        // identity: abort rather than go on.
+        if let Some(caps) = &self.caps {
+            if set_thread_caps(caps).is_err() {
+                std::process::abort();
+            }
+        }
+        // SAFETY: as in `switch`.
         unsafe {
-            if libc::syscall(libc::SYS_setresuid, -1i32, 0u32, -1i32) != 0
+            if (self.caps.is_none() && libc::syscall(libc::SYS_setresuid, -1i32, 0u32, -1i32) != 0)
                 || libc::syscall(libc::SYS_setresgid, -1i32, self.gid, -1i32) != 0
                 || libc::syscall(libc::SYS_setgroups, self.groups.len(), self.groups.as_ptr()) != 0
             {
                 std::process::abort();
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod acting_tests {
+    use super::*;
+
+    /// The calling thread's effective capabilities, as /proc shows them.
+    fn eff() -> u64 {
+        let s = read_small("/proc/thread-self/status").unwrap();
+        status_caps(&s, "CapEff").unwrap()
+    }
+
+    #[test]
+    fn root_reader_without_a_capability_lowers_this_thread_only() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: needs root");
+            return;
+        }
+        let mine = eff();
+        if !cap::has(mine, cap::SYS_PTRACE) {
+            eprintln!("skipped: needs CAP_SYS_PTRACE");
+            return;
+        }
+        // A thread started before (a new one starts with a copy of its creator's).
+        let (ask, asked) = std::sync::mpsc::channel::<()>();
+        let other = std::thread::spawn(move || {
+            asked.recv().unwrap();
+            eff()
+        });
+        let without = mine & !(1 << cap::SYS_PTRACE);
+        let acting = ActingAs::reader(0, 0, &[], Some(without)).unwrap();
+        assert!(acting.is_some());
+        assert_eq!(eff(), without);
+        ask.send(()).unwrap();
+        assert_eq!(
+            other.join().unwrap(),
+            mine,
+            "another thread keeps its capabilities"
+        );
+        drop(acting);
+        assert_eq!(eff(), mine, "given back");
+        // Nothing to lower, or not known: nothing changes.
+        assert!(ActingAs::reader(0, 0, &[], Some(u64::MAX))
+            .unwrap()
+            .is_none());
+        assert!(ActingAs::reader(0, 0, &[], None).unwrap().is_none());
     }
 }

@@ -137,6 +137,7 @@ mod tests {
             uid: 0,
             gid: 0,
             groups: vec![],
+            caps: None,
         }
     }
 
@@ -155,6 +156,7 @@ mod tests {
             uid: 1000,
             gid: 1000,
             groups: vec![],
+            caps: None,
         };
         assert!(read(&user, "status").is_ok_and(|d| d.starts_with(b"Name:\tclan\n")));
         assert!(matches!(read(&user, "environ"), Err(Error::Permission(_))));

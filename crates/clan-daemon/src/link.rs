@@ -419,11 +419,7 @@ impl Served {
                 here(p.gpid)?;
                 // As the client's own node decides: a root client (the view server) reads
                 // on behalf of its callers, anyone else as itself.
-                let reader = match p.reader.take() {
-                    Some(r) if creds.uid == 0 => r,
-                    _ => creds.clone(),
-                };
-                p.reader = Some(reader);
+                p.reader = Some(crate::procfs::delegated(p.reader.take(), creds));
                 Ok(Reply::Proc(node.proc_local(&p)?))
             }
             _ => Err(Error::Invalid(

@@ -140,6 +140,8 @@ impl Node {
             start: 0,
             job: job.unwrap_or(0),
             ruid: Some(ruid),
+            // Not read: none (a caller gone before it was read is not one to trust).
+            cap_eff: Some(ids.caps.unwrap_or(0)),
         };
         // Watched for reading only (see clan_core::unixconn).
         let Ok(s) = s.into_std().and_then(UnixConn::from_std) else {

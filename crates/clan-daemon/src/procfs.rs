@@ -66,6 +66,10 @@ pub struct Reader {
     pub uid: u32,
     pub gid: u32,
     pub groups: Vec<u32>,
+    /// Effective capabilities (`None`: not known, all of them, for a request from before
+    /// they were sent). They count for root only: a user's read is made with the user's
+    /// uid, which leaves none.
+    pub caps: Option<u64>,
 }
 
 impl Reader {
@@ -74,14 +78,21 @@ impl Reader {
             uid: c.uid,
             gid: c.gid,
             groups: c.groups.clone(),
+            caps: c.cap_eff,
         }
     }
 
+    /// Whether the reader is root with capability `cap`.
+    fn root_with(&self, cap: u32) -> bool {
+        self.uid == 0 && clan_core::sys::cap::has(self.caps.unwrap_or(u64::MAX), cap)
+    }
+
     /// Whether a file of this mode and owner is readable by the reader (DAC, as the
-    /// kernel: owner bits for the owner, group bits for a member, other bits otherwise;
-    /// root reads everything).
+    /// kernel: root with CAP_DAC_OVERRIDE or CAP_DAC_READ_SEARCH reads everything;
+    /// otherwise owner bits for the owner, group bits for a member, other bits).
     pub fn may_read(&self, mode: u32, uid: u32, gid: u32) -> bool {
-        if self.uid == 0 {
+        use clan_core::sys::cap;
+        if self.root_with(cap::DAC_OVERRIDE) || self.root_with(cap::DAC_READ_SEARCH) {
             return true;
         }
         let bits = if self.uid == uid {
@@ -348,6 +359,24 @@ pub fn quick(req: &pb::ProcRequest) -> bool {
             Some("cwd" | "exe" | "root" | "fd" | "ns")
         ),
         _ => false,
+    }
+}
+
+/// Who a request from `client` reads as: a root client that could take any identity
+/// itself (CAP_SETUID and CAP_SETGID: the FUSE server) reads on behalf of its callers,
+/// with no capability it does not have itself; anyone else as itself.
+pub fn delegated(reader: Option<pb::Creds>, client: &pb::Creds) -> pb::Creds {
+    use clan_core::sys::cap;
+    let caps = client.cap_eff.unwrap_or(u64::MAX);
+    let may = client.uid == 0 && cap::has(caps, cap::SETUID) && cap::has(caps, cap::SETGID);
+    match reader {
+        Some(mut r) if may => {
+            if let Some(mine) = client.cap_eff {
+                r.cap_eff = Some(r.cap_eff.unwrap_or(u64::MAX) & mine);
+            }
+            r
+        }
+        _ => client.clone(),
     }
 }
 
@@ -755,6 +784,10 @@ impl Node {
             _ => parts.first().copied(),
         };
         let guarded = name.is_some_and(|n| PTRACE_GUARDED.contains(&n));
+        // Root's reads are decided by the kernel alone: they are made with root's
+        // capabilities lowered to the reader's (`ActingAs::reader`), and which of them a
+        // ptrace check accepts depends on the kernel (6.x lets CAP_PERFMON or
+        // CAP_SYS_ADMIN open `environ` or `maps`, not read `cwd`).
         if guarded && !(is_dir && parts.len() == 1) && reader.uid != 0 {
             let status = self
                 .view
@@ -843,6 +876,19 @@ impl Node {
         Ok(self.rewrite(pid, file, data, shepherds))
     }
 
+    /// The start time of process `pid`, read after an answer about it was made: when it
+    /// is `want`, the start of the process the asker means, that process had the pid
+    /// from before the request to now, so the answer is its own, not that of a process
+    /// that took its pid after it exited. `NoSuchProcess` if another has it now, or none
+    /// (`want` 0: whichever).
+    fn started(&self, pid: u32, want: u64) -> Result<u64> {
+        let g = Gpid::new(self.id, pid).ok_or_else(|| Error::NotFound(format!("no pid {pid}")))?;
+        match self.view.start_ticks(pid) {
+            Some(start) if want == 0 || start == want => Ok(start),
+            _ => Err(Error::NoSuchProcess(g)),
+        }
+    }
+
     fn proc_entry(&self, pid: u32) -> Option<pb::ProcEntry> {
         let (_, uid, gid) = self.view.stat_entry(&pid.to_string()).ok()?;
         let attrs = self.view.attrs(pid, false)?;
@@ -883,9 +929,11 @@ impl Node {
             None => Reader::from_creds(&self.own_creds()),
         };
         // Everything below reads as the reader: what the kernel shows depends on who asks
-        // (a `stat`'s addresses, `wchan`, `stack`, `kallsyms`), not only whether it opens.
-        let _as = clan_core::sys::ActingAs::user(reader.uid, reader.gid, &reader.groups)
-            .map_err(|e| Error::Internal(format!("reading as uid {}: {e}", reader.uid)))?;
+        // (a `stat`'s addresses, `wchan`, `stack`, `kallsyms`), not only whether it opens;
+        // root with the capabilities it has, no more.
+        let _as =
+            clan_core::sys::ActingAs::reader(reader.uid, reader.gid, &reader.groups, reader.caps)
+                .map_err(|e| Error::Internal(format!("reading as uid {}: {e}", reader.uid)))?;
         let op = P::try_from(req.op)
             .map_err(|_| Error::Invalid(format!("unknown /proc operation {}", req.op)))?;
         let mut reply = pb::ProcReply::default();
@@ -930,6 +978,7 @@ impl Node {
                 }
                 let pid = self.proc_pid(req.gpid)?;
                 reply.data = self.read_one(&reader, pid, &parts, &ShepherdCache::default())?;
+                reply.start_ticks = self.started(pid, req.start_ticks)?;
             }
             P::ProcReadlink => {
                 let parts = check_path(&req.path)?;
@@ -940,6 +989,7 @@ impl Node {
                     .view
                     .readlink_entry(&rel)
                     .map_err(|e| io_err(e, &rel))?;
+                reply.start_ticks = self.started(pid, req.start_ticks)?;
             }
             P::ProcReaddir => {
                 let parts = check_path(&req.path)?;
@@ -978,6 +1028,7 @@ impl Node {
                         gid,
                     });
                 }
+                reply.start_ticks = self.started(pid, req.start_ticks)?;
             }
             P::ProcGlobal => {
                 let parts = check_path(&req.path)?;
@@ -1019,12 +1070,7 @@ impl Node {
         creds: &pb::Creds,
     ) -> Result<pb::ProcReply> {
         use pb::ProcOp as P;
-        // A root client (the FUSE server) reads on behalf of its callers.
-        let reader = match req.reader.take() {
-            Some(r) if creds.uid == 0 => r,
-            _ => creds.clone(),
-        };
-        req.reader = Some(reader);
+        req.reader = Some(delegated(req.reader.take(), creds));
         let op = P::try_from(req.op)
             .map_err(|_| Error::Invalid(format!("unknown /proc operation {}", req.op)))?;
         match op {
@@ -1370,6 +1416,7 @@ NSsid:\t7\t1\nThreads:\t1\n";
             uid: 1000,
             gid: 1000,
             groups: vec![5],
+            caps: None,
         };
         assert!(r.may_read(0o100444, 0, 0));
         assert!(r.may_read(0o100400, 1000, 0));
@@ -1380,8 +1427,47 @@ NSsid:\t7\t1\nThreads:\t1\n";
             uid: 0,
             gid: 0,
             groups: vec![],
+            caps: None,
         };
         assert!(root.may_read(0o100000, 1000, 1000));
+        // Root is privileged by its capabilities, not its uid.
+        let bare = Reader {
+            caps: Some(0),
+            ..root.clone()
+        };
+        assert!(!bare.may_read(0o100400, 1000, 1000));
+        assert!(bare.may_read(0o100400, 0, 1000));
+        let searching = Reader {
+            caps: Some(1 << clan_core::sys::cap::DAC_READ_SEARCH),
+            ..root
+        };
+        assert!(searching.may_read(0o100000, 1000, 1000));
+    }
+
+    #[test]
+    fn a_root_client_reads_for_its_callers_with_no_more_than_its_own_capabilities() {
+        let creds = |uid, cap_eff| pb::Creds {
+            uid,
+            cap_eff,
+            ..Default::default()
+        };
+        let ids = 1 << clan_core::sys::cap::SETUID | 1 << clan_core::sys::cap::SETGID;
+        let caller = creds(0, Some(ids | 0b111));
+        assert_eq!(delegated(Some(caller.clone()), &creds(0, None)), caller);
+        assert_eq!(
+            delegated(Some(caller.clone()), &creds(0, Some(ids | 0b101))).cap_eff,
+            Some(ids | 0b101)
+        );
+        assert_eq!(
+            delegated(Some(creds(0, None)), &creds(0, Some(ids))).cap_eff,
+            Some(ids)
+        );
+        // Root that could not take another's identity, and anyone else, read as itself.
+        let capless = creds(0, Some(0b101));
+        assert_eq!(delegated(Some(creds(1000, None)), &capless), capless);
+        let user = creds(1000, Some(0));
+        assert_eq!(delegated(Some(caller), &user), user);
+        assert_eq!(delegated(None, &user), user);
     }
 
     #[test]

@@ -20,6 +20,9 @@ pub struct Reader {
     pub gid: u32,
     /// Supplementary groups, sorted.
     pub groups: Vec<u32>,
+    /// Effective capabilities (`None`: not known, all of them for root, as before they
+    /// were read): the kernel's privilege is the capability, not uid 0.
+    pub caps: Option<u64>,
 }
 
 impl Reader {
@@ -28,6 +31,7 @@ impl Reader {
             uid: 0,
             gid: 0,
             groups: Vec::new(),
+            caps: None,
         }
     }
 
@@ -37,8 +41,20 @@ impl Reader {
             gid: self.gid,
             groups: self.groups.clone(),
             pid,
+            cap_eff: self.caps,
             ..Default::default()
         }
+    }
+
+    /// Whether the reader may pass over a file's mode (CAP_DAC_OVERRIDE, or for reading
+    /// CAP_DAC_READ_SEARCH): root with them. Capabilities of other users do not count:
+    /// what they read is read with their uid, which leaves none.
+    pub fn overrides_modes(&self, writing_or_executing: bool) -> bool {
+        use clan_core::sys::cap;
+        let caps = self.caps.unwrap_or(u64::MAX);
+        self.uid == 0
+            && (cap::has(caps, cap::DAC_OVERRIDE)
+                || (!writing_or_executing && cap::has(caps, cap::DAC_READ_SEARCH)))
     }
 }
 
@@ -48,23 +64,36 @@ pub fn status_numbers(status: &str, key: &str) -> Vec<u64> {
 }
 
 /// The reader behind a FUSE request: its uid and gid as FUSE reports them, and the
-/// supplementary groups of the calling thread (`Groups:` of its status).
+/// supplementary groups and effective capabilities of the calling thread (`Groups:` and
+/// `CapEff:` of its status; none when it can not be read or FUSE gives no pid: a caller
+/// is not privileged by what the view does not know of it).
 pub fn reader(proc_root: &Path, uid: u32, gid: u32, pid: u32) -> Reader {
-    let mut groups: Vec<u32> = if pid == 0 {
-        Vec::new()
-    } else {
-        std::fs::read_to_string(proc_root.join(pid.to_string()).join("status"))
-            .map(|s| {
-                status_numbers(&s, "Groups")
-                    .into_iter()
-                    .filter_map(|g| u32::try_from(g).ok())
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
+    let status = (pid != 0)
+        .then(|| std::fs::read_to_string(proc_root.join(pid.to_string()).join("status")).ok())
+        .flatten();
+    let mut groups: Vec<u32> = status
+        .as_deref()
+        .map(|s| {
+            status_numbers(s, "Groups")
+                .into_iter()
+                .filter_map(|g| u32::try_from(g).ok())
+                .collect()
+        })
+        .unwrap_or_default();
     groups.sort_unstable();
     groups.dedup();
-    Reader { uid, gid, groups }
+    let caps = Some(
+        status
+            .as_deref()
+            .and_then(|s| clan_core::sys::status_caps(s, "CapEff"))
+            .unwrap_or(0),
+    );
+    Reader {
+        uid,
+        gid,
+        groups,
+        caps,
+    }
 }
 
 /// Where a caller stands.
@@ -290,7 +319,7 @@ mod tests {
             std::fs::create_dir_all(d.join("ns")).unwrap();
             std::fs::write(
                 d.join("status"),
-                format!("Name:\tx\nTgid:\t{tgid}\nPid:\t{pid}\nNSpid:\t{nspid}\nGroups:\t27 4 \n"),
+                format!("Name:\tx\nTgid:\t{tgid}\nPid:\t{pid}\nNSpid:\t{nspid}\nGroups:\t27 4 \nCapEff:\t0000000000080000\n"),
             )
             .unwrap();
             symlink(ns, d.join("ns/pid")).unwrap();
@@ -363,8 +392,17 @@ mod tests {
         f.process(55, 55, "pid:[1]", "55");
         let r = reader(&f.proc(), 1000, 1000, 55);
         assert_eq!(r.groups, vec![4, 27]);
+        assert_eq!(r.caps, Some(0x80000));
         assert!(reader(&f.proc(), 1, 1, 0).groups.is_empty());
         assert!(reader(&f.proc(), 1, 1, 99).groups.is_empty());
+        // A caller gone, or FUSE gave no pid: no capabilities.
+        assert_eq!(reader(&f.proc(), 0, 0, 99).caps, Some(0));
+        assert_eq!(reader(&f.proc(), 0, 0, 0).caps, Some(0));
+        let mut root = reader(&f.proc(), 0, 0, 55);
+        assert!(!root.overrides_modes(false));
+        root.caps = Some(1 << clan_core::sys::cap::DAC_READ_SEARCH);
+        assert!(root.overrides_modes(false) && !root.overrides_modes(true));
+        assert!(Reader::root().overrides_modes(true));
     }
 
     #[test]

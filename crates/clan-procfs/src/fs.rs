@@ -30,8 +30,9 @@ type OpenDirs = Arc<Mutex<HashMap<u64, Option<Arc<Vec<Dirent>>>>>>;
 struct OpenFile {
     contents: Arc<Contents>,
     read: bool,
-    /// What to fetch again for a read from the start, and as whom: the opener.
-    again: Option<(Node, Who)>,
+    /// What to fetch again for a read from the start (of the process that started then),
+    /// and as whom: the opener.
+    again: Option<(Node, u64, Who)>,
     /// Fetches asked for so far, and the number of the one `contents` holds: of two
     /// fetches at once (threads sharing the descriptor), the later is kept.
     asked: u64,
@@ -124,7 +125,12 @@ impl<S: Source> Filesystem for ProcFs<S> {
         self.run(async move {
             let entry_ttl = view.entry_ttl(parent.0, &name);
             match view.lookup_entry(&who, parent.0, &name).await {
-                Ok(Some(a)) => reply.entry_with_ttls(&view.ttl(), &entry_ttl, &a, Generation(0)),
+                Ok(Some(a)) => {
+                    let generation = Generation(view.generation(a.ino.0));
+                    // Counted before the reply: the kernel may forget it at once.
+                    view.looked_up(a.ino.0);
+                    reply.entry_with_ttls(&view.ttl(), &entry_ttl, &a, generation)
+                }
                 // Known to be absent (the node answered; a process directory's names never
                 // change): the kernel keeps that. An error (ENOENT for a process gone or
                 // its node down, EIO) is not kept, so the next lookup asks again.
@@ -138,6 +144,12 @@ impl<S: Source> Filesystem for ProcFs<S> {
                 Err(e) => reply.error(errno(e)),
             }
         });
+    }
+
+    /// The kernel let go of an inode it had from `nlookup` lookups: the view keeps a path's
+    /// number no longer than the kernel holds it, once the path is gone (FUSE's forget).
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        self.view.forgot(ino.0, nlookup);
     }
 
     fn getattr(&self, req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
@@ -173,7 +185,7 @@ impl<S: Source> Filesystem for ProcFs<S> {
         self.run(async move {
             match view.open(&who, ino.0).await {
                 Ok(c) => {
-                    let again = view.made_anew(ino.0).map(|n| (n, who));
+                    let again = view.made_anew(ino.0).map(|(n, start)| (n, start, who));
                     files.lock().insert(
                         fh,
                         OpenFile {
@@ -222,11 +234,11 @@ impl<S: Source> Filesystem for ProcFs<S> {
             (f.contents.clone(), again)
         };
         match (&*c, again) {
-            (Contents::Data(_), Some(((node, who), n))) => {
+            (Contents::Data(_), Some(((node, start, who), n))) => {
                 let (view, files) = (self.view.clone(), self.files.clone());
                 let process = matches!(node, Node::ProcPath(..));
                 self.run(async move {
-                    match view.open_node(&who, node).await {
+                    match view.open_node(&who, node, start).await {
                         Ok(c) => {
                             // Kept before the reply: the next read goes on from it.
                             let c = Arc::new(c);
@@ -241,8 +253,8 @@ impl<S: Source> Filesystem for ProcFs<S> {
                                 Contents::File(..) => reply.error(Errno::EIO),
                             }
                         }
-                        // A file of a process that has exited since its open: ESRCH, as
-                        // the kernel's read says.
+                        // A file of a process that has exited since its open (another one
+                        // may have its pid now): ESRCH, as the kernel's read says.
                         Err(libc::ENOENT) if process => reply.error(Errno::ESRCH),
                         Err(e) => reply.error(errno(e)),
                     }
@@ -358,20 +370,19 @@ impl<S: Source> Filesystem for ProcFs<S> {
             match view.getattr(&who, ino.0).await {
                 Ok(a) => {
                     let bits = u32::from(a.perm);
-                    let class = if who.uid == 0 {
-                        // root: everything but executing what no one may execute
-                        if mask.contains(AccessFlags::X_OK)
-                            && a.kind != fuser::FileType::Directory
-                            && bits & 0o111 == 0
-                        {
+                    let reader = view.reader(&who);
+                    let executes =
+                        mask.contains(AccessFlags::X_OK) && a.kind != fuser::FileType::Directory;
+                    let class = if reader.overrides_modes(executes) {
+                        // root with CAP_DAC_OVERRIDE (CAP_DAC_READ_SEARCH to read or
+                        // search): everything but executing what no one may execute
+                        if executes && bits & 0o111 == 0 {
                             return reply.error(Errno::EACCES);
                         }
                         return reply.ok();
                     } else if who.uid == a.uid {
                         bits >> 6
-                    } else if who.gid == a.gid
-                        || view.reader(&who).groups.binary_search(&a.gid).is_ok()
-                    {
+                    } else if who.gid == a.gid || reader.groups.binary_search(&a.gid).is_ok() {
                         bits >> 3
                     } else {
                         bits

@@ -6,22 +6,24 @@
 //! A server running as root does each such operation with the reader's effective uid,
 //! gid and groups on the calling thread (`clan_core::sys::ActingAs`, raw syscalls that
 //! change that thread only, put back after). Taking a non-zero effective uid clears the
-//! thread's effective capabilities, so no privilege of the server leaks to the reader. A
-//! server that is not root uses its own identity: then only its owner can use the mount.
+//! thread's effective capabilities, so no privilege of the server leaks to the reader; a
+//! root reader keeps uid 0 with no more of the server's capabilities than it has itself.
+//! A server that is not root uses its own identity: then only its owner can use the mount.
 
 use crate::caller::Reader;
 use std::io;
 
-/// Runs `f` with the identity of `reader` when the server is root and the reader is not;
-/// otherwise with the server's. `f` runs on the calling thread and must not yield.
+/// Runs `f` with the identity of `reader` (its ids and capabilities) when the server is
+/// root; otherwise with the server's. `f` runs on the calling thread and must not yield.
 pub fn as_reader<T, F>(reader: &Reader, switch: bool, f: F) -> io::Result<T>
 where
     F: FnOnce() -> io::Result<T>,
 {
-    if !switch || reader.uid == 0 {
+    if !switch {
         return f();
     }
-    let _acting = clan_core::sys::ActingAs::user(reader.uid, reader.gid, &reader.groups)?;
+    let _acting =
+        clan_core::sys::ActingAs::reader(reader.uid, reader.gid, &reader.groups, reader.caps)?;
     f()
 }
 
@@ -50,6 +52,7 @@ mod tests {
             uid: 65534,
             gid: 65534,
             groups: vec![65534],
+            caps: None,
         };
         let seen = as_reader(&r, true, || Ok(ids())).unwrap();
         assert_eq!(seen, (65534, 65534));

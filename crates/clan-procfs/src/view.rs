@@ -161,6 +161,12 @@ struct Snapshot {
 
 /// A listing of a process directory as one reader sees it: (reader, gpid, path).
 type ListKey = (Reader, u64, String);
+/// A listing, with the start time of the process it is of.
+type Listing = (u64, Arc<Vec<pb::DirEntry>>);
+/// The owner of `/GPID` (uid, gid) and the start time of the process it is of.
+type Owner = (u32, u32, u64);
+/// A file of every process of a node, by gpid, with the start time of the process.
+type Batch = HashMap<u64, (u64, pb::ProcFile)>;
 /// Cached values with the time they were fetched.
 type Timed<K, V> = Mutex<HashMap<K, (Instant, V)>>;
 
@@ -171,14 +177,19 @@ pub struct View<S> {
     locator: Locator,
     inodes: Mutex<Inodes>,
     snapshot: Mutex<Option<Arc<Snapshot>>>,
-    listings: Timed<ListKey, Arc<Vec<pb::DirEntry>>>,
-    owners: Timed<u64, (u32, u32)>,
+    /// Everything kept of a process is kept with its start time, and serves only for
+    /// the process that started then: a process that takes its pid after it exited is
+    /// another one.
+    listings: Timed<ListKey, Listing>,
+    /// The owner of `/GPID` for one reader: (reader, gpid). Per reader, as everything
+    /// kept: a node's /proc mounted with `hidepid` shows a process to some readers only.
+    owners: Timed<(Reader, u64), Owner>,
     nodes: Mutex<Option<(Instant, Vec<u32>)>>,
     readers: Timed<u32, Reader>,
     /// Per node: the names of a process directory and their modes.
     templates: Mutex<HashMap<u32, Arc<HashMap<String, u32>>>>,
     /// Files of [`BATCH_FILES`] for every process of a node: (reader, node, file).
-    batches: Timed<(Reader, u32, String), Arc<HashMap<u64, pb::ProcFile>>>,
+    batches: Timed<(Reader, u32, String), Arc<Batch>>,
     /// Cluster and node files fetched during a walk: (reader, node, file).
     globals: Timed<(Reader, Option<u32>, NodeFile), Vec<u8>>,
     /// Processes a node said are gone, since when (newer than a snapshot: not served
@@ -260,21 +271,19 @@ impl<S: Source> View<S> {
     }
 
     /// How long the kernel may keep the answer of a lookup of `name` in `parent`: not at
-    /// all for a small number at the root, whose answer depends on the caller (a clan
-    /// shell's process finds its node's procfs there, other callers the local /proc).
+    /// all for a number at the root, whose answer depends on the caller: a clan shell's
+    /// process finds its node's procfs at a small one, other callers the local /proc; and
+    /// a process directory is there for a reader only if its node's kernel shows it to
+    /// that reader (a node's /proc mounted with `hidepid=2` hides other users' processes),
+    /// while the kernel's cache of entries is one for every caller: it asks again at each
+    /// walk through `/GPID`, for the caller of that walk.
     /// The names of a process directory are fixed for the life of the process (as the
     /// kernel's own are), so the kernel keeps them, present or absent, for
     /// [`PROC_NAMES_TTL`]: they go with the directory's own entry, which is asked for
-    /// again after `ttl` and dropped, with them, once the process is gone.
+    /// again at each walk and dropped, with them, once the process is gone.
     pub fn entry_ttl(&self, parent: u64, name: &OsStr) -> Duration {
         match self.node(parent) {
-            Ok(Node::Root)
-                if name.to_str().is_some_and(|n| {
-                    is_number(n) && n.parse::<u64>().is_ok_and(|v| !is_cluster_pid(v))
-                }) =>
-            {
-                Duration::ZERO
-            }
+            Ok(Node::Root) if name.to_str().is_some_and(is_number) => Duration::ZERO,
             Ok(Node::Proc(_)) => PROC_NAMES_TTL,
             _ => self.opts.ttl,
         }
@@ -311,6 +320,16 @@ impl<S: Source> View<S> {
         self.inodes.lock().node(ino).ok_or(libc::ENOENT)
     }
 
+    /// The kernel was given `ino` by a lookup (it holds it until it forgets it).
+    pub fn looked_up(&self, ino: u64) {
+        self.inodes.lock().looked_up(ino);
+    }
+
+    /// The kernel forgot `n` lookups of `ino` (FUSE forget).
+    pub fn forgot(&self, ino: u64, n: u64) {
+        self.inodes.lock().forget(ino, n);
+    }
+
     /// The reader behind `who` (its groups read at most once a second per thread).
     pub fn reader(&self, who: &Who) -> Reader {
         let mut m = self.readers.lock();
@@ -328,11 +347,14 @@ impl<S: Source> View<S> {
         r
     }
 
+    /// Asks the node of `gpid` about the process that started at `start` (0: whichever
+    /// has the gpid): another one answers `NotFound`.
     async fn ask(
         &self,
         who: &Who,
         op: pb::ProcOp,
         gpid: u64,
+        start: u64,
         path: &str,
     ) -> Result<pb::ProcReply, Failure> {
         let reader = self.reader(who);
@@ -341,6 +363,7 @@ impl<S: Source> View<S> {
             gpid,
             path: path.to_string(),
             reader: Some(reader.to_creds(who.pid)),
+            start_ticks: start,
             ..Default::default()
         };
         let r = match self.src.proc_now(&req) {
@@ -360,8 +383,9 @@ impl<S: Source> View<S> {
     /// Forgets what is cached of a process a node says is gone (the kernel may still
     /// hold its entry for a ttl).
     fn forget(&self, gpid: u64) {
-        self.owners.lock().remove(&gpid);
+        self.owners.lock().retain(|(_, g), _| *g != gpid);
         self.listings.lock().retain(|(_, g, _), _| *g != gpid);
+        self.inodes.lock().retire_proc(gpid);
         let mut gone = self.gone.lock();
         if gone.len() > 4096 {
             let ttl = self.opts.ttl;
@@ -390,34 +414,45 @@ impl<S: Source> View<S> {
 
     // ------------------------------------------------------------------ processes
 
-    /// A process directory's entries (`path` "" for `/GPID` itself), at most a ttl old.
+    /// A process directory's entries (`path` "" for `/GPID` itself), at most a ttl old,
+    /// of the process that started at `start` (0: whichever has the gpid), with its start.
     async fn listing(
         &self,
         who: &Who,
         gpid: u64,
+        start: u64,
         path: &str,
         fresh: bool,
-    ) -> Result<Arc<Vec<pb::DirEntry>>, Errno> {
+    ) -> Result<Listing, Errno> {
         let key = (self.reader(who), gpid, path.to_string());
         if !fresh {
-            if let Some((at, v)) = self.listings.lock().get(&key) {
-                if at.elapsed() < self.opts.ttl {
-                    return Ok(v.clone());
+            if let Some((at, (of, v))) = self.listings.lock().get(&key) {
+                if at.elapsed() < self.opts.ttl && (start == 0 || *of == start) {
+                    return Ok((*of, v.clone()));
                 }
             }
         }
         let reply = self
-            .ask(who, pb::ProcOp::ProcReaddir, gpid, path)
+            .ask(who, pb::ProcOp::ProcReaddir, gpid, start, path)
             .await
             .map_err(|e| e.errno())?;
+        let of = reply.start_ticks;
         let v = Arc::new(reply.entries);
+        if !path.is_empty() {
+            // Threads and descriptors come and go: the numbers of those gone go too.
+            let names: Vec<&str> = v.iter().map(|e| e.name.as_str()).collect();
+            self.inodes.lock().retire_listed(gpid, path, &names);
+        }
         if path.is_empty() && !v.is_empty() {
             if let Some(node) = Gpid::from_raw(gpid).map(|g| g.node().get()) {
                 let t = v.iter().map(|e| (e.name.clone(), e.mode)).collect();
                 self.templates.lock().insert(node, Arc::new(t));
             }
-            if let Some(owner) = owner_of_entries(&v) {
-                self.owners.lock().insert(gpid, (Instant::now(), owner));
+            if let Some((uid, gid)) = owner_of_entries(&v) {
+                let key = (key.0.clone(), gpid);
+                self.owners
+                    .lock()
+                    .insert(key, (Instant::now(), (uid, gid, of)));
             }
         }
         let mut m = self.listings.lock();
@@ -426,20 +461,26 @@ impl<S: Source> View<S> {
             m.retain(|_, (at, _)| at.elapsed() < ttl);
             self.owners.lock().retain(|_, (at, _)| at.elapsed() < ttl);
         }
-        m.insert(key, (Instant::now(), v.clone()));
-        Ok(v)
+        m.insert(key, (Instant::now(), (of, v.clone())));
+        Ok((of, v))
     }
 
     /// `task/` of a process whose `stat` in the reader's fresh snapshot says it has one
     /// thread: that thread (the process itself), without asking its node. pstree lists
     /// `task/` of every process.
-    fn lone_task(&self, who: &Who, gpid: u64, path: &str) -> Option<Arc<Vec<pb::DirEntry>>> {
+    fn lone_task(
+        &self,
+        who: &Who,
+        gpid: u64,
+        start: u64,
+        path: &str,
+    ) -> Option<Arc<Vec<pb::DirEntry>>> {
         if path != "task" {
             return None;
         }
         let reader = self.reader(who);
-        let s = self.snapshot_for(gpid, Some(&reader), who.pid)?;
-        let e = s.procs.get(&gpid)?;
+        let s = self.snapshot_for(gpid, &reader, who.pid)?;
+        let e = s.procs.get(&gpid).filter(|e| of(start, e))?;
         let stat = e
             .files
             .iter()
@@ -458,27 +499,46 @@ impl<S: Source> View<S> {
         })
     }
 
-    /// The owner of `/GPID` (uid, gid): from a fresh snapshot, else from its listing.
-    async fn owner(&self, who: &Who, gpid: u64) -> Result<(u32, u32), Errno> {
+    /// The owner of `/GPID` (uid, gid) as the reader sees it, and the start time of the
+    /// process that has the gpid: from the reader's fresh snapshot, else from its listing
+    /// for the reader (`ENOENT` where the process's node hides it from the reader). What
+    /// was kept of a process that started before `since` is not taken (a process that took
+    /// the pid later is known): it is asked for.
+    async fn owner(&self, who: &Who, gpid: u64, since: u64) -> Result<Owner, Errno> {
         if gpid == CLUSTER_INIT {
-            return Ok((0, 0));
+            return Ok((0, 0, 0));
         }
         if Gpid::from_raw(gpid).is_none() {
             return Err(libc::ENOENT);
         }
+        let reader = self.reader(who);
         if let Some(e) = self
-            .snapshot_for(gpid, None, who.pid)
+            .snapshot_for(gpid, &reader, who.pid)
             .and_then(|s| s.procs.get(&gpid).cloned())
+            .filter(|e| e.start_ticks >= since)
         {
-            return Ok((e.uid, e.gid));
+            return Ok((e.uid, e.gid, e.start_ticks));
         }
-        if let Some((at, o)) = self.owners.lock().get(&gpid) {
-            if at.elapsed() < self.opts.ttl {
+        if let Some((at, o)) = self.owners.lock().get(&(reader, gpid)) {
+            if at.elapsed() < self.opts.ttl && o.2 >= since {
                 return Ok(*o);
             }
         }
-        let v = self.listing(who, gpid, "", true).await?;
-        owner_of_entries(&v).ok_or(libc::ENOENT)
+        let (start, v) = self.listing(who, gpid, 0, "", true).await?;
+        let (uid, gid) = owner_of_entries(&v).ok_or(libc::ENOENT)?;
+        Ok((uid, gid, start))
+    }
+
+    /// The start time of the process `ino` stands for (0: not known, or not a process's).
+    fn start_of(&self, ino: u64) -> u64 {
+        self.inodes.lock().start_of(ino)
+    }
+
+    /// The generation of `ino` for the kernel: the start time of its process, so that the
+    /// directory of a process that took the pid of one that exited is a new inode to it,
+    /// and handles on the old one fail.
+    pub fn generation(&self, ino: u64) -> u64 {
+        self.start_of(ino)
     }
 
     /// The entry `name` of the process directory `dir`; `Ok(None)` when the directory's
@@ -488,6 +548,7 @@ impl<S: Source> View<S> {
         &self,
         who: &Who,
         gpid: u64,
+        start: u64,
         dir: &str,
         name: &str,
     ) -> Result<Option<FileAttr>, Errno> {
@@ -497,11 +558,11 @@ impl<S: Source> View<S> {
             format!("{dir}/{name}")
         };
         if dir.is_empty() {
-            if let Some(known) = self.template_entry(gpid, name, &path, who.pid)? {
+            if let Some(known) = self.template_entry(who, gpid, start, name, &path)? {
                 return Ok(known);
             }
         }
-        let v = match self.listing(who, gpid, dir, false).await {
+        let v = match self.listing(who, gpid, start, dir, false).await {
             // The kernel lets anyone look up a namespace link of any process (`ns` is
             // `dr-x--x--x`) and refuses its listing and its target (readlink, a stat that
             // follows it: EACCES when read) to readers who may not trace the process:
@@ -510,11 +571,14 @@ impl<S: Source> View<S> {
                 if !NS_NAMES.contains(&name) {
                     return Ok(None);
                 }
-                let (uid, gid) = self.owner(who, gpid).await?;
+                let (uid, gid, now) = self.owner(who, gpid, start).await?;
+                if start != 0 && now != start {
+                    return Err(libc::ENOENT);
+                }
                 let ino = self.ino(&Node::ProcPath(gpid, path))?;
                 return Ok(Some(attr(ino, FileType::Symlink, 0o777, uid, gid)));
             }
-            v => v?,
+            v => v?.1,
         };
         let Some(e) = v.iter().find(|e| e.name == name) else {
             return Ok(None);
@@ -524,21 +588,25 @@ impl<S: Source> View<S> {
         Ok(Some(attr(ino, kind, e.mode, e.uid, e.gid)))
     }
 
-    /// A name of `/GPID` answered without asking: while a fresh snapshot holds the
-    /// process, from its node's template (the names and modes every process directory of
-    /// that kernel has) with the process's owner, as the kernel gives every entry.
+    /// A name of `/GPID` answered without asking: while the reader's fresh snapshot holds
+    /// the process, from its node's template (the names and modes every process directory
+    /// of that kernel has) with the process's owner, as the kernel gives every entry.
     /// `Ok(None)`: ask; `Ok(Some(None))`: not a name of the node's process directories.
     fn template_entry(
         &self,
+        who: &Who,
         gpid: u64,
+        start: u64,
         name: &str,
         path: &str,
-        pid: u32,
     ) -> Result<Option<Option<FileAttr>>, Errno> {
-        let Some(owner) = self
-            .snapshot_for(gpid, None, pid)
-            .and_then(|s| s.procs.get(&gpid).map(|e| (e.uid, e.gid)))
-        else {
+        let reader = self.reader(who);
+        let Some(owner) = self.snapshot_for(gpid, &reader, who.pid).and_then(|s| {
+            s.procs
+                .get(&gpid)
+                .filter(|e| of(start, e))
+                .map(|e| (e.uid, e.gid))
+        }) else {
             return Ok(None);
         };
         let Some(node) = Gpid::from_raw(gpid).map(|g| g.node().get()) else {
@@ -614,7 +682,7 @@ impl<S: Source> View<S> {
     }
 
     /// Forgets the inode numbers of processes that are gone and of host processes that
-    /// are gone (at most every ten seconds).
+    /// are gone (at most every ten seconds), once the kernel holds them no more.
     fn sweep(&self, s: &Snapshot, down: &[u32]) {
         let mut swept = self.swept.lock();
         if swept.elapsed() < Duration::from_secs(10) {
@@ -633,36 +701,44 @@ impl<S: Source> View<S> {
         });
     }
 
-    /// The last snapshot if it may still speak for `gpid` and was taken for `reader`
-    /// (`None`: for any reader).
-    fn snapshot_for(&self, gpid: u64, reader: Option<&Reader>, pid: u32) -> Option<Arc<Snapshot>> {
+    /// The last snapshot if it may still speak for `gpid` and was taken for `reader`: never
+    /// another reader's, which may show processes this one's node hides from it (`hidepid`).
+    fn snapshot_for(&self, gpid: u64, reader: &Reader, pid: u32) -> Option<Arc<Snapshot>> {
         let snap = self.snapshot.lock().clone()?;
-        (self.current(&snap, gpid, pid) && reader.is_none_or(|r| *r == snap.reader)).then_some(snap)
+        (self.current(&snap, gpid, pid) && *reader == snap.reader).then_some(snap)
     }
 
     /// Contents of a file of a process: from the last snapshot when it is fresh, was
     /// taken for the same reader and holds the file; a file of [`BATCH_FILES`] read while
     /// such a snapshot holds the process, from one request for every process of its node;
     /// else asked for.
-    async fn proc_file(&self, who: &Who, gpid: u64, path: &str) -> Result<Vec<u8>, Errno> {
+    async fn proc_file(
+        &self,
+        who: &Who,
+        gpid: u64,
+        start: u64,
+        path: &str,
+    ) -> Result<Vec<u8>, Errno> {
         let reader = self.reader(who);
         let served = |f: &pb::ProcFile| match &f.error {
             Some(e) => Err(Failure::from_pb(e).errno()),
             None => Ok(f.data.clone()),
         };
-        if let Some(s) = self.snapshot_for(gpid, Some(&reader), who.pid) {
-            if let Some(e) = s.procs.get(&gpid) {
+        if let Some(s) = self.snapshot_for(gpid, &reader, who.pid) {
+            if let Some(e) = s.procs.get(&gpid).filter(|e| of(start, e)) {
                 if let Some(f) = e.files.iter().find(|f| f.name == path) {
                     return served(f);
                 }
                 if BATCH_FILES.contains(&path) {
-                    if let Some(f) = self.batch(who, &reader, gpid, path).await {
-                        return served(&f);
+                    if let Some((started, f)) = self.batch(who, &reader, gpid, path).await {
+                        if start == 0 || started == start {
+                            return served(&f);
+                        }
                     }
                 }
             }
         }
-        self.ask(who, pb::ProcOp::ProcRead, gpid, path)
+        self.ask(who, pb::ProcOp::ProcRead, gpid, start, path)
             .await
             .map(|r| r.data)
             .map_err(|e| e.errno())
@@ -676,7 +752,7 @@ impl<S: Source> View<S> {
         reader: &Reader,
         gpid: u64,
         path: &str,
-    ) -> Option<pb::ProcFile> {
+    ) -> Option<(u64, pb::ProcFile)> {
         let node = Gpid::from_raw(gpid)?.node().get();
         let key = (reader.clone(), node, path.to_string());
         let cached = self.batches.lock().get(&key).cloned();
@@ -687,11 +763,11 @@ impl<S: Source> View<S> {
                     .files_of_every_process(who, reader, vec![path.to_string()], vec![node])
                     .await
                     .ok()?;
-                let m: Arc<HashMap<u64, pb::ProcFile>> = Arc::new(
+                let m: Arc<Batch> = Arc::new(
                     reply
                         .procs
                         .into_iter()
-                        .filter_map(|mut e| Some((e.gpid, e.files.pop()?)))
+                        .filter_map(|mut e| Some((e.gpid, (e.start_ticks, e.files.pop()?))))
                         .collect(),
                 );
                 let mut b = self.batches.lock();
@@ -701,7 +777,7 @@ impl<S: Source> View<S> {
                 m
             }
         };
-        files.get(&gpid).filter(|f| f.name == path).cloned()
+        files.get(&gpid).filter(|(_, f)| f.name == path).cloned()
     }
 
     /// `.clan-walk/NAME` (`walk::FILES[i]`): that file of every process of the snapshot
@@ -779,7 +855,7 @@ impl<S: Source> View<S> {
         let mut out = Vec::with_capacity(one_of.len());
         for (node, g) in one_of {
             if !self.templates.lock().contains_key(&node) {
-                let _ = self.listing(who, g, "", true).await;
+                let _ = self.listing(who, g, 0, "", true).await;
             }
             if let Some(t) = self.templates.lock().get(&node).cloned() {
                 out.push((node, t));
@@ -930,7 +1006,8 @@ impl<S: Source> View<S> {
         match self.node(parent)? {
             Node::Proc(g) => {
                 let name = Self::plain_name(name)?;
-                self.proc_entry(who, g, "", name).await
+                self.proc_entry(who, g, self.start_of(parent), "", name)
+                    .await
             }
             _ => self.lookup(who, parent, name).await.map(Some),
         }
@@ -963,8 +1040,11 @@ impl<S: Source> View<S> {
                 if is_number(name) {
                     let n: u64 = name.parse().map_err(|_| libc::ENOENT)?;
                     if is_cluster_pid(n) {
-                        let (uid, gid) = self.owner(who, n).await?;
+                        // The process the gpid names now (a later one than the view
+                        // knows, if its pid was taken again: then a new inode).
                         let ino = self.ino(&Node::Proc(n))?;
+                        let (uid, gid, start) = self.owner(who, n, self.start_of(ino)).await?;
+                        self.inodes.lock().bind(n, start);
                         return Ok(attr(ino, FileType::Directory, 0o555, uid, gid));
                     }
                 }
@@ -992,8 +1072,14 @@ impl<S: Source> View<S> {
                 let ino = self.ino(&Node::NodeFile(n, f))?;
                 Ok(attr(ino, FileType::RegularFile, 0o444, 0, 0))
             }
-            Node::Proc(g) => self.proc_entry(who, g, "", name).await?.ok_or(libc::ENOENT),
-            Node::ProcPath(g, p) => self.proc_entry(who, g, &p, name).await?.ok_or(libc::ENOENT),
+            Node::Proc(g) => self
+                .proc_entry(who, g, self.start_of(parent), "", name)
+                .await?
+                .ok_or(libc::ENOENT),
+            Node::ProcPath(g, p) => self
+                .proc_entry(who, g, self.start_of(parent), &p, name)
+                .await?
+                .ok_or(libc::ENOENT),
             Node::Pass(p) => self.pass_attr(who, &format!("{p}/{name}")).await,
             Node::WalkDir => {
                 let i = walk::FILES
@@ -1021,12 +1107,17 @@ impl<S: Source> View<S> {
                 Ok(attr(ino, FileType::RegularFile, 0o444, 0, 0))
             }
             Node::Proc(g) => {
-                let (uid, gid) = self.owner(who, g).await?;
+                // The process the inode stands for, not one that took its pid since.
+                let start = self.start_of(ino);
+                let (uid, gid, now) = self.owner(who, g, start).await?;
+                if start != 0 && now != start {
+                    return Err(libc::ENOENT);
+                }
                 Ok(attr(ino, FileType::Directory, 0o555, uid, gid))
             }
             Node::ProcPath(g, p) => {
                 let (dir, name) = p.rsplit_once('/').unwrap_or(("", p.as_str()));
-                self.proc_entry(who, g, dir, name)
+                self.proc_entry(who, g, self.start_of(ino), dir, name)
                     .await?
                     .ok_or(libc::ENOENT)
             }
@@ -1049,7 +1140,7 @@ impl<S: Source> View<S> {
                 .map(String::into_bytes)
                 .ok_or(libc::ENOENT),
             Node::ProcPath(g, p) => self
-                .ask(who, pb::ProcOp::ProcReadlink, g, &p)
+                .ask(who, pb::ProcOp::ProcReadlink, g, self.start_of(ino), &p)
                 .await
                 .map(|r| r.data)
                 .map_err(|e| e.errno()),
@@ -1075,26 +1166,33 @@ impl<S: Source> View<S> {
     /// the same open file, as the kernel's are: a process's files and the cluster's, not a
     /// walk (the snapshot of its open) nor a constant. Kept with the open file and given
     /// back to [`View::open_node`]: the inode's number may stand for another file later.
-    pub fn made_anew(&self, ino: u64) -> Option<Node> {
-        self.node(ino).ok().filter(|n| {
-            matches!(
-                n,
-                Node::Cluster(_) | Node::NodeFile(..) | Node::ProcPath(..)
-            )
-        })
+    /// With the start time of its process: a read from the start of a process's file is
+    /// that process's, never that of a process that took its pid since (`ENOENT`).
+    pub fn made_anew(&self, ino: u64) -> Option<(Node, u64)> {
+        self.node(ino)
+            .ok()
+            .filter(|n| {
+                matches!(
+                    n,
+                    Node::Cluster(_) | Node::NodeFile(..) | Node::ProcPath(..)
+                )
+            })
+            .map(|n| (n, self.start_of(ino)))
     }
 
     /// Opens the file `ino` for reading: its contents, or the local file to read.
     pub async fn open(&self, who: &Who, ino: u64) -> Result<Contents, Errno> {
-        self.open_node(who, self.node(ino)?).await
+        self.open_node(who, self.node(ino)?, self.start_of(ino))
+            .await
     }
 
-    /// [`View::open`] of what an inode stands for.
-    pub async fn open_node(&self, who: &Who, node: Node) -> Result<Contents, Errno> {
+    /// [`View::open`] of what an inode stands for, of the process that started at `start`
+    /// (0: whichever has its gpid).
+    pub async fn open_node(&self, who: &Who, node: Node, start: u64) -> Result<Contents, Errno> {
         match node {
             Node::Cluster(f) => self.node_file(who, None, f).await.map(Contents::Data),
             Node::NodeFile(n, f) => self.node_file(who, Some(n), f).await.map(Contents::Data),
-            Node::ProcPath(g, p) => self.proc_file(who, g, &p).await.map(Contents::Data),
+            Node::ProcPath(g, p) => self.proc_file(who, g, start, &p).await.map(Contents::Data),
             Node::Pass(p) if p == "sys/kernel/pid_max" => Ok(Contents::Data(PID_MAX.to_vec())),
             Node::Pass(p) => {
                 let path = self.pass_path(&p);
@@ -1196,7 +1294,8 @@ impl<S: Source> View<S> {
                 }
             }
             Node::Proc(g) => {
-                for e in self.listing(who, g, "", true).await?.iter() {
+                let start = self.start_of(ino);
+                for e in self.listing(who, g, start, "", true).await?.1.iter() {
                     add(
                         Node::ProcPath(g, e.name.clone()),
                         kind_of_mode(e.mode),
@@ -1205,9 +1304,10 @@ impl<S: Source> View<S> {
                 }
             }
             Node::ProcPath(g, p) => {
-                let entries = match self.lone_task(who, g, &p) {
+                let start = self.start_of(ino);
+                let entries = match self.lone_task(who, g, start, &p) {
                     Some(v) => v,
-                    None => self.listing(who, g, &p, true).await?,
+                    None => self.listing(who, g, start, &p, true).await?.1,
                 };
                 for e in entries.iter() {
                     let path = format!("{p}/{}", e.name);
@@ -1226,7 +1326,9 @@ impl<S: Source> View<S> {
                         Ok(v)
                     })
                     .await?;
-                for (name, ft) in local {
+                let names: Vec<&str> = local.iter().filter_map(|(n, _)| n.to_str()).collect();
+                self.inodes.lock().retire_pass_listed(&p, &names);
+                for (name, ft) in &local {
                     let Some(n) = name.to_str() else { continue };
                     let kind = ft
                         .and_then(FileType::from_std)
@@ -1242,6 +1344,11 @@ impl<S: Source> View<S> {
         }
         Ok(out)
     }
+}
+
+/// Whether a snapshot's entry is of the process that started at `start` (0: any).
+fn of(start: u64, e: &pb::ProcEntry) -> bool {
+    start == 0 || e.start_ticks == start
 }
 
 /// The owner of a process directory from its listing: the kernel gives every entry of
@@ -1270,6 +1377,10 @@ mod tests {
         readdirs: AtomicUsize,
         snapshots: AtomicUsize,
         down: std::sync::atomic::AtomicBool,
+        /// Nodes' /proc mounted with `hidepid=2`: a process is there for root and its owner.
+        hidepid: std::sync::atomic::AtomicBool,
+        /// Start times of processes (0 where not set).
+        starts: Mutex<HashMap<u64, u64>>,
     }
 
     fn err(code: pb::ErrorCode) -> pb::Error {
@@ -1284,8 +1395,20 @@ mod tests {
             if self.down.load(Ordering::SeqCst) {
                 return Err(Failure::Unavailable("no cland".into()));
             }
-            let procs = self.procs.lock();
-            let mut reply = pb::ProcReply::default();
+            let mut procs = self.procs.lock().clone();
+            if self.hidepid.load(Ordering::SeqCst) {
+                let reader = req.reader.clone().unwrap_or_default().uid;
+                procs.retain(|_, (uid, _, _)| reader == 0 || *uid == reader);
+            }
+            let start = |g: &u64| self.starts.lock().get(g).copied().unwrap_or(0);
+            // Another process than the one meant has the gpid: not found.
+            if req.start_ticks != 0 && req.start_ticks != start(&req.gpid) {
+                procs.remove(&req.gpid);
+            }
+            let mut reply = pb::ProcReply {
+                start_ticks: start(&req.gpid),
+                ..Default::default()
+            };
             match pb::ProcOp::try_from(req.op) {
                 Ok(pb::ProcOp::ProcSnapshot) => {
                     self.snapshots.fetch_add(1, Ordering::SeqCst);
@@ -1294,7 +1417,7 @@ mod tests {
                             gpid: *g,
                             uid: *uid,
                             gid: *gid,
-                            start_ticks: 0,
+                            start_ticks: start(g),
                             files: req
                                 .files
                                 .iter()
@@ -1365,9 +1488,12 @@ mod tests {
     }
 
     impl Setup {
-        /// `name` in directory `parent`, looked up as [`ME`].
+        /// `name` in directory `parent`, looked up as [`ME`] (and held, as by the kernel
+        /// when FUSE answers a lookup).
         async fn at(&self, parent: u64, name: &str) -> Result<FileAttr, Errno> {
-            self.view.lookup(&ME, parent, OsStr::new(name)).await
+            let a = self.view.lookup(&ME, parent, OsStr::new(name)).await?;
+            self.view.looked_up(a.ino.0);
+            Ok(a)
         }
     }
 
@@ -1569,8 +1695,13 @@ mod tests {
         let s = setup();
         let root = crate::inode::ROOT;
         let d = s.at(root, "10000001").await.unwrap();
-        assert_eq!(s.view.entry_ttl(root, OsStr::new("10000001")), s.view.ttl());
+        // A process directory is asked for again at each walk, for its caller.
+        assert_eq!(
+            s.view.entry_ttl(root, OsStr::new("10000001")),
+            Duration::ZERO
+        );
         assert_eq!(s.view.entry_ttl(root, OsStr::new("4711")), Duration::ZERO);
+        assert_eq!(s.view.entry_ttl(root, OsStr::new("sys")), s.view.ttl());
         assert!(!s.view.caches_absence(root));
         assert_eq!(
             s.view.entry_ttl(d.ino.0, OsStr::new("status")),
@@ -1612,6 +1743,95 @@ mod tests {
             .unwrap();
         read(&s.view, &other, a.ino.0).await.unwrap();
         assert_eq!(s.fake.reads.load(Ordering::SeqCst), 1);
+    }
+
+    /// Regression: a reader never sees a process its node hides from it (`hidepid`), also
+    /// right after another reader's listing and lookups.
+    #[tokio::test]
+    async fn a_process_hidden_from_a_reader_is_not_found_after_another_readers_listing() {
+        let s = setup();
+        s.fake.hidepid.store(true, Ordering::SeqCst);
+        let root = crate::inode::ROOT;
+        s.view.readdir(&ME, root).await.unwrap();
+        let d = s.at(root, "20000006").await.unwrap();
+        s.at(d.ino.0, "status").await.unwrap();
+        let user = Who {
+            uid: 1000,
+            gid: 100,
+            pid: 0,
+        };
+        let lookup = |name: &'static str| s.view.lookup(&user, root, OsStr::new(name));
+        assert_eq!(lookup("20000006").await.unwrap_err(), libc::ENOENT);
+        assert_eq!(
+            s.view
+                .lookup_entry(&user, d.ino.0, OsStr::new("status"))
+                .await
+                .unwrap_err(),
+            libc::ENOENT
+        );
+        assert_eq!(
+            s.view.getattr(&user, d.ino.0).await.unwrap_err(),
+            libc::ENOENT
+        );
+        assert!(lookup("20000005").await.is_ok(), "the reader's own");
+        let listed = names(&s.view.readdir(&user, root).await.unwrap());
+        assert!(!listed.contains(&"20000006".to_string()), "{listed:?}");
+        assert!(listed.contains(&"20000005".to_string()), "{listed:?}");
+        // The kernel keeps no process directory for the next caller: it asks at each walk.
+        assert_eq!(
+            s.view.entry_ttl(root, OsStr::new("20000006")),
+            Duration::ZERO
+        );
+    }
+
+    /// Regression: a process that takes the gpid of one that exited is a new one: what was
+    /// opened or kept of the old one never shows the new one, a new lookup finds it.
+    #[tokio::test]
+    async fn handles_on_a_process_whose_gpid_was_taken_again_are_its_own() {
+        let s = setup();
+        let root = crate::inode::ROOT;
+        s.fake.starts.lock().insert(20_000_005, 100);
+        s.view.readdir(&ME, root).await.unwrap();
+        let d = s.at(root, "20000005").await.unwrap();
+        assert_eq!(s.view.generation(d.ino.0), 100);
+        let st = s.at(d.ino.0, "status").await.unwrap();
+        let env = s.at(d.ino.0, "cmdline").await.unwrap();
+        let (node, start) = s.view.made_anew(st.ino.0).unwrap();
+        assert_eq!(start, 100);
+        // The process exits; another takes its pid, while the snapshot is still fresh.
+        {
+            let mut p = s.fake.procs.lock();
+            let e = p.get_mut(&20_000_005).unwrap();
+            e.2.insert("status".into(), Ok(b"Pid:\t20000005\nnew\n".to_vec()));
+            e.2.insert("cmdline".into(), Ok(b"new\0".to_vec()));
+        }
+        s.fake.starts.lock().insert(20_000_005, 200);
+        s.view.readdir(&ME, root).await.unwrap();
+        assert_eq!(read(&s.view, &ME, env.ino.0).await, Err(libc::ENOENT));
+        assert_eq!(
+            s.view.open_node(&ME, node, start).await.unwrap_err(),
+            libc::ENOENT,
+            "a read from the start of the old open file"
+        );
+        assert_eq!(
+            s.view.readdir(&ME, d.ino.0).await.unwrap_err(),
+            libc::ENOENT
+        );
+        // Looked up anew: the new process, with a new generation and numbers of its own.
+        let d2 = s.at(root, "20000005").await.unwrap();
+        assert_eq!(d2.ino, d.ino);
+        assert_eq!(s.view.generation(d2.ino.0), 200);
+        let st2 = s.at(d2.ino.0, "status").await.unwrap();
+        assert_ne!(st2.ino, st.ino);
+        assert_eq!(
+            read(&s.view, &ME, st2.ino.0).await.unwrap(),
+            b"Pid:\t20000005\nnew\n"
+        );
+        assert_eq!(read(&s.view, &ME, st.ino.0).await, Err(libc::ENOENT));
+        assert_eq!(
+            s.view.getattr(&ME, st.ino.0).await.unwrap_err(),
+            libc::ENOENT
+        );
     }
 
     #[tokio::test]

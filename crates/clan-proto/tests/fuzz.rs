@@ -32,6 +32,7 @@ fn samples() -> Vec<Vec<u8>> {
         start: 99,
         job: 1000001,
         ruid: Some(1000),
+        cap_eff: Some(0),
     };
     let proc_req = pb::ProcRequest {
         op: pb::ProcOp::ProcRead as i32,

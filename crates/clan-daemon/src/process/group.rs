@@ -112,12 +112,13 @@ impl Members {
     }
 }
 
-/// The caller's supplementary groups, its real uid (`None` if its status could not be
-/// read) and its process group and session in the node's pid namespace (0 when the caller
-/// is outside it), from one read of /proc/PID/status.
+/// The caller's supplementary groups, its real uid and effective capabilities (`None` if
+/// its status could not be read) and its process group and session in the node's pid
+/// namespace (0 when the caller is outside it), from one read of /proc/PID/status.
 pub struct CallerIds {
     pub groups: Vec<u32>,
     pub ruid: Option<u32>,
+    pub caps: Option<u64>,
     pub pgid: u32,
     pub sid: u32,
 }
@@ -147,6 +148,7 @@ impl Node {
         CallerIds {
             groups,
             ruid: field("Uid").first().copied(),
+            caps: clan_core::sys::status_caps(&status, "CapEff"),
             pgid: at(field("NSpgid")),
             sid: at(field("NSsid")),
         }

@@ -255,6 +255,13 @@ impl ProcView {
         })
     }
 
+    /// The start time of `pid` (clock ticks after boot, `stat` field 22); `None` once it
+    /// is gone.
+    pub fn start_ticks(&self, pid: u32) -> Option<u64> {
+        let b = self.read_at(&format!("{pid}/stat"), 4096)?;
+        Some(Stat::from_read(b.as_slice()).ok()?.starttime)
+    }
+
     /// When `pid` is one of clan's shepherds, the process it started (its first child).
     pub fn shepherd_child(&self, pid: u32) -> Option<u32> {
         if !self.is_shepherd_pid(pid) {
