@@ -135,7 +135,13 @@ async fn ready(started: &localcluster::Started, nodes: u32) -> Result<(), String
     for n in started.cfg.node_ids() {
         let c = Client::at(clan_client::socket_path(&started.dir, n), n);
         loop {
-            let ok = matches!(c.nodes().await, Ok(ns) if ns.len() == nodes as usize && ns.iter().all(|i| i.state == "up"));
+            // A daemon that accepts but does not answer (stopped) must not hold us past the
+            // deadline.
+            let left = deadline.saturating_duration_since(Instant::now());
+            let ok = matches!(
+                tokio::time::timeout(left.max(Duration::from_millis(100)), c.nodes()).await,
+                Ok(Ok(ns)) if ns.len() == nodes as usize && ns.iter().all(|i| i.state == "up")
+            );
             if ok {
                 break;
             }
