@@ -18,6 +18,7 @@ pub mod localcluster;
 pub mod membership;
 pub mod node;
 pub mod peer;
+pub mod pidfile;
 pub mod placement;
 pub mod process;
 pub mod procfs;
@@ -68,13 +69,13 @@ fn ensure_init(
     bin: &Path,
 ) -> anyhow::Result<u32> {
     let pidfile = state.join("init.pid");
-    if let Some(pid) = std::fs::read_to_string(&pidfile)
-        .ok()
-        .and_then(|s| s.trim().parse::<i32>().ok())
-    {
+    // Only the init recorded (pid, start time and boot; or, from an older cland, its name),
+    // never a process that got its number after a reboot or its death.
+    if let Some(init) = pidfile::read(&pidfile, "clan-shepherd") {
+        let pid = init.pid;
         let ours = std::fs::read_link("/proc/self/ns/pid").ok();
         let theirs = std::fs::read_link(format!("/proc/{pid}/ns/pid")).ok();
-        if pid_alive(pid) && theirs.is_some() && theirs != ours {
+        if init.alive() && theirs.is_some() && theirs != ours {
             info!(pid, "reusing the node's namespace init");
             return Ok(pid as u32);
         }
@@ -96,7 +97,7 @@ fn ensure_init(
         .trim()
         .parse()
         .context("namespace init pid")?;
-    std::fs::write(&pidfile, pid.to_string())?;
+    pidfile::write(&pidfile, pid).with_context(|| format!("write {}", pidfile.display()))?;
     Ok(pid)
 }
 
@@ -120,19 +121,13 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
         );
     }
     let pidfile = state.join("cland.pid");
-    if let Some(pid) = std::fs::read_to_string(&pidfile)
-        .ok()
-        .and_then(|s| s.trim().parse::<i32>().ok())
-    {
-        if pid != std::process::id() as i32
-            && pid_alive(pid)
-            && clan_core::sys::read_small(format!("/proc/{pid}/comm"))
-                .is_ok_and(|c| c.trim() == "cland")
-        {
-            anyhow::bail!("node {} already has a cland (pid {pid})", opts.node);
+    if let Some(other) = pidfile::read(&pidfile, "cland") {
+        if other.pid != std::process::id() as i32 {
+            anyhow::bail!("node {} already has a cland (pid {})", opts.node, other.pid);
         }
     }
-    std::fs::write(&pidfile, std::process::id().to_string())?;
+    pidfile::write(&pidfile, std::process::id())
+        .with_context(|| format!("write {}", pidfile.display()))?;
     let bin_dir = match opts.bin_dir.clone() {
         Some(d) => d,
         None => std::env::current_exe()?
@@ -307,7 +302,7 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
         stop_processes(&node);
     }
     let _ = std::fs::remove_file(&sock);
-    let _ = std::fs::remove_file(&pidfile);
+    pidfile::remove(&pidfile);
     Ok(())
 }
 
@@ -340,5 +335,5 @@ fn stop_processes(node: &Node) {
         }
     }
     let _ = std::fs::remove_dir_all(node.state_dir.join("sh"));
-    let _ = std::fs::remove_file(node.state_dir.join("init.pid"));
+    pidfile::remove(&node.state_dir.join("init.pid"));
 }

@@ -1,13 +1,16 @@
 //! Local clusters (DESIGN.md 5): N clands on this machine, each with its own state
 //! directory, port on 127.0.0.1, cgroup subtree and, as root, pid namespace. `up` writes the
-//! cluster file and a fresh key and starts the daemons; `down` stops them and removes every
-//! process, cgroup, namespace and file they had.
+//! cluster file and a fresh key in an empty (or new) directory and starts the daemons;
+//! `down` stops them and removes every process, cgroup, namespace and file they had, and
+//! nothing else: not a file it did not make, not a process a stale pid file names.
 
 use crate::cgroup;
+use crate::pidfile;
 use anyhow::{bail, Context};
 use clan_core::{ClusterConfig, NodeId};
 use clan_proto::pb;
-use std::os::unix::fs::PermissionsExt;
+use std::io::Write;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -41,15 +44,86 @@ pub struct UpOptions {
     pub netns: Option<(String, std::net::Ipv4Addr)>,
 }
 
-fn pid_of(file: &Path) -> Option<i32> {
-    std::fs::read_to_string(file).ok()?.trim().parse().ok()
+/// A `clan up` refused before anything was created or changed: a bad option, or a
+/// directory that holds something other than a local cluster (`clan up` exits 2).
+#[derive(Debug)]
+pub struct Refused(pub String);
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
 }
 
-fn alive(pid: i32) -> bool {
-    crate::pid_alive(pid)
+impl std::error::Error for Refused {}
+
+/// The fewest heartbeat intervals `dead_after_ms` may span: less, and a node is declared
+/// dead between two of its heartbeats (or for one late one), so nodes flap.
+pub const MIN_DEAD_AFTER_HEARTBEATS: u64 = 3;
+
+impl UpOptions {
+    /// Checks the options alone, touching nothing.
+    pub fn check(&self) -> Result<(), Refused> {
+        let bad = |m: String| Err(Refused(m));
+        if self.nodes == 0 || self.nodes > clan_core::MAX_NODE {
+            return bad(format!(
+                "--nodes {}: a local cluster has 1 to {} nodes",
+                self.nodes,
+                clan_core::MAX_NODE
+            ));
+        }
+        if self.heartbeat_ms == 0 {
+            return bad("--heartbeat-ms 0: the heartbeat interval must be positive".into());
+        }
+        let min_dead = self.heartbeat_ms.saturating_mul(MIN_DEAD_AFTER_HEARTBEATS);
+        if self.dead_after_ms < min_dead {
+            return bad(format!(
+                "--dead-after-ms {} is shorter than {MIN_DEAD_AFTER_HEARTBEATS} heartbeats \
+                 (--heartbeat-ms {}): nodes would be declared dead between heartbeats; give \
+                 at least {min_dead}",
+                self.dead_after_ms, self.heartbeat_ms
+            ));
+        }
+        if self.dead_after_ms > u64::from(u32::MAX) {
+            return bad(format!(
+                "--dead-after-ms {}: at most {}",
+                self.dead_after_ms,
+                u32::MAX
+            ));
+        }
+        if u32::from(self.base_port) + self.nodes > 65535 {
+            return bad(format!(
+                "--base-port {}: the ports of {} nodes, up to {}, do not fit below 65536",
+                self.base_port,
+                self.nodes,
+                u32::from(self.base_port) + self.nodes
+            ));
+        }
+        if let Some((_, base)) = &self.netns {
+            if u32::from(*base).checked_add(self.nodes).is_none() {
+                return bad(format!(
+                    "--ip-base {base}: the addresses of {} nodes do not fit",
+                    self.nodes
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
-/// A name for the cluster's cgroup, unique per directory.
+/// A live process that a pid file of a node names and that is the one recorded (see
+/// [`pidfile`]).
+fn recorded(state: &Path, file: &str) -> Option<pidfile::Recorded> {
+    let comm = if file == "init.pid" {
+        "clan-shepherd"
+    } else {
+        "cland"
+    };
+    pidfile::read(&state.join(file), comm)
+}
+
+/// A name for the cluster's cgroup, unique per directory (give it the canonical path: a
+/// relative one names different directories from different working directories).
 fn cluster_name(dir: &Path) -> String {
     let s = dir.display().to_string();
     let mut h: u32 = 0x811c9dc5;
@@ -69,76 +143,193 @@ fn cluster_name(dir: &Path) -> String {
     format!("{base}-{h:08x}")
 }
 
-/// Whether a cluster is running in `dir`.
-pub fn running(dir: &Path) -> bool {
-    let Ok(cfg) = ClusterConfig::load(&dir.join("cluster.toml")) else {
-        return false;
-    };
-    let any = cfg
-        .node_ids()
-        .any(|n| pid_of(&cfg.state_dir(n).join("cland.pid")).is_some_and(alive));
-    any
+/// Whether a node of `cfg` has its cland running.
+fn any_running(cfg: &ClusterConfig) -> bool {
+    cfg.node_ids()
+        .any(|n| recorded(&cfg.state_dir(n), "cland.pid").is_some())
 }
 
-/// Writes the cluster file and starts one cland per node. Returns the cluster.
-pub fn up(o: &UpOptions) -> anyhow::Result<ClusterConfig> {
-    if o.nodes == 0 || o.nodes > clan_core::MAX_NODE {
-        bail!("a local cluster has 1..={} nodes", clan_core::MAX_NODE);
+/// Whether a cluster is running in `dir`.
+pub fn running(dir: &Path) -> bool {
+    local_config(dir).is_ok_and(|cfg| any_running(&cfg))
+}
+
+/// What `dir` holds before `up`: nothing (or does not exist), or a local cluster (running,
+/// or what a crashed or interrupted one left). Anything else is refused: `up` and `down`
+/// must not take files of others for the cluster's.
+fn examine(dir: &Path) -> anyhow::Result<Option<ClusterConfig>> {
+    let mut entries = match std::fs::read_dir(dir) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e).with_context(|| format!("read {}", dir.display())),
+    };
+    if entries.next().is_none() {
+        return Ok(None);
     }
-    if running(&o.dir) {
+    let toml = dir.join("cluster.toml");
+    if !toml.exists() {
+        return Err(Refused(format!(
+            "{} is not empty and holds no local cluster: give an empty or new directory (--dir)",
+            dir.display()
+        ))
+        .into());
+    }
+    match ClusterConfig::load(&toml) {
+        Ok(cfg) if cfg.local => Ok(Some(cfg)),
+        Ok(_) => Err(Refused(format!(
+            "{} is not a local cluster's (`clan up` writes only local ones): give an empty or new directory (--dir)",
+            toml.display()
+        ))
+        .into()),
+        Err(e) => Err(Refused(format!(
+            "{} is not empty and its cluster file is unusable ({e}): give an empty or new directory (--dir)",
+            dir.display()
+        ))
+        .into()),
+    }
+}
+
+/// A cluster `up` started: its daemons run, maybe not ready yet.
+#[derive(Debug)]
+pub struct Started {
+    pub cfg: ClusterConfig,
+    /// The cluster directory, canonical.
+    pub dir: PathBuf,
+    /// The clands, our children until `clan up` exits: sure to be ours to kill even before
+    /// they wrote their pid files.
+    children: Vec<std::process::Child>,
+}
+
+impl Started {
+    /// Stops and removes it all, as `down` does, also the daemons that have not yet written
+    /// their pid files (`clan up` failed or was interrupted).
+    pub fn abort(mut self) -> anyhow::Result<DownReport> {
+        teardown(&self.cfg, &self.dir, &mut self.children)
+    }
+}
+
+/// Writes the cluster file and starts one cland per node. Checks the options and `o.dir`
+/// first (a [`Refused`] error when they will not do) and creates nothing before; over what a
+/// crashed cluster left in `o.dir`, removes that first (as `down`); if starting fails, removes
+/// what it made.
+pub fn up(o: &UpOptions) -> anyhow::Result<Started> {
+    o.check()?;
+    let old = examine(&o.dir)?;
+    if old.as_ref().is_some_and(any_running) {
         bail!(
             "a cluster is already running in {} (stop it with `clan down`)",
             o.dir.display()
         );
     }
-    if u32::from(o.base_port) + o.nodes > 65535 {
-        bail!("ports {}+{} do not fit", o.base_port, o.nodes);
-    }
-    let addr = |i: u32| -> anyhow::Result<std::net::SocketAddrV4> {
+    let mut addrs = Vec::new();
+    for i in 1..=o.nodes {
         let port = o.base_port + i as u16;
-        Ok(match &o.netns {
+        addrs.push(match &o.netns {
             None => std::net::SocketAddrV4::new(std::net::Ipv4Addr::LOCALHOST, port),
             Some((prefix, base)) => {
                 let ns = format!("{prefix}{i}");
                 if !Path::new("/run/netns").join(&ns).exists() {
                     bail!("network namespace {ns} does not exist (create it with `ip netns add {ns}`)");
                 }
-                let ip = u32::from(*base)
-                    .checked_add(i)
-                    .context("--ip-base + node overflows")?;
-                std::net::SocketAddrV4::new(ip.into(), port)
+                std::net::SocketAddrV4::new((u32::from(*base) + i).into(), port)
             }
-        })
-    };
+        });
+    }
     if o.netns.is_none() {
-        for i in 1..=o.nodes {
-            let port = o.base_port + i as u16;
-            std::net::TcpListener::bind(("127.0.0.1", port))
-                .with_context(|| format!("port {port} is in use (choose another --base-port)"))?;
+        for a in &addrs {
+            std::net::TcpListener::bind(a).with_context(|| {
+                format!("port {} is in use (choose another --base-port)", a.port())
+            })?;
         }
     }
     let cland = o.bin_dir.join("cland");
     if !cland.exists() {
         bail!("{} not found", cland.display());
     }
+    if let Some(cfg) = &old {
+        // What a crashed or interrupted cluster left goes first: its namespace inits and
+        // view servers, its cgroup tree (a subtree that saw cgroup.kill kills the processes
+        // cloned into it), its state files (jobs, load manager, owners).
+        teardown(cfg, &o.dir, &mut Vec::new())
+            .with_context(|| format!("remove the crashed cluster in {}", o.dir.display()))?;
+    }
     std::fs::create_dir_all(&o.dir).with_context(|| format!("create {}", o.dir.display()))?;
+    let dir =
+        std::fs::canonicalize(&o.dir).with_context(|| format!("resolve {}", o.dir.display()))?;
+    let key_path = dir.join("cluster.key");
+    let cfg_path = dir.join("cluster.toml");
+    let mut created = Vec::new();
+    let written = write_files(o, &dir, &addrs, &key_path, &cfg_path, &mut created)
+        .and_then(|()| ClusterConfig::load(&cfg_path).map_err(Into::into));
+    let cfg = match written {
+        Ok(cfg) => cfg,
+        Err(e) => {
+            for f in &created {
+                let _ = std::fs::remove_file(f);
+            }
+            let _ = std::fs::remove_dir(&dir);
+            return Err(e);
+        }
+    };
+    let mut started = Started {
+        cfg,
+        dir,
+        children: Vec::new(),
+    };
+    for n in started.cfg.node_ids().collect::<Vec<_>>() {
+        match spawn_cland(&cfg_path, &started.cfg, n, &cland) {
+            Ok(child) => started.children.push(child),
+            Err(e) => {
+                // The nodes started so far go too.
+                return match teardown(&started.cfg, &started.dir, &mut started.children) {
+                    Ok(_) => Err(e),
+                    Err(e2) => Err(anyhow::anyhow!(
+                        "{e:#}; then removing the cluster failed: {e2:#}"
+                    )),
+                };
+            }
+        }
+    }
+    Ok(started)
+}
+
+/// Creates `cluster.key` (a fresh random key, mode 0600) and `cluster.toml`, each new
+/// (never over a file already there), listing in `created` what it made.
+fn write_files(
+    o: &UpOptions,
+    dir: &Path,
+    addrs: &[std::net::SocketAddrV4],
+    key_path: &Path,
+    cfg_path: &Path,
+    created: &mut Vec<PathBuf>,
+) -> anyhow::Result<()> {
+    let mut create = |path: &Path, mode: u32, text: &str| -> anyhow::Result<()> {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(mode)
+            .open(path)
+            .with_context(|| format!("create {}", path.display()))?;
+        created.push(path.to_path_buf());
+        f.write_all(text.as_bytes())
+            .and_then(|()| f.set_permissions(std::fs::Permissions::from_mode(mode)))
+            .with_context(|| format!("write {}", path.display()))
+    };
     let mut key = [0u8; 32];
     getrandom::getrandom(&mut key).map_err(|e| anyhow::anyhow!("random key: {e}"))?;
     let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
-    let key_path = o.dir.join("cluster.key");
-    std::fs::write(&key_path, hex + "\n")?;
-    std::fs::set_permissions(&key_path, std::fs::Permissions::from_mode(0o600))?;
+    create(key_path, 0o600, &(hex + "\n"))?;
     let mut toml = format!(
         "# A local clan cluster written by `clan up`.\nname = \"{}\"\nkey_file = \"cluster.key\"\nlocal = true\nheartbeat_ms = {}\nsuspect_after_ms = {}\ndead_after_ms = {}\nexit_retention_ms = {}\nreattach_ms = {}\n",
-        cluster_name(&o.dir),
+        cluster_name(dir),
         o.heartbeat_ms,
         (o.dead_after_ms / 2).max(o.heartbeat_ms * 2),
         o.dead_after_ms,
         o.exit_retention_ms,
         o.reattach_ms
     );
-    for i in 1..=o.nodes {
-        toml.push_str(&format!("\n[[node]]\nid = {i}\naddr = \"{}\"\n", addr(i)?));
+    for (i, addr) in (1..).zip(addrs) {
+        toml.push_str(&format!("\n[[node]]\nid = {i}\naddr = \"{addr}\"\n"));
         if let Some((prefix, _)) = &o.netns {
             toml.push_str(&format!("netns = \"{prefix}{i}\"\n"));
         }
@@ -146,13 +337,7 @@ pub fn up(o: &UpOptions) -> anyhow::Result<ClusterConfig> {
             toml.push_str("freezer = false\n");
         }
     }
-    let cfg_path = o.dir.join("cluster.toml");
-    std::fs::write(&cfg_path, toml)?;
-    let cfg = ClusterConfig::load(&cfg_path)?;
-    for n in cfg.node_ids() {
-        spawn_cland(&cfg_path, &cfg, n, &cland)?;
-    }
-    Ok(cfg)
+    create(cfg_path, 0o644, &toml)
 }
 
 fn spawn_cland(
@@ -160,13 +345,15 @@ fn spawn_cland(
     cfg: &ClusterConfig,
     n: NodeId,
     cland: &Path,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<std::process::Child> {
     let state = cfg.state_dir(n);
-    std::fs::create_dir_all(&state)?;
+    std::fs::create_dir_all(&state).with_context(|| format!("create {}", state.display()))?;
+    let log_path = state.join("cland.log");
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
-        .open(state.join("cland.log"))?;
+        .open(&log_path)
+        .with_context(|| format!("open {}", log_path.display()))?;
     let netns = match &cfg.node(n)?.netns {
         Some(name) => {
             let p = Path::new("/run/netns").join(name);
@@ -195,8 +382,7 @@ fn spawn_cland(
         });
     }
     cmd.spawn()
-        .with_context(|| format!("start cland for node {n}"))?;
-    Ok(())
+        .with_context(|| format!("start {} for node {n}", cland.display()))
 }
 
 fn local_config(dir: &Path) -> anyhow::Result<ClusterConfig> {
@@ -222,8 +408,8 @@ pub fn crash(dir: &Path, n: u32) -> anyhow::Result<bool> {
     let cfg = local_config(dir)?;
     let id = node_of(&cfg, n)?;
     let state = cfg.state_dir(id);
-    let cland = pid_of(&state.join("cland.pid")).filter(|&p| alive(p));
-    let init = pid_of(&state.join("init.pid")).filter(|&p| alive(p));
+    let cland = recorded(&state, "cland.pid");
+    let init = recorded(&state, "init.pid");
     let sub = cgroup::cgroup2_mount()
         .map(|m| node_cgroup(&m, &cfg.name, id))
         .filter(|p| p.join("cgroup.kill").exists());
@@ -231,17 +417,14 @@ pub fn crash(dir: &Path, n: u32) -> anyhow::Result<bool> {
         std::fs::write(cg.join("cgroup.kill"), "1")
             .with_context(|| format!("kill {}", cg.display()))?;
     } else {
-        for pid in cland.iter().chain(init.iter()) {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(*pid),
-                nix::sys::signal::Signal::SIGKILL,
-            );
+        for p in cland.iter().chain(init.iter()) {
+            p.signal(libc::SIGKILL);
         }
     }
     // Gone when its cland and init are and, with a cgroup, when nothing is left in it.
     let deadline = Instant::now() + Duration::from_secs(10);
-    while (cland.is_some_and(alive)
-        || init.is_some_and(alive)
+    while (cland.is_some_and(|p| p.alive())
+        || init.is_some_and(|p| p.alive())
         || sub.as_deref().is_some_and(cgroup::populated))
         && Instant::now() < deadline
     {
@@ -254,7 +437,7 @@ pub fn crash(dir: &Path, n: u32) -> anyhow::Result<bool> {
 pub fn start_node(dir: &Path, n: u32, bin_dir: &Path) -> anyhow::Result<NodeId> {
     let cfg = local_config(dir)?;
     let id = node_of(&cfg, n)?;
-    if pid_of(&cfg.state_dir(id).join("cland.pid")).is_some_and(alive) {
+    if recorded(&cfg.state_dir(id), "cland.pid").is_some() {
         bail!("node {n} is already running");
     }
     // A fresh cgroup subtree: what is left of the old one (after a crash, empty) goes. Not
@@ -267,7 +450,7 @@ pub fn start_node(dir: &Path, n: u32, bin_dir: &Path) -> anyhow::Result<NodeId> 
                 .with_context(|| format!("remove {}", cg.display()))?;
         }
     }
-    spawn_cland(&dir.join("cluster.toml"), &cfg, id, &bin_dir.join("cland"))?;
+    spawn_cland(&cfg.path, &cfg, id, &bin_dir.join("cland"))?;
     Ok(id)
 }
 
@@ -292,46 +475,64 @@ pub fn request(
 /// What `down` did.
 #[derive(Debug, Default)]
 pub struct DownReport {
+    /// Nodes whose cland stopped when asked.
     pub stopped: Vec<u32>,
+    /// Nodes whose cland had to be killed.
     pub killed: Vec<u32>,
+    /// Whether the directory went too (it did not when it holds files of others).
+    pub removed_dir: bool,
 }
 
-/// Stops every node of the cluster in `dir` and removes all it left.
+/// Stops every node of the cluster in `dir` and removes all it left: its processes, its
+/// cgroup tree and the files `up` and the nodes made (`cluster.toml`, `cluster.key`,
+/// `nodeN/`), then `dir` if that left it empty. Files of others stay.
 pub fn down(dir: &Path) -> anyhow::Result<DownReport> {
     let cfg = local_config(dir)?;
+    teardown(&cfg, dir, &mut Vec::new())
+}
+
+/// `down` of the cluster `cfg` in `dir`; `children` are clands this process started (when
+/// `up` fails), killed even if they have not yet written their pid files.
+fn teardown(
+    cfg: &ClusterConfig,
+    dir: &Path,
+    children: &mut [std::process::Child],
+) -> anyhow::Result<DownReport> {
     let mut report = DownReport::default();
     for n in cfg.node_ids() {
         let state = cfg.state_dir(n);
-        let pid = pid_of(&state.join("cland.pid")).filter(|&p| alive(p));
-        if let Some(pid) = pid {
-            let asked = request(
-                &crate::socket_path(&state),
-                pb::local_request::Op::Shutdown(pb::ShutdownRequest {
-                    kill_processes: true,
-                }),
-                Duration::from_secs(5),
-            )
-            .is_ok();
-            let deadline = Instant::now() + Duration::from_secs(15);
-            while asked && alive(pid) && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            if alive(pid) {
-                let _ = nix::sys::signal::kill(
-                    nix::unistd::Pid::from_raw(pid),
-                    nix::sys::signal::Signal::SIGKILL,
-                );
-                report.killed.push(n.get());
-            } else {
-                report.stopped.push(n.get());
-            }
+        // Only the cland recorded there, never a process that got its pid since.
+        let Some(cland) = recorded(&state, "cland.pid") else {
+            continue;
+        };
+        let asked = request(
+            &crate::socket_path(&state),
+            pb::local_request::Op::Shutdown(pb::ShutdownRequest {
+                kill_processes: true,
+            }),
+            Duration::from_secs(5),
+        )
+        .is_ok();
+        if asked && cland.wait_gone(Duration::from_secs(15)) {
+            report.stopped.push(n.get());
+        } else {
+            cland.signal(libc::SIGKILL);
+            cland.wait_gone(Duration::from_secs(5));
+            report.killed.push(n.get());
         }
-        // A node whose cland died leaves its namespace init: kill it (and with it the node).
-        if let Some(init) = pid_of(&state.join("init.pid")).filter(|&p| alive(p)) {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(init),
-                nix::sys::signal::Signal::SIGKILL,
-            );
+    }
+    for c in children.iter_mut() {
+        // Our child, so its pid is its own until we reap it.
+        if matches!(c.try_wait(), Ok(None)) {
+            let _ = c.kill();
+        }
+        let _ = c.wait();
+    }
+    // A node whose cland died leaves its namespace init: kill it (and with it the node).
+    for n in cfg.node_ids() {
+        if let Some(init) = recorded(&cfg.state_dir(n), "init.pid") {
+            init.signal(libc::SIGKILL);
+            init.wait_gone(Duration::from_secs(5));
         }
     }
     if let Some(mount) = cgroup::cgroup2_mount() {
@@ -339,6 +540,90 @@ pub fn down(dir: &Path) -> anyhow::Result<DownReport> {
         cgroup::kill_and_remove(&cg, Duration::from_secs(15))
             .with_context(|| format!("remove {}", cg.display()))?;
     }
-    std::fs::remove_dir_all(dir).with_context(|| format!("remove {}", dir.display()))?;
+    report.removed_dir = remove_files(cfg, dir)?;
     Ok(report)
+}
+
+/// Removes what `up` and the nodes made in `dir`, `cluster.toml` last (so that a `down`
+/// cut short can be run again), then `dir` if nothing else is in it. Returns whether `dir`
+/// went.
+fn remove_files(cfg: &ClusterConfig, dir: &Path) -> anyhow::Result<bool> {
+    // The directory itself, not a symbolic link to it.
+    let dir = &std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+    let gone = |r: std::io::Result<()>, p: &Path| match r {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(e).with_context(|| format!("remove {}", p.display()))
+        }
+        _ => Ok(()),
+    };
+    for n in cfg.node_ids() {
+        let node = dir.join(format!("node{n}"));
+        gone(std::fs::remove_dir_all(&node), &node)?;
+    }
+    for f in ["cluster.key", "cluster.toml"] {
+        let p = dir.join(f);
+        gone(std::fs::remove_file(&p), &p)?;
+    }
+    match std::fs::remove_dir(dir) {
+        Ok(()) => Ok(true),
+        Err(e) if e.raw_os_error() == Some(libc::ENOTEMPTY) => Ok(false),
+        Err(e) => Err(e).with_context(|| format!("remove {}", dir.display())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts() -> UpOptions {
+        UpOptions {
+            dir: PathBuf::from("/nonexistent/clan-up-test"),
+            nodes: 4,
+            base_port: 7100,
+            heartbeat_ms: 500,
+            dead_after_ms: 3000,
+            exit_retention_ms: 1000,
+            reattach_ms: 1000,
+            freezer: true,
+            bin_dir: PathBuf::from("/nonexistent"),
+            netns: None,
+        }
+    }
+
+    #[test]
+    fn options_are_checked_naming_the_flag() {
+        assert!(opts().check().is_ok());
+        let bad = |f: &dyn Fn(&mut UpOptions), flag: &str| {
+            let mut o = opts();
+            f(&mut o);
+            let e = o.check().expect_err(flag).0;
+            assert!(e.starts_with(flag), "{e}");
+            // Refused before anything is made.
+            let e = up(&o).expect_err(flag);
+            assert!(e.is::<Refused>(), "{e:#}");
+        };
+        bad(&|o| o.nodes = 0, "--nodes 0");
+        bad(&|o| o.nodes = clan_core::MAX_NODE + 1, "--nodes 214");
+        bad(&|o| o.heartbeat_ms = 0, "--heartbeat-ms 0");
+        bad(&|o| o.dead_after_ms = 1499, "--dead-after-ms 1499");
+        bad(&|o| o.dead_after_ms = u64::MAX, "--dead-after-ms");
+        bad(&|o| o.base_port = 65532, "--base-port 65532");
+        bad(
+            &|o| o.netns = Some(("x".into(), std::net::Ipv4Addr::new(255, 255, 255, 254))),
+            "--ip-base",
+        );
+        let mut o = opts();
+        o.dead_after_ms = 1500;
+        assert!(o.check().is_ok());
+        assert!(!o.dir.exists());
+    }
+
+    #[test]
+    fn cluster_names_differ_per_directory() {
+        let a = cluster_name(Path::new("/tmp/a/rel"));
+        let b = cluster_name(Path::new("/tmp/b/rel"));
+        assert_ne!(a, b);
+        assert!(a.starts_with("rel-") && b.starts_with("rel-"));
+        assert_eq!(a, cluster_name(Path::new("/tmp/a/rel")));
+    }
 }

@@ -18,11 +18,10 @@ use tracing::{info, warn};
 /// How long the server may take to mount.
 const READY: Duration = Duration::from_secs(10);
 
-/// The view server's pid when it runs.
+/// The view server's pid when it runs (the one recorded in `pidfile`, not a process that
+/// got its number since: see [`crate::pidfile`]).
 pub fn running(pidfile: &Path) -> Option<i32> {
-    let pid: i32 = std::fs::read_to_string(pidfile).ok()?.trim().parse().ok()?;
-    let comm = clan_core::sys::read_small(format!("/proc/{pid}/comm")).ok()?;
-    (comm.trim() == "clan-procfs").then_some(pid)
+    crate::pidfile::read(pidfile, "clan-procfs").map(|p| p.pid)
 }
 
 /// Finds or starts the node's view server. Failing is not fatal to cland (a machine
@@ -151,20 +150,18 @@ pub fn ensure(
             }
         );
     }
-    std::fs::write(&pidfile, pid.to_string()).context("procfs.pid")?;
+    crate::pidfile::write(&pidfile, pid).context("procfs.pid")?;
     info!(pid, "cluster /proc view mounted at {}", view.display());
     Ok(())
 }
 
 /// Stops the view server (the node is going down); its watcher unmounts the view.
 pub fn stop(state: &Path) {
-    if let Some(pid) = running(&state.join("procfs.pid")) {
-        if let Err(e) = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(pid),
-            nix::sys::signal::Signal::SIGTERM,
-        ) {
-            warn!(pid, "stop the view server: {e}");
+    let pidfile = state.join("procfs.pid");
+    if let Some(p) = crate::pidfile::read(&pidfile, "clan-procfs") {
+        if !p.signal(libc::SIGTERM) {
+            warn!(pid = p.pid, "stop the view server: it is gone");
         }
     }
-    let _ = std::fs::remove_file(state.join("procfs.pid"));
+    crate::pidfile::remove(&pidfile);
 }

@@ -47,6 +47,17 @@ fn dir_or_default(dir: Option<PathBuf>) -> PathBuf {
 
 pub async fn run(a: Args, dir: Option<PathBuf>) -> ExitCode {
     let dir = dir_or_default(dir);
+    // From now on a Ctrl-C, SIGTERM or SIGHUP is ours to handle: the daemons run in
+    // sessions of their own, so `clan up` stops what it started before it goes.
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut int), Ok(mut term), Ok(mut hup)) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+        signal(SignalKind::hangup()),
+    ) else {
+        crate::fail(&"cannot handle signals");
+        return ExitCode::from(X::FAILURE);
+    };
     if !nix::unistd::geteuid().is_root() {
         eprintln!("clan: warning: not root: nodes get no pid namespace and no cgroup subtree");
     }
@@ -55,7 +66,7 @@ pub async fn run(a: Args, dir: Option<PathBuf>) -> ExitCode {
         .and_then(|p| p.parent().map(PathBuf::from))
         .unwrap_or_default();
     let opts = UpOptions {
-        dir: dir.clone(),
+        dir,
         nodes: a.nodes,
         base_port: a.base_port,
         heartbeat_ms: a.heartbeat_ms,
@@ -66,42 +77,87 @@ pub async fn run(a: Args, dir: Option<PathBuf>) -> ExitCode {
         bin_dir,
         netns: a.netns.zip(a.ip_base),
     };
-    let cfg = match localcluster::up(&opts) {
+    let started = match localcluster::up(&opts) {
         Ok(c) => c,
         Err(e) => {
             crate::fail(&format!("{e:#}"));
-            return ExitCode::from(X::FAILURE);
+            return ExitCode::from(if e.is::<localcluster::Refused>() {
+                X::USAGE
+            } else {
+                X::FAILURE
+            });
         }
     };
-    // Ready when every node answers and sees every other node up.
+    let outcome = tokio::select! {
+        biased;
+        _ = int.recv() => Err((libc::SIGINT, None)),
+        _ = term.recv() => Err((libc::SIGTERM, None)),
+        _ = hup.recv() => Err((libc::SIGHUP, None)),
+        r = ready(&started, a.nodes) => r.map_err(|msg| (0, Some(msg))),
+    };
+    let (sig, msg) = match outcome {
+        Ok(()) => {
+            println!(
+                "clan: {} nodes up in {} (stop with `clan down`)",
+                a.nodes,
+                started.dir.display()
+            );
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => e,
+    };
+    let dir = started.dir.clone();
+    match msg {
+        Some(m) => crate::fail(&m),
+        None => crate::fail(&format!(
+            "interrupted (SIG{}): stopping the nodes started in {}",
+            nix::sys::signal::Signal::try_from(sig)
+                .map(|s| s.as_str().trim_start_matches("SIG"))
+                .unwrap_or("?"),
+            dir.display()
+        )),
+    }
+    // Blocking, but nothing else runs now; more signals meanwhile only queue up.
+    if let Err(e) = started.abort() {
+        crate::fail(&format!("removing the cluster in {}: {e:#}", dir.display()));
+    }
+    ExitCode::from(if sig == 0 {
+        X::FAILURE
+    } else {
+        128 + sig as u8
+    })
+}
+
+/// Until every node answers and sees every other node up (at most 20 s); else a message
+/// naming the node that did not and the end of its log.
+async fn ready(started: &localcluster::Started, nodes: u32) -> Result<(), String> {
     let deadline = Instant::now() + Duration::from_secs(20);
-    for n in cfg.node_ids() {
-        let c = Client::at(clan_client::socket_path(&dir, n), n);
+    for n in started.cfg.node_ids() {
+        let c = Client::at(clan_client::socket_path(&started.dir, n), n);
         loop {
-            let ok = matches!(c.nodes().await, Ok(ns) if ns.len() == a.nodes as usize && ns.iter().all(|i| i.state == "up"));
+            // A daemon that accepts but does not answer (stopped) must not hold us past the
+            // deadline.
+            let left = deadline.saturating_duration_since(Instant::now());
+            let ok = matches!(
+                tokio::time::timeout(left.max(Duration::from_millis(100)), c.nodes()).await,
+                Ok(Ok(ns)) if ns.len() == nodes as usize && ns.iter().all(|i| i.state == "up")
+            );
             if ok {
                 break;
             }
             if Instant::now() > deadline {
-                let log =
-                    std::fs::read_to_string(cfg.state_dir(n).join("cland.log")).unwrap_or_default();
+                let log = std::fs::read_to_string(started.cfg.state_dir(n).join("cland.log"))
+                    .unwrap_or_default();
                 let tail: Vec<&str> = log.lines().rev().take(5).collect();
-                crate::fail(&format!(
+                return Err(format!(
                     "node {n} did not come up; its log ends:\n{}",
                     tail.into_iter().rev().collect::<Vec<_>>().join("\n")
                 ));
-                let _ = localcluster::down(&dir);
-                return ExitCode::from(X::FAILURE);
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
-    println!(
-        "clan: {} nodes up in {} (stop with `clan down`)",
-        a.nodes,
-        dir.display()
-    );
-    ExitCode::SUCCESS
+    Ok(())
 }
 
 pub fn down(dir: Option<PathBuf>) -> ExitCode {
@@ -112,7 +168,14 @@ pub fn down(dir: Option<PathBuf>) -> ExitCode {
             if !r.killed.is_empty() {
                 msg.push_str(&format!(", killed {:?} that did not stop", r.killed));
             }
-            println!("{msg}; removed {}", dir.display());
+            if r.removed_dir {
+                println!("{msg}; removed {}", dir.display());
+            } else {
+                println!(
+                    "{msg}; removed the cluster's files from {}, which holds others",
+                    dir.display()
+                );
+            }
             ExitCode::SUCCESS
         }
         Err(e) => {
