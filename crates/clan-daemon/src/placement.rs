@@ -137,7 +137,8 @@ impl Node {
                     }
                 }
             }
-            (pb::Policy::LeastLoaded, _) => self.least_loaded(&infos, count),
+            // Scored and noted at once: concurrent placements see each other's.
+            (pb::Policy::LeastLoaded, _) => return Ok(self.least_loaded(&infos, count)),
             _ => self.round_robin(&infos, count),
         };
         for &n in &chosen {
@@ -158,23 +159,43 @@ impl Node {
         v
     }
 
+    /// The `count` live nodes (of `infos`) with the lowest load, each placement its load may
+    /// not show yet counting one (`node::Placed`), on this node too; the chosen are noted
+    /// before the placement lock is let go, so a concurrent placement counts them.
     fn least_loaded(&self, infos: &[pb::NodeInfo], count: usize) -> Vec<NodeId> {
+        let _pl = self.placement.lock();
         let mut scored: Vec<(f64, u32, u32)> = infos
             .iter()
-            .map(|n| {
-                let pending = NodeId::new(n.id)
-                    .and_then(|id| self.peers.get(&id))
-                    .map(|p| p.state.lock().placed_since)
-                    .unwrap_or(0);
-                (n.load + f64::from(pending), n.procs, n.id)
+            .filter_map(|n| NodeId::new(n.id))
+            .map(|id| {
+                // The load and the placements since it was sampled, read together.
+                let (load, placed, procs) = if id == self.id {
+                    let l = self.load.lock();
+                    (l.load, l.placed.count(), l.procs)
+                } else if let Some(p) = self.peers.get(&id) {
+                    let st = p.state.lock();
+                    let i = st.info.as_ref();
+                    (
+                        i.map_or(0.0, |i| i.load),
+                        st.placed.count(),
+                        i.map_or(0, |i| i.procs),
+                    )
+                } else {
+                    (0.0, 0, 0)
+                };
+                (load + f64::from(placed), procs, id.get())
             })
             .collect();
         scored.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
-        scored
+        let chosen: Vec<NodeId> = scored
             .into_iter()
             .take(count)
             .filter_map(|(_, _, id)| NodeId::new(id))
-            .collect()
+            .collect();
+        for &n in &chosen {
+            self.note_placement(n);
+        }
+        chosen
     }
 
     async fn ask_manager(
