@@ -2615,6 +2615,7 @@ fn a_detached_log_keeps_its_newest_output_under_the_cap() {
         }
         assert_eq!(waiter.join().unwrap().status.code(), Some(0));
     });
+    most = most.max(log_bytes(&c, g));
     let files = log_files(&c, g);
     assert!(
         files.iter().any(|(n, _)| n == &format!("{g}.log.1")),
