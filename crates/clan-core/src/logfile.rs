@@ -62,7 +62,8 @@ impl LogPaths {
     }
 }
 
-/// Creates (or empties) a log file, mode 0600, owned by `owner` (uid, gid) when given.
+/// Creates (or empties) a log file, mode 0600, owned by `owner` (uid, gid) when given and
+/// the file system lets it be (else by its writer: output is not lost for want of it).
 pub fn create(path: &Path, owner: Option<(u32, u32)>) -> io::Result<File> {
     let f = OpenOptions::new()
         .create(true)
@@ -73,7 +74,7 @@ pub fn create(path: &Path, owner: Option<(u32, u32)>) -> io::Result<File> {
     // An existing file kept its mode: 0600 whatever it had.
     f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
     if let Some((uid, gid)) = owner {
-        std::os::unix::fs::fchown(&f, Some(uid), Some(gid))?;
+        let _ = std::os::unix::fs::fchown(&f, Some(uid), Some(gid));
     }
     Ok(f)
 }

@@ -573,9 +573,9 @@ fn start(
     let (child_fds, stdio, keep): ([i32; 3], Stdio, Vec<OwnedFd>) = if ps.detached {
         let logs = logfile::make_dir(&state).map_err(|e| internal("make logs/", &e))?;
         let path = logs.join(format!(".new-{}", std::process::id()));
-        let file = logfile::create(&path, None).map_err(|e| internal("open log", &e))?;
         // Its owner may read it (`clan logs`); mode 0600: nobody else.
-        let _ = std::os::unix::fs::fchown(&file, Some(creds.uid), Some(creds.gid));
+        let file = logfile::create(&path, Some((creds.uid, creds.gid)))
+            .map_err(|e| internal("open log", &e))?;
         let tmp = TmpLog {
             dir: logs,
             path,
