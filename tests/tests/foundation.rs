@@ -916,6 +916,9 @@ fn bad_input_gets_one_clear_line_and_a_documented_code() {
     );
     check(&["ps", "--node", "5"], 3, "node 5 is not in the cluster");
     check(&["logs", "20000001"], 3, "no log");
+    // An unparsable gpid names no process, for every command that takes one (3).
+    check(&["logs", "3:abc"], 3, "invalid gpid");
+    check(&["proc", "cat", "3:abc", "status"], 3, "invalid gpid");
     check(&["wait", "20004711"], 127, "no such process 20004711");
     // No daemon: say how to start one.
     let o = c
@@ -2546,4 +2549,262 @@ fn a_request_trickled_on_a_link_closes_it() {
         (links_served(&c, 2) == 0).then_some(())
     });
     c.clan_ok(&["kill", &target.to_string()]);
+}
+
+/// The files of `g`'s log on its node (`logs/GPID.log*`), with their sizes.
+fn log_files(c: &Cluster, g: Gpid) -> Vec<(String, u64)> {
+    let prefix = format!("{g}.log");
+    std::fs::read_dir(c.node_dir(g.node().get()).join("logs"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let len = e.metadata().map(|m| m.len()).ok()?;
+            name.starts_with(&prefix).then_some((name, len))
+        })
+        .collect()
+}
+
+fn log_bytes(c: &Cluster, g: Gpid) -> u64 {
+    log_files(c, g).iter().map(|(_, n)| n).sum()
+}
+
+/// Restarts node 1's cland with `log_max_bytes = cap` in the cluster file (`clan up` has no
+/// option for it) and waits until it answers; returns the new daemon, for the caller to reap
+/// once the cluster is down.
+fn restart_with_log_cap(c: &Cluster, cap: u64) -> std::process::Child {
+    let file = c.dir.join("cluster.toml");
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert!(text.contains("local = true\n"), "{text}");
+    let text = text.replacen(
+        "local = true\n",
+        &format!("local = true\nlog_max_bytes = {cap}\n"),
+        1,
+    );
+    std::fs::write(&file, text).unwrap();
+    c.kill_cland(1);
+    let daemon = c.restart_cland(1);
+    eventually("node 1 back", Duration::from_secs(20), || {
+        c.clan(&["ps"]).status.success().then_some(())
+    });
+    daemon
+}
+
+/// A detached process's output is relayed into its log, of which the newest
+/// `log_max_bytes` is kept (GPID.log rotated to GPID.log.1 at half of it), mode 0600; and
+/// `clan logs` without -f ends though the process writes on.
+#[test]
+fn a_detached_log_keeps_its_newest_output_under_the_cap() {
+    root_or_skip!("a_detached_log_keeps_its_newest_output_under_the_cap");
+    const CAP: u64 = 1 << 20;
+    // The base file (a position, a few bytes) aside, nothing beyond the cap.
+    const SLACK: u64 = 64;
+    let c = Cluster::up(1);
+    let mut daemon = restart_with_log_cap(&c, CAP);
+    // A flood that ends: ~22 MB of numbered lines.
+    let g = c.spawn(1, &["seq", "1", "3000000"]);
+    let mut most = 0;
+    std::thread::scope(|s| {
+        let waiter = s.spawn(|| c.clan(&["wait", &g.to_string()]));
+        while !waiter.is_finished() {
+            let now = log_bytes(&c, g);
+            assert!(now <= CAP + SLACK, "{:?}", log_files(&c, g));
+            most = most.max(now);
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(waiter.join().unwrap().status.code(), Some(0));
+    });
+    most = most.max(log_bytes(&c, g));
+    let files = log_files(&c, g);
+    assert!(
+        files.iter().any(|(n, _)| n == &format!("{g}.log.1")),
+        "never rotated: {files:?}"
+    );
+    assert!(log_bytes(&c, g) <= CAP + SLACK, "{files:?}");
+    assert!(most >= CAP / 2, "{most} bytes at most: {files:?}");
+    // What `clan logs` shows is the newest output: consecutive numbers up to the last.
+    let out = c.clan_ok(&["logs", &g.to_string()]);
+    let len = out.len() as u64;
+    assert!((CAP / 2..=CAP).contains(&len), "{len} bytes shown");
+    assert!(out.ends_with("3000000\n"), "{:?}", &out[out.len() - 20..]);
+    // (The first line may be the end of one whose start was dropped.)
+    let nums: Vec<u64> = out
+        .lines()
+        .skip(1)
+        .map(|l| l.parse().expect("a number"))
+        .collect();
+    assert!(nums.windows(2).all(|w| w[1] == w[0] + 1), "not consecutive");
+    assert!(
+        nums[0] > 2_800_000,
+        "starts at {}: old output kept",
+        nums[0]
+    );
+    assert_eq!(c.clan_ok(&["logs", "-f", &g.to_string()]), out);
+    // Readable by its owner alone, through `clan logs`; the directory lists nothing.
+    use std::os::unix::fs::PermissionsExt;
+    let logs = c.node_dir(1).join("logs");
+    for f in [format!("{g}.log"), format!("{g}.log.1")] {
+        let mode = std::fs::metadata(logs.join(&f))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600, "{f}: {mode:o}");
+    }
+    let mode = std::fs::metadata(&logs).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o711, "logs/: {mode:o}");
+
+    // A flood that does not end: the cap holds over many rotations, and `clan logs` prints
+    // what the log holds and returns.
+    let y = c.spawn(1, &["yes"]);
+    let base = c.node_dir(1).join("logs").join(format!("{y}.log.base"));
+    eventually("yes to write four caps", Duration::from_secs(60), || {
+        let now = log_bytes(&c, y);
+        assert!(now <= CAP + SLACK, "{:?}", log_files(&c, y));
+        let written: u64 = std::fs::read_to_string(&base).ok()?.trim().parse().ok()?;
+        (written >= 4 * CAP).then_some(())
+    });
+    let out = c.clan_ok(&["logs", &y.to_string()]);
+    assert!(
+        !out.is_empty() && out.len() as u64 <= CAP,
+        "{} bytes",
+        out.len()
+    );
+    assert!(out.bytes().all(|b| b == b'y' || b == b'\n'), "not yes's");
+    assert!(log_bytes(&c, y) <= CAP + SLACK, "{:?}", log_files(&c, y));
+    c.clan_ok(&["kill", "-s", "KILL", &y.to_string()]);
+    assert_eq!(
+        c.clan(&["wait", &y.to_string()]).status.code(),
+        Some(128 + 9)
+    );
+    drop(c);
+    let _ = daemon.wait();
+}
+
+/// A detached process's log stays after its end (`clan logs` right after `clan wait`),
+/// then goes `exit_retention_ms` (at least 5 s) after the process was collected; a running
+/// process's log stays, however long it is quiet.
+#[test]
+fn a_collected_process_log_goes_after_the_retention() {
+    root_or_skip!("a_collected_process_log_goes_after_the_retention");
+    let c = Cluster::up_with(
+        1,
+        &[
+            "--heartbeat-ms",
+            "200",
+            "--dead-after-ms",
+            "2000",
+            "--exit-retention-ms",
+            "3000",
+        ],
+    );
+    let quiet = c.spawn(1, &["sleep", "1000"]);
+    let g = c.spawn(1, &["sh", "-c", "echo bye"]);
+    assert_eq!(c.clan(&["wait", &g.to_string()]).status.code(), Some(0));
+    assert_eq!(c.clan_ok(&["logs", &g.to_string()]), "bye\n");
+    let collected = std::time::Instant::now();
+    eventually("the log removed", Duration::from_secs(60), || {
+        log_files(&c, g).is_empty().then_some(())
+    });
+    let kept = collected.elapsed();
+    assert!(kept >= Duration::from_secs(4), "removed after {kept:?}");
+    let o = c.clan(&["logs", &g.to_string()]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(3), "{err}");
+    assert!(
+        err.contains(&format!("no log for process {g}: no such process")),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
+    // Quiet for longer than the retention, but running: its log stays.
+    assert!(!log_files(&c, quiet).is_empty());
+    assert_eq!(c.clan_ok(&["logs", &quiet.to_string()]), "");
+    c.clan_ok(&["kill", "-s", "KILL", &quiet.to_string()]);
+}
+
+/// Least-loaded counts the placements a node made on itself, as on the others, until a
+/// load sample surely has them: quick placements from one node spread over idle nodes.
+#[test]
+fn least_loaded_spreads_quick_placements_over_idle_nodes() {
+    root_or_skip!("least_loaded_spreads_quick_placements_over_idle_nodes");
+    let c = Cluster::up(4);
+    let gs: Vec<Gpid> = (0..8)
+        .map(|_| {
+            c.clan_ok(&[
+                "--from",
+                "1",
+                "run",
+                "-d",
+                "--policy",
+                "least-loaded",
+                "--",
+                "sh",
+                "-c",
+                "while :; do :; done",
+            ])
+            .trim()
+            .parse()
+            .unwrap()
+        })
+        .collect();
+    for g in &gs {
+        c.clan(&["kill", "-s", "KILL", &g.to_string()]);
+    }
+    let mut per = [0; 4];
+    for g in &gs {
+        per[g.node().get() as usize - 1] += 1;
+    }
+    assert!(
+        per.iter().all(|&n| (1..=3).contains(&n)),
+        "placements per node: {per:?}, in order: {:?}",
+        gs.iter().map(|g| g.node().get()).collect::<Vec<_>>()
+    );
+}
+
+/// A load manager is read up to its first line (not until it exits), at most 1024 bytes,
+/// and its whole process group is killed then.
+#[test]
+fn a_load_manager_is_read_one_line_and_its_group_killed() {
+    root_or_skip!("a_load_manager_is_read_one_line_and_its_group_killed");
+    let c = Cluster::up(3);
+    let register = |name: &str, body: &str| {
+        let script = c.dir.join(name);
+        std::fs::write(&script, format!("#!/bin/sh\nread q\n{body}\n")).unwrap();
+        std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        c.clan_ok(&["loadmgr", "register", "--", script.to_str().unwrap()]);
+    };
+    // Answers at once, then floods and leaves a child behind.
+    register("lm-flood.sh", "sleep 1041 &\necho 3\nexec yes 3");
+    for _ in 0..3 {
+        let o = c.clan_ok(&["run", "--", "sh", "-c", "echo $CLAN_NODE"]);
+        assert_eq!(o.trim(), "3");
+    }
+    eventually(
+        "the manager's child killed",
+        Duration::from_secs(10),
+        || {
+            host_processes_mentioning("sleep 1041")
+                .is_empty()
+                .then_some(())
+        },
+    );
+    // No newline in its first 1024 bytes: refused (round-robin instead), and said why.
+    register("lm-noline.sh", "sleep 1042 &\nyes 3 | tr -d '\\n'");
+    c.clan_ok(&["run", "--", "true"]);
+    assert!(
+        c.log(1).contains("more than 1024 bytes without a newline"),
+        "{}",
+        c.log(1)
+    );
+    eventually(
+        "the manager's children killed",
+        Duration::from_secs(10),
+        || {
+            host_processes_mentioning("sleep 1042")
+                .is_empty()
+                .then_some(())
+        },
+    );
+    c.clan_ok(&["loadmgr", "unregister"]);
 }

@@ -7,6 +7,7 @@
 //! suspect_after_ms = 1500
 //! dead_after_ms = 3000
 //! reattach_ms = 10000                  # how long an attached process waits for its stub
+//! log_max_bytes = 16777216             # output of a detached process kept (0: all)
 //!
 //! [[node]]
 //! id = 1
@@ -72,6 +73,8 @@ struct RawConfig {
     exit_retention_ms: u64,
     #[serde(default = "default_reattach")]
     reattach_ms: u64,
+    #[serde(default = "default_log_max")]
+    log_max_bytes: u64,
     /// Local clusters: every node gets its own pid namespace and cgroup subtree.
     #[serde(default)]
     local: bool,
@@ -108,6 +111,18 @@ fn default_reattach() -> u64 {
     DEFAULT_REATTACH_MS
 }
 
+/// 16 MiB: the newest output of a detached process kept in its log (`GPID.log` and
+/// `GPID.log.1`, 8 MiB each at most), as kubelet keeps 10 MiB per container log file.
+/// Node state lives in /run (RAM) by default: a log must not grow with its output.
+pub const DEFAULT_LOG_MAX_BYTES: u64 = 16 << 20;
+
+/// The smallest cap a cluster file may set (0 aside, which keeps everything).
+pub const MIN_LOG_MAX_BYTES: u64 = 64 << 10;
+
+fn default_log_max() -> u64 {
+    DEFAULT_LOG_MAX_BYTES
+}
+
 /// A parsed cluster file with its key.
 #[derive(Debug, Clone)]
 pub struct ClusterConfig {
@@ -124,6 +139,8 @@ pub struct ClusterConfig {
     /// cland restarted on either end) waits for the stub to reattach before it is hung up,
     /// and how long the stub keeps trying.
     pub reattach_ms: u64,
+    /// How much of a detached process's newest output its log keeps (0: all of it).
+    pub log_max_bytes: u64,
     pub local: bool,
     pub dir: PathBuf,
     state_dir: String,
@@ -170,6 +187,11 @@ impl ClusterConfig {
                 return Err(perr(format!("node {} listed twice", n.id)));
             }
         }
+        if raw.log_max_bytes != 0 && raw.log_max_bytes < MIN_LOG_MAX_BYTES {
+            return Err(perr(format!(
+                "log_max_bytes must be 0 (no cap) or at least {MIN_LOG_MAX_BYTES}"
+            )));
+        }
         if raw.heartbeat_ms == 0 {
             return Err(perr("heartbeat_ms must be positive".into()));
         }
@@ -200,6 +222,7 @@ impl ClusterConfig {
             dead_after_ms: raw.dead_after_ms.unwrap_or(raw.heartbeat_ms * 6),
             exit_retention_ms: raw.exit_retention_ms,
             reattach_ms: raw.reattach_ms,
+            log_max_bytes: raw.log_max_bytes,
             local: raw.local,
             state_dir: raw
                 .state_dir
@@ -260,6 +283,7 @@ mod tests {
         assert_eq!(c.key, b"0123456789abcdef0123");
         assert_eq!(c.dead_after_ms, 3000);
         assert_eq!(c.exit_retention_ms, DEFAULT_EXIT_RETENTION_MS);
+        assert_eq!(c.log_max_bytes, DEFAULT_LOG_MAX_BYTES);
         assert_eq!(c.state_dir(NodeId::new(2).unwrap()), d.path().join("node2"));
         assert_eq!(
             c.proc_view(NodeId::new(2).unwrap()),
@@ -282,6 +306,7 @@ mod tests {
         std::fs::write(&p, example).unwrap();
         let c = ClusterConfig::load(&p).unwrap();
         assert_eq!(c.exit_retention_ms, 3_600_000);
+        assert_eq!(c.log_max_bytes, DEFAULT_LOG_MAX_BYTES);
     }
 
     #[test]
@@ -298,6 +323,10 @@ mod tests {
             (
                 "name = \"t\"\nkey_file = \"k\"\n[[node]]\nid = 1\naddr = \"127.0.0.1:1\"\n",
                 "shorter",
+            ),
+            (
+                "name = \"t\"\nkey_file = \"k\"\nlog_max_bytes = 100\n[[node]]\nid = 1\naddr = \"127.0.0.1:1\"\n",
+                "log_max_bytes must be 0",
             ),
             ("name = 3\n", "invalid type"),
         ] {

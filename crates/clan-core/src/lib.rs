@@ -5,6 +5,7 @@ pub mod config;
 pub mod exit;
 pub mod id;
 pub mod lock;
+pub mod logfile;
 pub mod signal;
 pub mod sigset;
 pub mod sys;

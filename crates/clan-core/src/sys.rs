@@ -797,6 +797,42 @@ impl Drop for ActingAs {
     }
 }
 
+/// An flock(2) on a file, released when dropped (or when the file is closed).
+#[derive(Debug)]
+pub struct FileLock<'a>(&'a std::fs::File);
+
+impl Drop for FileLock<'_> {
+    fn drop(&mut self) {
+        // SAFETY: flock(2) on a descriptor the borrowed file keeps open.
+        unsafe { libc::flock(self.0.as_raw_fd(), libc::LOCK_UN) };
+    }
+}
+
+/// Takes an flock(2) on `f`: shared or exclusive, waiting for it or not (`Ok(None)` when
+/// it is held elsewhere and `wait` is false).
+pub fn flock(f: &std::fs::File, exclusive: bool, wait: bool) -> io::Result<Option<FileLock<'_>>> {
+    let mut op = if exclusive {
+        libc::LOCK_EX
+    } else {
+        libc::LOCK_SH
+    };
+    if !wait {
+        op |= libc::LOCK_NB;
+    }
+    loop {
+        // SAFETY: flock(2) on a descriptor the borrowed file keeps open.
+        if unsafe { libc::flock(f.as_raw_fd(), op) } == 0 {
+            return Ok(Some(FileLock(f)));
+        }
+        let e = io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EINTR) => continue,
+            Some(libc::EWOULDBLOCK) if !wait => return Ok(None),
+            _ => return Err(e),
+        }
+    }
+}
+
 #[cfg(test)]
 mod acting_tests {
     use super::*;

@@ -930,8 +930,9 @@ impl Node {
         Ok(pb::StatsReply { nodes })
     }
 
-    /// Output of a detached process from its log file, from `offset`. With `follow`, waits
-    /// a little for more when there is none yet and the process still runs.
+    /// Output of a detached process from its log (`clan_core::logfile`), from position
+    /// `offset` (or the oldest output kept, when what was there was dropped). With
+    /// `follow`, waits a little for more when there is none yet and the process still runs.
     pub async fn logs_local(
         &self,
         gpid: Gpid,
@@ -939,45 +940,104 @@ impl Node {
         follow: bool,
         creds: &pb::Creds,
     ) -> Result<pb::LogChunk> {
-        use std::os::unix::fs::MetadataExt;
-        let path = self.state_dir.join("logs").join(format!("{gpid}.log"));
-        let meta = std::fs::metadata(&path).map_err(|_| {
-            Error::NotFound(format!(
-                "no log for process {gpid} (only processes started with -d have one)"
-            ))
-        })?;
-        if creds.uid != 0 && creds.uid != meta.uid() {
-            return Err(Error::Permission(format!(
-                "permission denied to read the log of {gpid}"
-            )));
-        }
-        const LIMIT: u64 = 1 << 20;
+        const LIMIT: usize = 1 << 20;
+        let dir = clan_core::logfile::dir(&self.state_dir);
         let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
         loop {
-            let running = self
-                .vprocs
-                .read()
-                .get(&gpid)
-                .is_some_and(|vp| vp.exited().is_none());
-            let len = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
-            if len > offset || !running || !follow || tokio::time::Instant::now() > deadline {
-                let data =
-                    read_range(&path, offset, LIMIT).map_err(|e| Error::internal("read log", e))?;
-                let end = !running && offset + data.len() as u64 >= len;
-                return Ok(pb::LogChunk { data, end });
+            let (running, detached) = match self.vprocs.read().get(&gpid) {
+                Some(vp) => (vp.exited().is_none(), vp.detached),
+                None => (false, true),
+            };
+            // Opened afresh each time: a rotation moves the newest output to a new file.
+            let d = dir.clone();
+            let read = tokio::task::spawn_blocking(move || {
+                let v = clan_core::logfile::LogView::open(&d, gpid)?;
+                let (at, data) = v.read(offset, LIMIT)?;
+                Ok::<_, std::io::Error>((v.owner, at, data, v.end()?))
+            })
+            .await
+            .map_err(|e| Error::internal("read log", e))?;
+            let (owner, at, data, size) = match read {
+                Ok(r) => r,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    return Err(Error::NotFound(if detached {
+                        format!(
+                            "no log for process {gpid}: no such process (a log is removed {} \
+                             after its process was collected; only processes started with -d \
+                             have one)",
+                            human_ms(self.log_keep().as_millis() as u64)
+                        )
+                    } else {
+                        format!("no log for process {gpid}: it was not started with -d")
+                    }))
+                }
+                Err(e) => return Err(Error::internal("read log", e)),
+            };
+            if creds.uid != 0 && creds.uid != owner {
+                return Err(Error::Permission(format!(
+                    "permission denied to read the log of {gpid}"
+                )));
+            }
+            if !data.is_empty() || !running || !follow || tokio::time::Instant::now() > deadline {
+                let end = !running && at + data.len() as u64 >= size;
+                return Ok(pb::LogChunk {
+                    data,
+                    end,
+                    at,
+                    size,
+                });
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
 }
 
-fn read_range(path: &Path, offset: u64, limit: u64) -> std::io::Result<Vec<u8>> {
-    use std::io::{Read, Seek, SeekFrom};
-    let mut f = std::fs::File::open(path)?;
-    f.seek(SeekFrom::Start(offset))?;
-    let mut buf = Vec::new();
-    f.take(limit).read_to_end(&mut buf)?;
-    Ok(buf)
+/// The least time a detached process's log is kept after the process was collected,
+/// whatever `exit_retention_ms` says: a log is there before its process is in the vproc
+/// table (from the start of its shepherd to the link), and must not look abandoned then.
+pub const LOG_KEEP_MIN: Duration = Duration::from_secs(5);
+
+impl Node {
+    /// How long the log of a collected process is kept: `exit_retention_ms`, at least
+    /// [`LOG_KEEP_MIN`].
+    pub fn log_keep(&self) -> Duration {
+        Duration::from_millis(self.cfg.exit_retention_ms).max(LOG_KEEP_MIN)
+    }
+
+    /// Removes the logs of processes that are gone, [`Node::log_keep`] after they were
+    /// collected (`clan_core::logfile::sweep`), looking every tenth of that (1 s to 1 min).
+    pub fn start_log_sweeper(self: &Arc<Self>) {
+        let keep = self.log_keep();
+        let every = (keep / 10).clamp(Duration::from_secs(1), Duration::from_secs(60));
+        let node = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            loop {
+                tick.tick().await;
+                let Some(n) = node.upgrade() else { return };
+                let _ = tokio::task::spawn_blocking(move || {
+                    let dir = clan_core::logfile::dir(&n.state_dir);
+                    let removed =
+                        clan_core::logfile::sweep(&dir, keep, |g| n.vprocs.read().contains_key(&g));
+                    if removed > 0 {
+                        tracing::debug!(removed, "removed the logs of collected processes");
+                    }
+                })
+                .await;
+            }
+        });
+    }
+}
+
+/// A duration given in milliseconds, as people write it: `1h`, `90s`, `250ms`.
+fn human_ms(ms: u64) -> String {
+    match ms {
+        0 => "at once".into(),
+        ms if ms % 3_600_000 == 0 => format!("{}h", ms / 3_600_000),
+        ms if ms % 60_000 == 0 => format!("{}min", ms / 60_000),
+        ms if ms % 1000 == 0 => format!("{}s", ms / 1000),
+        ms => format!("{ms}ms"),
+    }
 }
 
 /// A pidfd of the process at the other end of a Unix socket (SO_PEERPIDFD, Linux 6.5;

@@ -27,6 +27,41 @@ pub struct LocalLoad {
     pub procs: u32,
     pub mem_used_kb: u64,
     pub mem_total_kb: u64,
+    /// Placements made here on this node that a sample may not have seen yet.
+    pub placed: Placed,
+}
+
+/// How long a placement may take to become a running process that a load sample sees
+/// (the spawn, on a busy node).
+pub const SPAWN_ALLOWANCE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Placements made on a node that its load, as last sampled, may not show yet: least-loaded
+/// counts each as one runnable process, so that placements made between two samples (or
+/// heartbeats) do not all go to the node that looked idlest.
+#[derive(Debug, Clone, Default)]
+pub struct Placed(std::collections::VecDeque<Instant>);
+
+impl Placed {
+    /// At most this many are remembered per node (a burst beyond them counts as this many).
+    const MAX: usize = 4096;
+
+    pub fn note(&mut self) {
+        if self.0.len() >= Self::MAX {
+            self.0.pop_front();
+        }
+        self.0.push_back(Instant::now());
+    }
+
+    /// A load sample came that surely has the placements made `settle` or longer ago.
+    pub fn sampled(&mut self, settle: std::time::Duration) {
+        while self.0.front().is_some_and(|t| t.elapsed() >= settle) {
+            self.0.pop_front();
+        }
+    }
+
+    pub fn count(&self) -> u32 {
+        self.0.len() as u32
+    }
 }
 
 /// Jobs suspended as a whole with signals, one id per line (state directory).
@@ -393,6 +428,9 @@ impl Node {
         // Runnable processes other than the sampler itself, smoothed like loadavg.
         let now = f64::from(running.saturating_sub(u32::from(self.view.ns_init == 0)));
         l.load = l.load * (1.0 - alpha) + now * alpha;
+        // Placements the sample surely saw no longer count apart (a later one may not be
+        // running yet).
+        l.placed.sampled(SPAWN_ALLOWANCE);
         l.procs = total;
         l.mem_total_kb = total_kb;
         l.mem_used_kb = if self.view.ns_init != 0 {
@@ -474,5 +512,23 @@ impl JobOwners {
         if let Err(e) = res {
             tracing::warn!(path = %self.path.display(), error = %e, "could not record a job owner");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn placements_count_until_a_sample_surely_has_them() {
+        let mut p = Placed::default();
+        p.note();
+        p.note();
+        // A sample soon after: they may not be running yet.
+        p.sampled(std::time::Duration::from_secs(60));
+        assert_eq!(p.count(), 2);
+        // One taken long enough after them has them.
+        p.sampled(std::time::Duration::ZERO);
+        assert_eq!(p.count(), 0);
     }
 }

@@ -33,8 +33,9 @@ pub struct PeerState {
     /// The incarnation this node declared dead with quorum: refused until it fences
     /// itself and comes back as another (membership.rs).
     pub fenced: Option<u64>,
-    /// Placements sent there since its last heartbeat (least-loaded counts them as load).
-    pub placed_since: u32,
+    /// Placements sent there that the load its heartbeats report may not show yet
+    /// (least-loaded counts them as load).
+    pub placed: crate::node::Placed,
     /// Its current incarnation's processes were given up as lost (`Node::node_lost`: it was
     /// declared dead, which fences it). A node that said goodbye is only away: its
     /// processes outlive its cland, and are lost only if it comes back as an incarnation
@@ -448,7 +449,9 @@ impl Node {
                 // Heard and accepted (not fenced), with what it holds: whatever was given
                 // up belonged to what it was, and its next loss is news again.
                 st.lost = false;
-                st.placed_since = 0;
+                // Its load has the placements sent long enough before; a heartbeat
+                // sooner after one may carry a sample taken before its process ran.
+                st.placed.sampled(self.placement_settle());
             }
             st.last_heard = Some(Instant::now());
             st.goodbye = None;
@@ -909,11 +912,21 @@ impl Node {
         .collect()
     }
 
-    /// Notes a placement on `to` until its next heartbeat reports it.
+    /// Notes a placement on `to` until its load surely has it: a peer's heartbeat
+    /// [`Node::placement_settle`] later, or this node's sample when `to` is this node.
     pub fn note_placement(&self, to: NodeId) {
-        if let Some(p) = self.peers.get(&to) {
-            p.state.lock().placed_since += 1;
+        if to == self.id {
+            self.load.lock().placed.note();
+        } else if let Some(p) = self.peers.get(&to) {
+            p.state.lock().placed.note();
         }
+    }
+
+    /// How long after a placement a peer's heartbeat surely reports a load sample that has
+    /// the process: a sampler's period (every `max(heartbeat_ms, 250 ms)`, as lib.rs runs
+    /// it) and [`crate::node::SPAWN_ALLOWANCE`] for the spawn.
+    pub fn placement_settle(&self) -> Duration {
+        Duration::from_millis(self.cfg.heartbeat_ms.max(250)) + crate::node::SPAWN_ALLOWANCE
     }
 }
 

@@ -10,7 +10,7 @@ use clan_proto::pb;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::time::Duration;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
 use tracing::warn;
 
 /// A registered load manager.
@@ -137,7 +137,8 @@ impl Node {
                     }
                 }
             }
-            (pb::Policy::LeastLoaded, _) => self.least_loaded(&infos, count),
+            // Scored and noted at once: concurrent placements see each other's.
+            (pb::Policy::LeastLoaded, _) => return Ok(self.least_loaded(&infos, count)),
             _ => self.round_robin(&infos, count),
         };
         for &n in &chosen {
@@ -158,23 +159,43 @@ impl Node {
         v
     }
 
+    /// The `count` live nodes (of `infos`) with the lowest load, each placement its load may
+    /// not show yet counting one (`node::Placed`), on this node too; the chosen are noted
+    /// before the placement lock is let go, so a concurrent placement counts them.
     fn least_loaded(&self, infos: &[pb::NodeInfo], count: usize) -> Vec<NodeId> {
+        let _pl = self.placement.lock();
         let mut scored: Vec<(f64, u32, u32)> = infos
             .iter()
-            .map(|n| {
-                let pending = NodeId::new(n.id)
-                    .and_then(|id| self.peers.get(&id))
-                    .map(|p| p.state.lock().placed_since)
-                    .unwrap_or(0);
-                (n.load + f64::from(pending), n.procs, n.id)
+            .filter_map(|n| NodeId::new(n.id))
+            .map(|id| {
+                // The load and the placements since it was sampled, read together.
+                let (load, placed, procs) = if id == self.id {
+                    let l = self.load.lock();
+                    (l.load, l.placed.count(), l.procs)
+                } else if let Some(p) = self.peers.get(&id) {
+                    let st = p.state.lock();
+                    let i = st.info.as_ref();
+                    (
+                        i.map_or(0.0, |i| i.load),
+                        st.placed.count(),
+                        i.map_or(0, |i| i.procs),
+                    )
+                } else {
+                    (0.0, 0, 0)
+                };
+                (load + f64::from(placed), procs, id.get())
             })
             .collect();
         scored.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
-        scored
+        let chosen: Vec<NodeId> = scored
             .into_iter()
             .take(count)
             .filter_map(|(_, _, id)| NodeId::new(id))
-            .collect()
+            .collect();
+        for &n in &chosen {
+            self.note_placement(n);
+        }
+        chosen
     }
 
     async fn ask_manager(
@@ -229,6 +250,38 @@ impl Node {
     }
 }
 
+/// The most of a load manager's answer read: a node id and a newline fit many times over.
+const ANSWER_MAX: u64 = 1024;
+
+/// The first line of a load manager's answer, read up to [`ANSWER_MAX`] bytes: a manager
+/// that floods its output is neither buffered nor waited for beyond its line.
+async fn first_line(r: impl AsyncRead + Unpin) -> Result<String> {
+    let mut buf = Vec::new();
+    BufReader::new(r.take(ANSWER_MAX))
+        .read_until(b'\n', &mut buf)
+        .await
+        .map_err(|e| Error::internal("load manager", e))?;
+    if buf.last() != Some(&b'\n') && buf.len() as u64 == ANSWER_MAX {
+        return Err(Error::Internal(format!(
+            "load manager answered more than {ANSWER_MAX} bytes without a newline"
+        )));
+    }
+    Ok(String::from_utf8_lossy(&buf).trim_end().to_string())
+}
+
+/// SIGKILL to a load manager's process group when dropped: once it answered, failed or
+/// timed out, nothing it started lives on. Dropped before the manager's `Child`, which is
+/// not reaped before then, so the group's number names no other group.
+struct KillGroup(Option<nix::unistd::Pid>);
+
+impl Drop for KillGroup {
+    fn drop(&mut self) {
+        if let Some(g) = self.0 {
+            let _ = nix::sys::signal::killpg(g, nix::sys::signal::Signal::SIGKILL);
+        }
+    }
+}
+
 async fn query(m: &LoadManager, line: String) -> Result<String> {
     let io = |e: std::io::Error| Error::internal("load manager", e);
     match m {
@@ -239,26 +292,66 @@ async fn query(m: &LoadManager, line: String) -> Result<String> {
                 .args(&argv[1..])
                 .stdin(std::process::Stdio::piped())
                 .stdout(std::process::Stdio::piped())
+                // A group of its own, which goes whole (`KillGroup`).
+                .process_group(0)
                 .kill_on_drop(true)
                 .spawn()
                 .map_err(io)?;
+            let _group = KillGroup(child.id().map(|p| nix::unistd::Pid::from_raw(p as i32)));
             let mut stdin = child.stdin.take().expect("piped");
             stdin.write_all(line.as_bytes()).await.map_err(io)?;
             drop(stdin);
-            let out = child.wait_with_output().await.map_err(io)?;
-            Ok(String::from_utf8_lossy(&out.stdout)
-                .lines()
-                .next()
-                .unwrap_or("")
-                .to_string())
+            first_line(child.stdout.take().expect("piped")).await
         }
         LoadManager::Socket(p) => {
             let s = tokio::net::UnixStream::connect(p).await.map_err(io)?;
             let (r, mut w) = s.into_split();
             w.write_all(line.as_bytes()).await.map_err(io)?;
-            let mut answer = String::new();
-            BufReader::new(r).read_line(&mut answer).await.map_err(io)?;
-            Ok(answer)
+            first_line(r).await
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_manager_answer_is_its_first_line_read_bounded() {
+        assert_eq!(first_line(&b"3\nmore\n"[..]).await.unwrap(), "3");
+        assert_eq!(first_line(&b"2"[..]).await.unwrap(), "2");
+        // A flood with no newline is not read beyond the bound.
+        let flood = vec![b'3'; 1 << 20];
+        let e = first_line(&flood[..]).await.unwrap_err();
+        assert!(e.to_string().contains("without a newline"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn a_manager_is_killed_with_its_group() {
+        // Answers, then floods and leaves a child: both go once the answer is read.
+        let d = tempfile::tempdir().unwrap();
+        let pidfile = d.path().join("child");
+        let m = LoadManager::Command(vec![
+            "sh".into(),
+            "-c".into(),
+            "sleep 1000 & echo $! > \"$0\"; echo 2; exec yes".into(),
+            pidfile.display().to_string(),
+        ]);
+        let answer = tokio::time::timeout(Duration::from_secs(10), query(&m, "{}\n".into()))
+            .await
+            .expect("answered before its end")
+            .unwrap();
+        assert_eq!(answer, "2");
+        let child: i32 = std::fs::read_to_string(&pidfile)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        // Killed (a zombie at most, until whoever adopted it reaps it).
+        while crate::pid_alive(child) {
+            assert!(std::time::Instant::now() < deadline, "the child lives on");
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 }

@@ -1,6 +1,7 @@
 //! `clan-shepherd run`: start one process and look after it until its parent has its status.
 
 use crate::exec::{self, ChildPlan};
+use clan_core::logfile::{self, LogWriter};
 use clan_core::sys::{self, ChildEvent};
 use clan_core::{Gpid, NodeId, WaitStatus};
 use clan_proto::frame::{encode, split_frames};
@@ -60,8 +61,40 @@ enum Stdio {
     },
     /// Attached with a terminal: the pty's master.
     Pty { master: Option<OwnedFd> },
-    /// Detached: the process writes its log file itself.
+    /// Detached (its output comes through [`Shepherd::log_pipe`]), or orphaned: no
+    /// descriptor of the process's stdio is here.
     Log,
+}
+
+/// A detached process's log before its gpid is known: `.new-PID` in the logs directory,
+/// removed unless it is installed as the log (`LogWriter::install`).
+struct TmpLog {
+    dir: PathBuf,
+    path: PathBuf,
+    file: Option<File>,
+}
+
+impl TmpLog {
+    /// Makes it the log of `gpid`; `None` (said on stderr, the node's shepherd.log) when it
+    /// can not be: the output is then read and dropped, the process not held up.
+    fn install(mut self, gpid: Gpid, max_bytes: u64, owner: (u32, u32)) -> Option<LogWriter> {
+        let file = self.file.take()?;
+        match LogWriter::install(&self.dir, gpid, &self.path, file, max_bytes, Some(owner)) {
+            Ok(w) => Some(w),
+            Err(e) => {
+                eprintln!("clan-shepherd: the log of {gpid}: {e}");
+                None
+            }
+        }
+    }
+}
+
+impl Drop for TmpLog {
+    fn drop(&mut self) {
+        if self.file.is_some() {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
 }
 
 /// `clan-shepherd run [--cgroup DIR] [--ns-init PID]`: forks first (the child born in DIR,
@@ -362,6 +395,10 @@ struct Shepherd {
     gpid: Gpid,
     pidfd: OwnedFd,
     stdio: Stdio,
+    /// A detached process's log, and the pipe its stdout and stderr are (until no process
+    /// holds it any more).
+    log: Option<LogWriter>,
+    log_pipe: Option<OwnedFd>,
     listener: UnixListener,
     socket_path: PathBuf,
     conn: Option<Link>,
@@ -529,29 +566,29 @@ fn start(
     let candidates = exec::candidates(&ps.argv[0], path.as_deref());
     let state = PathBuf::from(&spec.state_dir);
 
-    // Stdio for the child, and the shepherd's ends.
+    // Stdio for the child, and the shepherd's ends. A detached process's stdout and stderr
+    // are one pipe, which the shepherd relays into its log (capped, `logfile`): made now,
+    // so that a start that can not have a log fails before the fork.
+    let mut detached_log: Option<(TmpLog, OwnedFd)> = None;
     let (child_fds, stdio, keep): ([i32; 3], Stdio, Vec<OwnedFd>) = if ps.detached {
-        let logs = state.join("logs");
-        let _ = std::fs::create_dir_all(&logs);
-        let tmp = logs.join(format!(".new-{}", std::process::id()));
-        let log = File::options()
-            .create(true)
-            .truncate(true)
-            .write(true)
-            .open(&tmp)
+        let logs = logfile::make_dir(&state).map_err(|e| internal("make logs/", &e))?;
+        let path = logs.join(format!(".new-{}", std::process::id()));
+        // Its owner may read it (`clan logs`); mode 0600: nobody else.
+        let file = logfile::create(&path, Some((creds.uid, creds.gid)))
             .map_err(|e| internal("open log", &e))?;
-        let _ = std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o640));
-        let _ = nix::unistd::fchown(
-            log.as_raw_fd(),
-            Some(creds.uid.into()),
-            Some(creds.gid.into()),
-        );
+        let tmp = TmpLog {
+            dir: logs,
+            path,
+            file: Some(file),
+        };
+        let (out_r, out_w) = pipe2(OFlag::O_CLOEXEC).map_err(|e| internal("pipe", &e))?;
+        detached_log = Some((tmp, out_r));
         let null = File::open("/dev/null").map_err(|e| internal("open /dev/null", &e))?;
-        let (l, n) = (OwnedFd::from(log), OwnedFd::from(null));
+        let n = OwnedFd::from(null);
         (
-            [n.as_raw_fd(), l.as_raw_fd(), l.as_raw_fd()],
+            [n.as_raw_fd(), out_w.as_raw_fd(), out_w.as_raw_fd()],
             Stdio::Log,
-            vec![n, l],
+            vec![n, out_w],
         )
     } else if ps.tty {
         let ws = Winsize {
@@ -757,13 +794,16 @@ fn start(
             format!("pid {ns_pid} outside the gpid range"),
         )
     })?;
-    if ps.detached {
-        let logs = state.join("logs");
-        let _ = std::fs::rename(
-            logs.join(format!(".new-{}", std::process::id())),
-            logs.join(format!("{gpid}.log")),
-        );
-    }
+    let (log, log_pipe) = match detached_log {
+        Some((tmp, pipe)) => {
+            set_nonblocking(&pipe);
+            (
+                tmp.install(gpid, spec.log_max_bytes, (creds.uid, creds.gid)),
+                Some(pipe),
+            )
+        }
+        None => (None, None),
+    };
     let sockdir = state.join("sh");
     let _ = std::fs::create_dir_all(&sockdir);
     let socket_path = sockdir.join(format!("{gpid}.sock"));
@@ -796,6 +836,8 @@ fn start(
         gpid,
         pidfd,
         stdio,
+        log,
+        log_pipe,
         listener,
         socket_path,
         conn: None,
@@ -1092,7 +1134,77 @@ impl Shepherd {
     fn reap_and_exit(&mut self) -> ! {
         let _ = sys::wait_pidfd(&self.pidfd, false, false);
         let _ = std::fs::remove_file(&self.socket_path);
+        if self.log.is_some() || self.log_pipe.is_some() {
+            self.linger();
+        }
         std::process::exit(0)
+    }
+
+    /// Relays what the detached process's output pipe has now into its log: the bytes
+    /// read (0: none now), `None` at its end (no process holds it any more).
+    fn relay_log(&mut self) -> Option<usize> {
+        let fd = self.log_pipe.as_ref()?;
+        let mut buf = [0u8; 65536];
+        // SAFETY: reading into a live stack buffer from a descriptor we own.
+        let n = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+        if n > 0 {
+            if let Some(l) = &mut self.log {
+                l.write(&buf[..n as usize]);
+            }
+            return Some(n as usize);
+        }
+        if n < 0
+            && matches!(
+                std::io::Error::last_os_error().kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
+            )
+        {
+            return Some(0);
+        }
+        self.log_pipe = None;
+        None
+    }
+
+    /// What the output pipe holds now, into the log (the process ended: all it wrote is
+    /// there, at most a pipe's capacity; its descendants may still be writing, so the
+    /// drain is bounded).
+    fn drain_log(&mut self) {
+        for _ in 0..64 {
+            if !matches!(self.relay_log(), Some(n) if n > 0) {
+                break;
+            }
+        }
+    }
+
+    /// A detached process was collected: its log's retention starts now (cland removes it
+    /// `exit_retention_ms` after its last change, `logfile::sweep`). Descendants that
+    /// outlive the process may still hold its output pipe: cland is let go (it forgets the
+    /// process) and their output goes on into the log until the last of them closes it.
+    fn linger(&mut self) -> Option<()> {
+        self.drain_log();
+        if let Some(l) = &self.log {
+            l.touch();
+        }
+        self.conn = None;
+        loop {
+            let pipe = self.log_pipe.as_ref()?;
+            let mut p = [
+                PollFd::new(pipe.as_fd(), PollFlags::POLLIN),
+                PollFd::new(self.sigchld.as_fd(), PollFlags::POLLIN),
+            ];
+            if poll(&mut p, PollTimeout::NONE).is_err() {
+                continue;
+            }
+            let ready = |p: &PollFd<'_>| p.revents().is_some_and(|r| !r.is_empty());
+            let (output, child) = (ready(&p[0]), ready(&p[1]));
+            if child {
+                while let Ok(Some(_)) = self.sigchld.read_signal() {}
+                self.reap_adopted();
+            }
+            if output {
+                self.relay_log()?;
+            }
+        }
     }
 
     fn handle(&mut self, msg: In) {
@@ -1229,6 +1341,10 @@ impl Shepherd {
             }
             // Also after the process ended: adopted orphans still end and are reaped.
             fds.push((6, self.sigchld.as_fd(), PollFlags::POLLIN));
+            // A detached process's output, into its log whether cland is there or not.
+            if let Some(p) = &self.log_pipe {
+                fds.push((7, p.as_fd(), PollFlags::POLLIN));
+            }
             // No event tells us that a process blocks reading a pipe: while the stub is in
             // the background, look every 50 ms (nothing is polled otherwise).
             let watch_reads = self.watching_reads();
@@ -1274,6 +1390,9 @@ impl Shepherd {
                     }
                     5 => self.flush_stdin(),
                     6 => self.child_signalled(),
+                    7 => {
+                        self.relay_log();
+                    }
                     _ => {}
                 }
             }
@@ -1448,6 +1567,9 @@ impl Shepherd {
                 if self.attached {
                     self.drain_outputs();
                 }
+                // A detached one's output is in its log before its end is told, so a
+                // `clan logs` after `clan wait` has all of it.
+                self.drain_log();
                 self.send(Out::Exited(st.into()));
             }
             Ok(_) => {}

@@ -385,6 +385,7 @@ impl Node {
             } else {
                 None
             },
+            log_max_bytes: self.cfg.log_max_bytes,
         };
         let (mut stdin, mut stdout) = self.take_shepherd().await?;
         if write_frame(&mut stdin, &spec).await.is_err() {
@@ -800,8 +801,14 @@ impl Node {
         vp
     }
 
-    /// Rebuilds the vproc table from the shepherds that outlived a previous cland.
+    /// Rebuilds the vproc table from the shepherds that outlived a previous cland, then
+    /// starts removing the logs of processes that are gone (which needs the table whole).
     pub async fn recover(self: &Arc<Self>) {
+        self.recover_shepherds().await;
+        self.start_log_sweeper();
+    }
+
+    async fn recover_shepherds(self: &Arc<Self>) {
         let dir = self.state_dir.join("sh");
         let Ok(rd) = std::fs::read_dir(&dir) else {
             return;
