@@ -20,7 +20,8 @@ pub struct Args {
     #[arg(long, default_value_t = 3000)]
     dead_after_ms: u64,
     /// How long the exit status of a detached process started from outside the cluster
-    /// is kept for `clan wait` before the process is reaped.
+    /// is kept for `clan wait` before the process is reaped; also how long a detached
+    /// process's log is kept after its process was collected (at least 5 s).
     #[arg(long, default_value_t = clan_core::config::DEFAULT_EXIT_RETENTION_MS)]
     exit_retention_ms: u64,
     /// How long an attached process whose session broke (a cland restarted) waits for its
