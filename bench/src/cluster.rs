@@ -136,6 +136,9 @@ impl Cluster {
 impl Drop for Cluster {
     fn drop(&mut self) {
         let _ = self.cmd().arg("down").stdout(Stdio::null()).status();
+        // `clan down` removes only what the cluster made; the benchmark's own files (its
+        // ping-pong outputs, the /proc mount point) are in the directory too.
+        let _ = std::fs::remove_dir_all(&self.dir);
         if let Ok(mut up) = UP.lock() {
             up.retain(|(d, _)| d != &self.dir);
         }
