@@ -147,21 +147,7 @@ impl Cluster {
             .stderr(Stdio::piped())
             .spawn()
             .expect("run clan");
-        let pid = child.id() as i32;
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let _ = tx.send(child.wait_with_output());
-        });
-        match rx.recv_timeout(Duration::from_secs(120)) {
-            Ok(out) => out.expect("wait for clan"),
-            Err(_) => {
-                let _ = nix::sys::signal::kill(
-                    nix::unistd::Pid::from_raw(pid),
-                    nix::sys::signal::Signal::SIGKILL,
-                );
-                panic!("clan {args:?} hung for two minutes");
-            }
-        }
+        output_within_two_minutes(child, args)
     }
 
     /// Runs `clan ARGS`, asserts success and returns stdout.
@@ -310,6 +296,26 @@ impl Drop for Cluster {
         let _ = std::fs::remove_dir_all(&self.dir);
         if !down_ok && !std::thread::panicking() {
             panic!("clan down failed: {}", String::from_utf8_lossy(&out.stderr));
+        }
+    }
+}
+
+/// The output of `clan ARGS` (`child`), failing the test if it takes more than two minutes
+/// (killed then), so a hang can not eat CI's time.
+pub fn output_within_two_minutes(child: std::process::Child, args: &[&str]) -> Output {
+    let pid = child.id() as i32;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(Duration::from_secs(120)) {
+        Ok(out) => out.expect("wait for clan"),
+        Err(_) => {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            panic!("clan {args:?} hung for two minutes");
         }
     }
 }

@@ -117,22 +117,7 @@ fn clan(cwd: Option<&Path>, args: &[&str]) -> Output {
     if let Some(d) = cwd {
         c.current_dir(d);
     }
-    let child = c.spawn().expect("run clan");
-    let pid = child.id() as i32;
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(child.wait_with_output());
-    });
-    match rx.recv_timeout(Duration::from_secs(120)) {
-        Ok(out) => out.expect("wait for clan"),
-        Err(_) => {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGKILL,
-            );
-            panic!("clan {args:?} hung for two minutes");
-        }
-    }
+    output_within_two_minutes(c.spawn().expect("run clan"), args)
 }
 
 fn text(b: &[u8]) -> String {

@@ -598,8 +598,17 @@ mod status_tests {
 /// State letter and start time (clock ticks after boot) of host process `pid`, from
 /// /proc/PID/stat; `None` once it is gone.
 pub fn state_and_start(pid: u32) -> Option<(char, u64)> {
-    let s = read_small(format!("/proc/{pid}/stat")).ok()?;
-    let f: Vec<&str> = s.rsplit_once(')')?.1.split_whitespace().collect();
+    use std::os::unix::fs::FileExt;
+    // One read: `stat` is one line, whole in a read that has room for it (a command name
+    // of at most 64 bytes and 52 numbers stay under 1.5 KiB), and it is read for every
+    // process a job operation or a liveness check looks at.
+    let mut buf = [0u8; 2048];
+    let f = std::fs::File::open(format!("/proc/{pid}/stat")).ok()?;
+    let n = f.read_at(&mut buf, 0).ok()?;
+    let text = &buf[..n];
+    let end = text.iter().rposition(|&b| b == b')')?;
+    let rest = std::str::from_utf8(&text[end + 1..]).ok()?;
+    let f: Vec<&str> = rest.split_whitespace().collect();
     Some((f.first()?.chars().next()?, f.get(19)?.parse().ok()?))
 }
 

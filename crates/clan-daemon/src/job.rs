@@ -235,18 +235,7 @@ fn cpu_usec(dir: &Path) -> u64 {
 
 /// The state letter of a host process (`None` once it is gone).
 fn proc_state(pid: u32) -> Option<char> {
-    use std::os::unix::fs::FileExt;
-    // The state follows the command name, at most 64 bytes: one read of the start of the
-    // file (job operations read it for every process they act on).
-    let mut buf = [0u8; 128];
-    let f = std::fs::File::open(format!("/proc/{pid}/stat")).ok()?;
-    let n = f.read_at(&mut buf, 0).ok()?;
-    let text = &buf[..n];
-    let end = text.iter().rposition(|&b| b == b')')?;
-    text[end + 1..]
-        .iter()
-        .find(|b| !b.is_ascii_whitespace())
-        .map(|&b| char::from(b))
+    clan_core::sys::state_and_start(pid).map(|(state, _)| state)
 }
 
 /// Whether a host process is stopped (or gone): a job-control stop (`T`) or a ptrace stop
