@@ -2806,5 +2806,24 @@ fn a_load_manager_is_read_one_line_and_its_group_killed() {
                 .then_some(())
         },
     );
+    // A manager that detaches a daemon (setsid: out of its process group) before it
+    // answers: its cgroup goes whole, the daemon with it, and so does the cgroup.
+    register(
+        "lm-setsid.sh",
+        "setsid sh -c 'exec sleep 1043' </dev/null >/dev/null 2>&1 &\necho 2",
+    );
+    let o = c.clan_ok(&["run", "--", "sh", "-c", "echo $CLAN_NODE"]);
+    assert_eq!(o.trim(), "2");
+    eventually(
+        "the manager's detached daemon killed, its cgroup removed",
+        Duration::from_secs(10),
+        || {
+            let runs = c.cgroup().map(|d| d.join("node1/loadmgr"));
+            let left = runs
+                .and_then(|d| std::fs::read_dir(d).ok())
+                .is_some_and(|d| d.flatten().any(|e| e.file_type().is_ok_and(|t| t.is_dir())));
+            (host_processes_mentioning("sleep 1043").is_empty() && !left).then_some(())
+        },
+    );
     c.clan_ok(&["loadmgr", "unregister"]);
 }

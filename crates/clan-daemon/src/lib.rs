@@ -155,6 +155,11 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
                         }
                         cg.setup_controllers();
                         info!(controllers = ?cg.ctls, "task cgroups");
+                        // Load manager runs a crashed cland left (each in a cgroup of its own).
+                        let runs = cg.sub(placement::MANAGER_CGROUP);
+                        if let Err(e) = cgroup::kill_and_remove(&runs, Duration::from_secs(5)) {
+                            warn!("{}: {e}", runs.display());
+                        }
                         Some(cg)
                     }
                     Err(e) => {

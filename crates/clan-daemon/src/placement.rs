@@ -8,7 +8,10 @@ use crate::node::Node;
 use clan_core::NodeId;
 use clan_proto::pb;
 use serde::{Deserialize, Serialize};
-use std::path::PathBuf;
+use std::ffi::CString;
+use std::os::unix::ffi::OsStringExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
 use tracing::warn;
@@ -230,9 +233,11 @@ impl Node {
             };
             let mut line = serde_json::to_string(&q).expect("serializable");
             line.push('\n');
-            let answer = tokio::time::timeout(Duration::from_secs(2), query(m, line))
-                .await
-                .map_err(|_| Error::Internal("load manager timed out".into()))??;
+            let cg = self.cgroup.as_ref().map(|c| c.sub(MANAGER_CGROUP));
+            let answer =
+                tokio::time::timeout(Duration::from_secs(2), query(m, line, cg.as_deref()))
+                    .await
+                    .map_err(|_| Error::Internal("load manager timed out".into()))??;
             let id: u32 = answer.trim().parse().map_err(|_| {
                 Error::Internal(format!(
                     "load manager answered {:?}, not a node id",
@@ -269,35 +274,94 @@ async fn first_line(r: impl AsyncRead + Unpin) -> Result<String> {
     Ok(String::from_utf8_lossy(&buf).trim_end().to_string())
 }
 
-/// SIGKILL to a load manager's process group when dropped: once it answered, failed or
-/// timed out, nothing it started lives on. Dropped before the manager's `Child`, which is
-/// not reaped before then, so the group's number names no other group.
-struct KillGroup(Option<nix::unistd::Pid>);
+/// Ends a load manager run when dropped (once it answered, failed or timed out), and
+/// everything it started: SIGKILL to its process group, and `cgroup.kill` of its own
+/// cgroup, which holds whatever it started however it detached (`setsid`, a double
+/// fork); the cgroup is removed once empty. Dropped before the manager's `Child`, which
+/// is not reaped before then, so the group's number names no other group.
+struct KillGroup(Option<nix::unistd::Pid>, Option<PathBuf>);
 
 impl Drop for KillGroup {
     fn drop(&mut self) {
         if let Some(g) = self.0 {
             let _ = nix::sys::signal::killpg(g, nix::sys::signal::Signal::SIGKILL);
         }
+        if let Some(dir) = self.1.take() {
+            let _ = std::fs::write(dir.join("cgroup.kill"), "1");
+            let gone = move || {
+                if let Err(e) = crate::cgroup::kill_and_remove(&dir, Duration::from_secs(5)) {
+                    warn!("load manager cgroup {}: {e}", dir.display());
+                }
+            };
+            match tokio::runtime::Handle::try_current() {
+                Ok(rt) => drop(rt.spawn_blocking(gone)),
+                Err(_) => gone(),
+            }
+        }
     }
 }
 
-async fn query(m: &LoadManager, line: String) -> Result<String> {
+/// A cgroup for one load manager run: `qN` under `base` (the node's `loadmgr`).
+fn manager_cgroup(base: &Path) -> Option<(PathBuf, CString)> {
+    static RUNS: AtomicU64 = AtomicU64::new(0);
+    let dir = base.join(format!("q{}", RUNS.fetch_add(1, Ordering::Relaxed)));
+    if let Err(e) = std::fs::create_dir_all(&dir) {
+        warn!("load manager cgroup {}: {e}", dir.display());
+        return None;
+    }
+    let procs = CString::new(dir.join("cgroup.procs").into_os_string().into_vec()).ok()?;
+    Some((dir, procs))
+}
+
+/// Where, under a node's cgroup, load managers run (one cgroup per run). A cland starting
+/// kills and removes what a crashed one left there.
+pub const MANAGER_CGROUP: &str = "loadmgr";
+
+/// Asks load manager `m` with the JSON `line`; a program is started in a cgroup of its own
+/// under `cgroup` (the node's `loadmgr`) when there is one, in a process group of its own
+/// always.
+async fn query(m: &LoadManager, line: String, cgroup: Option<&Path>) -> Result<String> {
     let io = |e: std::io::Error| Error::internal("load manager", e);
     match m {
         LoadManager::Command(argv) => {
             let mut cmd = tokio::process::Command::new(&argv[0]);
             clan_core::sys::first_open_files_for(cmd.as_std_mut());
-            let mut child = cmd
+            let cg = cgroup.and_then(manager_cgroup);
+            if let Some((_, procs)) = &cg {
+                let procs = procs.clone();
+                // SAFETY: between fork and exec, only open, write and close on a path
+                // prepared before the fork (async-signal-safe).
+                unsafe {
+                    cmd.pre_exec(move || {
+                        let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                        if fd < 0 || libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
+                            return Err(std::io::Error::last_os_error());
+                        }
+                        libc::close(fd);
+                        Ok(())
+                    });
+                }
+            }
+            let spawned = cmd
                 .args(&argv[1..])
                 .stdin(std::process::Stdio::piped())
                 .stdout(std::process::Stdio::piped())
                 // A group of its own, which goes whole (`KillGroup`).
                 .process_group(0)
                 .kill_on_drop(true)
-                .spawn()
-                .map_err(io)?;
-            let _group = KillGroup(child.id().map(|p| nix::unistd::Pid::from_raw(p as i32)));
+                .spawn();
+            let dir = cg.map(|(d, _)| d);
+            let mut child = match spawned {
+                Ok(c) => c,
+                Err(e) => {
+                    drop(KillGroup(None, dir));
+                    return Err(io(e));
+                }
+            };
+            let _group = KillGroup(
+                child.id().map(|p| nix::unistd::Pid::from_raw(p as i32)),
+                dir,
+            );
             let mut stdin = child.stdin.take().expect("piped");
             stdin.write_all(line.as_bytes()).await.map_err(io)?;
             drop(stdin);
@@ -337,7 +401,7 @@ mod tests {
             "sleep 1000 & echo $! > \"$0\"; echo 2; exec yes".into(),
             pidfile.display().to_string(),
         ]);
-        let answer = tokio::time::timeout(Duration::from_secs(10), query(&m, "{}\n".into()))
+        let answer = tokio::time::timeout(Duration::from_secs(10), query(&m, "{}\n".into(), None))
             .await
             .expect("answered before its end")
             .unwrap();
@@ -353,5 +417,56 @@ mod tests {
             assert!(std::time::Instant::now() < deadline, "the child lives on");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+
+    #[tokio::test]
+    async fn a_manager_that_detaches_goes_with_its_cgroup() {
+        // setsid leaves the process group; the cgroup holds it anyway.
+        let Some(base) = crate::cgroup::cgroup2_mount()
+            .map(|m| m.join(format!("clan-test-loadmgr-{}", std::process::id())))
+            .filter(|_| nix::unistd::geteuid().is_root())
+        else {
+            eprintln!("skipped: needs root and a cgroup v2 mount");
+            return;
+        };
+        let d = tempfile::tempdir().unwrap();
+        let pidfile = d.path().join("child");
+        let m = LoadManager::Command(vec![
+            "sh".into(),
+            "-c".into(),
+            "setsid sh -c 'echo $$ > \"$0\"; exec sleep 1000' \"$0\" & \
+             while [ ! -s \"$0\" ]; do :; done; echo 3"
+                .into(),
+            pidfile.display().to_string(),
+        ]);
+        let answer = tokio::time::timeout(
+            Duration::from_secs(10),
+            query(&m, "{}\n".into(), Some(&base)),
+        )
+        .await
+        .expect("answered")
+        .unwrap();
+        assert_eq!(answer, "3");
+        let child: i32 = std::fs::read_to_string(&pidfile)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        // A cgroup directory always lists its control files: its runs' cgroups are the
+        // directories in it.
+        let gone = |p: &Path| {
+            std::fs::read_dir(p).map_or(true, |d| {
+                !d.flatten().any(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            })
+        };
+        while crate::pid_alive(child) || !gone(&base) {
+            if std::time::Instant::now() > deadline {
+                let _ = crate::cgroup::kill_and_remove(&base, Duration::from_secs(5));
+                panic!("the detached child {child} lives on, or its cgroup stays");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let _ = std::fs::remove_dir(&base);
     }
 }
