@@ -89,6 +89,9 @@ pub struct Node {
     pub peers: HashMap<NodeId, Arc<Peer>>,
     pub vprocs: NamedRwLock<HashMap<Gpid, Arc<VProc>>>,
     pub children: NamedMutex<HashMap<Gpid, ChildRec>>,
+    /// Stops and continues of children told before their record (the spawn's reply still
+    /// on its way), kept a while for it; locked after `children`.
+    pub early_changes: NamedMutex<HashMap<Gpid, (crate::process::wait::Change, Instant)>>,
     /// Jobs this node suspended as a whole with signals: a new process is not started into
     /// one before it is resumed (the freezer's suspension is seen in the task's cgroup).
     pub stopping_jobs: NamedMutex<std::collections::HashSet<u64>>,
@@ -187,6 +190,7 @@ impl Node {
             peers,
             vprocs: NamedRwLock::new("vprocs", HashMap::new()),
             children: NamedMutex::new("children", HashMap::new()),
+            early_changes: NamedMutex::new("children.early", HashMap::new()),
             stopping_jobs: NamedMutex::new("jobs.stopping", stopping),
             parents: NamedMutex::new("parents", HashMap::new()),
             link_holders: NamedMutex::new("group.links", HashMap::new()),

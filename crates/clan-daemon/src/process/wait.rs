@@ -15,7 +15,7 @@ use clan_core::{Gpid, NodeId, WaitStatus};
 use clan_proto::pb::{self, shepherd_in::Msg as In};
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
@@ -179,9 +179,35 @@ fn current_record(ch: &mut HashMap<Gpid, ChildRec>, gpid: Gpid, uid: u32) -> &mu
 }
 
 impl Node {
-    /// Parent side: a child was started on our behalf; expect its status.
+    /// Parent side: a child was started on our behalf; expect its status. A stop or
+    /// continue told before (the child's node was quicker than the spawn's reply) is its
+    /// record's now.
     pub fn expect_child(&self, gpid: Gpid, uid: u32) {
-        current_record(&mut self.children.lock(), gpid, uid);
+        let mut ch = self.children.lock();
+        let rec = current_record(&mut ch, gpid, uid);
+        let early = self.early_changes.lock().remove(&gpid);
+        if let Some((change, at)) = early {
+            // One older would be of an earlier process with the gpid, never expected here.
+            if at.elapsed() < EARLY_KEPT && !rec.collected && rec.state.borrow().exit.is_none() {
+                rec.state.send_modify(|s| s.change = Some(change));
+            }
+        }
+    }
+
+    /// Keeps a stop or continue of `gpid`, which has no record yet, for its record: for
+    /// [`EARLY_KEPT`], at most [`EARLY_MAX`] of them (news of a process never expected
+    /// here must not pile up).
+    fn keep_early(&self, gpid: Gpid, change: Change) {
+        let now = Instant::now();
+        let mut early = self.early_changes.lock();
+        if early.len() >= EARLY_MAX {
+            early.retain(|_, (_, at)| now.duration_since(*at) < EARLY_KEPT);
+        }
+        if early.len() < EARLY_MAX || early.contains_key(&gpid) {
+            early.insert(gpid, (change, now));
+        } else {
+            warn!(%gpid, "too many early stops and continues: this one is dropped");
+        }
     }
 
     /// Parent side: childstatuschange arrived (an exit, a stop or a continue).
@@ -193,21 +219,30 @@ impl Node {
         if st.stopped != 0 || st.continued {
             // Only a child known and not ended takes a stop or a continue: one told late
             // (after its exit, or twice) must not make a record that nothing removes.
-            let Some(rec) = ch
-                .get_mut(&gpid)
-                .filter(|r| !r.gone_with_node && !r.collected && r.state.borrow().exit.is_none())
-            else {
-                debug!(%gpid, "a stop or continue of no child expecting one: ignored");
-                return;
-            };
             let change = if st.stopped != 0 {
                 Change::Stopped(st.stopped)
             } else {
                 Change::Continued
             };
-            rec.state.send_modify(|s| s.change = Some(change));
+            match ch.get_mut(&gpid) {
+                Some(rec)
+                    if !rec.gone_with_node
+                        && !rec.collected
+                        && rec.state.borrow().exit.is_none() =>
+                {
+                    rec.state.send_modify(|s| s.change = Some(change));
+                }
+                Some(rec) if !rec.gone_with_node => {
+                    debug!(%gpid, "a stop or continue of an ended child: ignored");
+                }
+                // Before its record (the spawn's reply still on its way), or of a new
+                // process with the gpid of one that died with its node.
+                _ => self.keep_early(gpid, change),
+            }
             return;
         }
+        // Its exit says more than any stop or continue told before its record.
+        self.early_changes.lock().remove(&gpid);
         let rec = current_record(&mut ch, gpid, st.uid);
         if rec.collected || rec.state.borrow().exit.is_some() {
             // Told again (a push repeated, or relearned): known already.
@@ -940,6 +975,12 @@ impl Node {
     }
 }
 
+/// How long a stop or continue told before its child's record is kept for it.
+const EARLY_KEPT: Duration = Duration::from_secs(10);
+
+/// Most stops and continues kept for records not made yet.
+const EARLY_MAX: usize = 4096;
+
 /// How long a wait waits for the releases it sent, beyond `dead_after`: a home node's
 /// shepherd may take that long to reap (`release_local`).
 const RELEASE_WAIT: Duration = Duration::from_secs(5);
@@ -1135,6 +1176,36 @@ mod tests {
         assert!(matches!(r.next(), Some(Err(Error::Invalid(_)))));
         assert!(matches!(r.next(), Some(Err(Error::NoSuchProcess(_)))));
         assert!(node.children.lock().is_empty());
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_stop_told_before_the_spawn_reply_is_kept_for_the_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let node = lone_node(dir.path());
+        let creds = pb::Creds::default();
+        let untraced = WaitFlags {
+            untraced: true,
+            continued: true,
+        };
+        // The child's node tells of its stop before the parent's node has its record.
+        let g = Gpid::from_raw(10_000_200).unwrap();
+        change_of(&node, g, libc::SIGTTIN, false);
+        assert!(node.children.lock().get(&g).is_none());
+        node.expect_child(g, 0);
+        let r = node.wait(g, &creds, untraced).await;
+        assert!(
+            matches!(r, Ok(WaitEvent::Stopped(s)) if s == libc::SIGTTIN),
+            "{r:?}"
+        );
+        // Kept once: a later record of the gpid does not get it again.
+        assert!(node.early_changes.lock().is_empty());
+        // An exit told early wins over a stop told before it.
+        let h = Gpid::from_raw(10_000_201).unwrap();
+        change_of(&node, h, libc::SIGTSTP, false);
+        exit_of(&node, h, 4);
+        node.expect_child(h, 0);
+        assert_eq!(exit_code(node.wait(h, &creds, untraced).await), 4);
+        assert!(node.early_changes.lock().is_empty());
     }
 
     #[tokio::test(flavor = "current_thread")]
