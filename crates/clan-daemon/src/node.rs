@@ -519,6 +519,34 @@ impl JobOwners {
     }
 }
 
+/// A node 1 of a two-node cluster whose node 2 never answers, with no peer links.
+#[cfg(test)]
+pub(crate) fn lone_node(dir: &std::path::Path) -> Arc<Node> {
+    std::fs::write(dir.join("key"), "0123456789abcdef0123").unwrap();
+    std::fs::write(
+        dir.join("cluster.toml"),
+        "name = \"t\"\nkey_file = \"key\"\n\
+         [[node]]\nid = 1\naddr = \"127.0.0.1:1\"\n\
+         [[node]]\nid = 2\naddr = \"127.0.0.1:2\"\n",
+    )
+    .unwrap();
+    let cfg = clan_core::config::ClusterConfig::load(&dir.join("cluster.toml")).unwrap();
+    let id = NodeId::new(1).unwrap();
+    let view =
+        crate::process::view::ProcView::open(id, "/proc".into(), 0, dir.join("clan-shepherd"))
+            .unwrap();
+    let placement = crate::placement::Placement::load(dir.join("loadmgr.json"));
+    Arc::new(Node::new(
+        id,
+        cfg,
+        dir.to_path_buf(),
+        view,
+        None,
+        dir.join("clan-shepherd"),
+        placement,
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -889,6 +889,52 @@ impl Node {
         }
     }
 
+    /// [`Node::started`], keeping the process's directory open for [`Node::read_kept`]
+    /// (the start time is read through it, after the answer was made).
+    fn started_kept(&self, pid: u32, want: u64) -> Result<u64> {
+        match self.view.open_dir(pid) {
+            Some(start) if want == 0 || start == want => Ok(start),
+            _ => {
+                self.view.forget_dir(pid);
+                Err(Error::NoSuchProcess(
+                    Gpid::new(self.id, pid)
+                        .ok_or_else(|| Error::NotFound(format!("no pid {pid}")))?,
+                ))
+            }
+        }
+    }
+
+    /// The read of a record (`stat`, `status`, `statm`) of a process whose directory a
+    /// read before kept open ([`Node::started_kept`]): one open, one read, in that very
+    /// process's directory, so neither its start time nor whether it is there need be
+    /// read again (a file opened there is its own, or the open fails once it has gone).
+    /// Every reader may read these files (the kernel still checks, as the reader, that
+    /// it may look in the directory: `hidepid`). `None`: the long way.
+    fn read_kept(&self, req: &pb::ProcRequest, parts: &[&str]) -> Option<pb::ProcReply> {
+        let [f] = parts else { return None };
+        if !RECORDS.contains(f) {
+            return None;
+        }
+        let g = Gpid::from_raw(req.gpid).filter(|g| g.node() == self.id)?;
+        let pid = g.local();
+        let (dir, start) = self.view.dir_of(pid)?;
+        if req.start_ticks != 0 && req.start_ticks != start {
+            return None;
+        }
+        match crate::process::view::read_record_in(&dir, f, MAX_FILE) {
+            Ok(data) => Some(pb::ProcReply {
+                data: self.rewrite(pid, f, data, &ShepherdCache::default()),
+                start_ticks: start,
+                ..Default::default()
+            }),
+            Err(_) => {
+                // Gone (or not to be looked at by this reader): the long way says which.
+                self.view.forget_dir(pid);
+                None
+            }
+        }
+    }
+
     fn proc_entry(&self, pid: u32) -> Option<pb::ProcEntry> {
         let (_, uid, gid) = self.view.stat_entry(&pid.to_string()).ok()?;
         let attrs = self.view.attrs(pid, false)?;
@@ -976,9 +1022,12 @@ impl Node {
                 if parts.is_empty() {
                     return Err(Error::Invalid("read of a process directory".into()));
                 }
+                if let Some(r) = self.read_kept(req, &parts) {
+                    return Ok(r);
+                }
                 let pid = self.proc_pid(req.gpid)?;
                 reply.data = self.read_one(&reader, pid, &parts, &ShepherdCache::default())?;
-                reply.start_ticks = self.started(pid, req.start_ticks)?;
+                reply.start_ticks = self.started_kept(pid, req.start_ticks)?;
             }
             P::ProcReadlink => {
                 let parts = check_path(&req.path)?;
@@ -1173,6 +1222,52 @@ impl Node {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A record read again comes from the directory kept open by the first read, and is
+    /// that process's own: once it has gone, the read says so (a reused pid can not
+    /// answer for it).
+    #[test]
+    fn a_kept_directory_answers_for_its_process_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let node = crate::node::lone_node(dir.path());
+        let mut child = std::process::Command::new("sleep")
+            .arg("1000")
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let g = Gpid::new(node.id, pid).unwrap();
+        let read = |start: u64| {
+            node.proc_local(&pb::ProcRequest {
+                op: pb::ProcOp::ProcRead as i32,
+                gpid: g.raw(),
+                path: "status".into(),
+                start_ticks: start,
+                ..Default::default()
+            })
+        };
+        let first = read(0).unwrap();
+        assert!(first.start_ticks > 0);
+        let (_, kept) = node.view.dir_of(pid).expect("kept");
+        assert_eq!(kept, first.start_ticks);
+        let again = read(first.start_ticks).unwrap();
+        assert_eq!(again.start_ticks, first.start_ticks);
+        let text = String::from_utf8_lossy(&again.data).into_owned();
+        assert!(text.starts_with("Name:\tsleep\n"), "{text}");
+        assert!(text.contains(&format!("\nPid:\t{}\n", g.raw())), "{text}");
+        // Another start time is another process: not answered from the kept directory.
+        assert!(matches!(
+            read(first.start_ticks + 1),
+            Err(Error::NoSuchProcess(_))
+        ));
+        let _ = read(0).unwrap();
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(matches!(
+            read(first.start_ticks),
+            Err(Error::NoSuchProcess(_))
+        ));
+        assert!(node.view.dir_of(pid).is_none());
+    }
 
     struct Plus;
     impl PidMap for Plus {

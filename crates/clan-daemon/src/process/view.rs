@@ -14,6 +14,7 @@ use std::fs::File;
 use std::io::Read;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::PathBuf;
+use std::sync::Arc;
 
 /// One node's /proc.
 pub struct ProcView {
@@ -26,7 +27,13 @@ pub struct ProcView {
     ticks_per_sec: u64,
     page_kb: u64,
     users: clan_core::NamedMutex<HashMap<u32, String>>,
+    /// Processes' directories kept open, with the start time read through each
+    /// ([`ProcView::dir_of`]): a handle and an identity, not a copy of any state.
+    dirs: clan_core::NamedMutex<HashMap<u32, (Arc<OwnedFd>, u64)>>,
 }
+
+/// Most process directories [`ProcView`] keeps open.
+const DIRS_KEPT: usize = 256;
 
 /// What set expressions test of one process, in the node's own numbers.
 pub struct LocalAttrs {
@@ -69,6 +76,7 @@ impl ProcView {
             // SAFETY: as above.
             page_kb: (unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u64) / 1024,
             users: clan_core::NamedMutex::new("users", HashMap::new()),
+            dirs: clan_core::NamedMutex::new("proc.dirs", HashMap::new()),
         })
     }
 
@@ -115,21 +123,7 @@ impl ProcView {
     /// `statm`: one record of a seq_file): a read that does not fill the buffer has it all,
     /// so the read that would find the end is not made.
     pub fn read_record(&self, rel: &str, limit: u64) -> std::io::Result<Vec<u8>> {
-        let mut f = self.open_at(rel).map_err(std::io::Error::from)?;
-        let mut buf = vec![0u8; 4096];
-        let n = loop {
-            match f.read(&mut buf) {
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                r => break r?,
-            }
-        };
-        buf.truncate(n);
-        if n == 4096 {
-            f.by_ref()
-                .take(limit.saturating_sub(4096))
-                .read_to_end(&mut buf)?;
-        }
-        Ok(buf)
+        read_record_in(&self.root, rel, limit)
     }
 
     /// The kernel's mode, owner and group of an entry of the view (links not followed).
@@ -253,6 +247,41 @@ impl ProcView {
                 sid: u64::try_from(stat.session).unwrap_or(0),
             },
         })
+    }
+
+    /// The directory of process `pid` as kept (see [`ProcView::open_dir`]), and its start
+    /// time: a file opened in it is that process's or fails (`ENOENT`/`ESRCH` once it has
+    /// gone, even if another process has the pid now).
+    pub fn dir_of(&self, pid: u32) -> Option<(Arc<OwnedFd>, u64)> {
+        self.dirs.lock().get(&pid).cloned()
+    }
+
+    /// Opens the directory of process `pid`, reads its start time through it, and keeps
+    /// both for [`ProcView::dir_of`] (at most [`DIRS_KEPT`]; all are let go when full).
+    /// Returns the start time; `None` once the process is gone.
+    pub fn open_dir(&self, pid: u32) -> Option<u64> {
+        let fd = openat(
+            Some(self.root.as_raw_fd()),
+            pid.to_string().as_str(),
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .ok()?;
+        // SAFETY: openat just returned this descriptor and nothing else owns it.
+        let dir = unsafe { OwnedFd::from_raw_fd(fd) };
+        let stat = read_record_in(&dir, "stat", 4096).ok()?;
+        let start = Stat::from_read(stat.as_slice()).ok()?.starttime;
+        let mut dirs = self.dirs.lock();
+        if dirs.len() >= DIRS_KEPT {
+            dirs.clear();
+        }
+        dirs.insert(pid, (Arc::new(dir), start));
+        Some(start)
+    }
+
+    /// Lets the kept directory of `pid` go (its process has gone, or is not the one meant).
+    pub fn forget_dir(&self, pid: u32) {
+        self.dirs.lock().remove(&pid);
     }
 
     /// The start time of `pid` (clock ticks after boot, `stat` field 22); `None` once it
@@ -451,6 +480,32 @@ impl ProcHandle {
 /// The job of a process from its cgroup v2 path (`0::/.../job1000003`).
 /// clan's shepherds run as `clan-shepherd run` inside the node (pid 1 is the node's init,
 /// which users do see).
+/// [`ProcView::read_record`] of `rel` under directory `dir`.
+pub fn read_record_in(dir: &OwnedFd, rel: &str, limit: u64) -> std::io::Result<Vec<u8>> {
+    let fd = openat(
+        Some(dir.as_raw_fd()),
+        rel,
+        OFlag::O_RDONLY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )?;
+    // SAFETY: openat just returned this descriptor and nothing else owns it.
+    let mut f = unsafe { File::from_raw_fd(fd) };
+    let mut buf = vec![0u8; 4096];
+    let n = loop {
+        match f.read(&mut buf) {
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            r => break r?,
+        }
+    };
+    buf.truncate(n);
+    if n == 4096 {
+        f.by_ref()
+            .take(limit.saturating_sub(4096))
+            .read_to_end(&mut buf)?;
+    }
+    Ok(buf)
+}
+
 fn is_shepherd(pid: u32, comm: &str) -> bool {
     pid != 1 && comm == "clan-shepherd"
 }

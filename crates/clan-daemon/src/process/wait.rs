@@ -1050,6 +1050,7 @@ fn take(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::node::lone_node;
 
     #[test]
     fn a_wait_names_at_most_the_limit() {
@@ -1062,33 +1063,6 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
-    }
-
-    /// A node 1 of a two-node cluster whose node 2 never answers, with no peer links.
-    fn lone_node(dir: &std::path::Path) -> Arc<Node> {
-        std::fs::write(dir.join("key"), "0123456789abcdef0123").unwrap();
-        std::fs::write(
-            dir.join("cluster.toml"),
-            "name = \"t\"\nkey_file = \"key\"\n\
-             [[node]]\nid = 1\naddr = \"127.0.0.1:1\"\n\
-             [[node]]\nid = 2\naddr = \"127.0.0.1:2\"\n",
-        )
-        .unwrap();
-        let cfg = clan_core::config::ClusterConfig::load(&dir.join("cluster.toml")).unwrap();
-        let id = NodeId::new(1).unwrap();
-        let view =
-            crate::process::view::ProcView::open(id, "/proc".into(), 0, dir.join("clan-shepherd"))
-                .unwrap();
-        let placement = crate::placement::Placement::load(dir.join("loadmgr.json"));
-        Arc::new(Node::new(
-            id,
-            cfg,
-            dir.to_path_buf(),
-            view,
-            None,
-            dir.join("clan-shepherd"),
-            placement,
-        ))
     }
 
     fn exit_of(node: &Arc<Node>, gpid: Gpid, code: i32) {
