@@ -96,6 +96,49 @@ pub fn reader(proc_root: &Path, uid: u32, gid: u32, pid: u32) -> Reader {
     }
 }
 
+/// Whether thread `tid` is in a system call that opens a file for I/O (`open`, `openat`,
+/// `creat` other than with `O_PATH`, `openat2` whatever its flags, which it keeps in the
+/// caller's memory): what a lookup it makes is for, from `syscall` of its status
+/// directory (its number and arguments while it waits for the answer). `false` when that
+/// can not be read (FUSE gives no pid, the caller is gone): the lookup is answered.
+pub fn opening(proc_root: &Path, tid: u32) -> bool {
+    if tid == 0 {
+        return false;
+    }
+    std::fs::read_to_string(proc_root.join(tid.to_string()).join("syscall"))
+        .ok()
+        .is_some_and(|s| opens(&s))
+}
+
+/// Whether a line of `/proc/TID/syscall` (`NR ARG1 ... ARG6 SP PC`, the arguments in hex)
+/// is a call that opens for I/O ([`opening`]); `running` or `-1 ...` (not in a call) is not.
+fn opens(line: &str) -> bool {
+    let mut f = line.split_whitespace();
+    let Some(nr) = f.next().and_then(|n| n.parse::<i64>().ok()) else {
+        return false;
+    };
+    let args: Vec<u64> = f
+        .map(|a| u64::from_str_radix(a.trim_start_matches("0x"), 16).unwrap_or(0))
+        .collect();
+    let for_io = |i: usize| {
+        args.get(i)
+            .is_some_and(|&flags| flags & libc::O_PATH as u64 == 0)
+    };
+    #[cfg(target_arch = "x86_64")]
+    {
+        if nr == libc::SYS_open {
+            return for_io(1);
+        }
+        if nr == libc::SYS_creat {
+            return true;
+        }
+    }
+    if nr == libc::SYS_openat {
+        return for_io(2);
+    }
+    nr == libc::SYS_openat2
+}
+
 /// Where a caller stands.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Caller {
@@ -403,6 +446,66 @@ mod tests {
         root.caps = Some(1 << clan_core::sys::cap::DAC_READ_SEARCH);
         assert!(root.overrides_modes(false) && !root.overrides_modes(true));
         assert!(Reader::root().overrides_modes(true));
+    }
+
+    #[test]
+    fn an_open_is_told_from_a_stat() {
+        let line = |nr: i64, args: &[u64]| {
+            let mut l = nr.to_string();
+            for a in args {
+                l.push_str(&format!(" 0x{a:x}"));
+            }
+            l + " 0x7ffd0 0x7f001\n"
+        };
+        let at = (-100i64) as u64;
+        assert!(opens(&line(libc::SYS_openat, &[at, 0x1000, 0, 0, 0, 0])));
+        assert!(opens(&line(
+            libc::SYS_openat,
+            &[
+                at,
+                0x1000,
+                libc::O_WRONLY as u64 | libc::O_NONBLOCK as u64,
+                0,
+                0,
+                0
+            ]
+        )));
+        assert!(!opens(&line(
+            libc::SYS_openat,
+            &[at, 0x1000, libc::O_PATH as u64, 0, 0, 0]
+        )));
+        assert!(opens(&line(
+            libc::SYS_openat2,
+            &[at, 0x1000, 0x2000, 24, 0, 0]
+        )));
+        #[cfg(target_arch = "x86_64")]
+        assert!(opens(&line(libc::SYS_open, &[0x1000, 0, 0, 0, 0, 0])));
+        assert!(!opens(&line(
+            libc::SYS_statx,
+            &[at, 0x1000, 0, 0x7ff, 0x2000, 0]
+        )));
+        assert!(!opens(&line(
+            libc::SYS_newfstatat,
+            &[at, 0x1000, 0x2000, 0, 0, 0]
+        )));
+        assert!(!opens(&line(
+            libc::SYS_readlinkat,
+            &[at, 0x1000, 0x2000, 4096, 0, 0]
+        )));
+        for junk in [
+            "",
+            "running\n",
+            "-1 0x7ffd0 0x7f001\n",
+            "257",
+            "257 zz",
+            "x 1 2",
+        ] {
+            assert!(!opens(junk), "{junk:?}");
+        }
+        // This thread is in no open while it reads its own line.
+        let me = nix::unistd::gettid().as_raw() as u32;
+        assert!(!opening(Path::new("/proc"), me));
+        assert!(!opening(Path::new("/proc"), 0));
     }
 
     #[test]
