@@ -184,6 +184,10 @@ impl Caller {
     }
 }
 
+/// The name (`comm`) of a node's init: a pid file without a `.start` line (an older
+/// cland's) is believed for a process of that name only.
+const INIT_COMM: &str = "clan-shepherd";
+
 /// Each node that has a pid namespace of its own, with that namespace (`pid:[N]`).
 type NodeNamespaces = Vec<(u32, PathBuf)>;
 
@@ -261,9 +265,12 @@ impl Locator {
             else {
                 continue;
             };
-            let Some(init) = std::fs::read_to_string(e.path().join("init.pid"))
-                .ok()
-                .and_then(|s| s.trim().parse::<u32>().ok())
+            // The node's init as its pid file records it, and only if the process with
+            // that pid is the one recorded (its `.start` line): a pid reused since the node
+            // stopped is some other process, whose namespace is not the node's.
+            let Some(init) =
+                clan_core::pidfile::read_in(&self.proc_root, &e.path().join("init.pid"), INIT_COMM)
+                    .and_then(|r| u32::try_from(r.pid).ok())
             else {
                 continue;
             };
@@ -366,12 +373,26 @@ mod tests {
             )
             .unwrap();
             symlink(ns, d.join("ns/pid")).unwrap();
+            // Started at tick `pid * 10`, named `x`.
+            let zeros = vec!["0"; 18].join(" ");
+            std::fs::write(
+                d.join("stat"),
+                format!("{pid} (x) S {zeros} {}\n", pid * 10),
+            )
+            .unwrap();
+            std::fs::write(d.join("comm"), "x\n").unwrap();
         }
-        fn node(&self, n: u32, init: u32, ns: &str) {
+        /// Node `n` with its init, a process of namespace `ns`, recorded in its pid file
+        /// with the start time `start`.
+        fn node_started(&self, n: u32, init: u32, ns: &str, start: u32) {
             self.process(init, init, ns, &format!("{init}\t1"));
             let d = self.cluster().join(format!("node{n}"));
             std::fs::create_dir_all(&d).unwrap();
             std::fs::write(d.join("init.pid"), format!("{init}\n")).unwrap();
+            std::fs::write(d.join("init.start"), format!("{init} {start} -\n")).unwrap();
+        }
+        fn node(&self, n: u32, init: u32, ns: &str) {
+            self.node_started(n, init, ns, init * 10);
         }
     }
 
@@ -427,6 +448,42 @@ mod tests {
             .as_deref(),
             Some("20000005/task/20000006")
         );
+    }
+
+    /// Regression: `init.pid` was believed without its `.start` line: after a node
+    /// stopped, another process with its init's pid passed for the node's init, and its
+    /// pid namespace for the node's.
+    #[test]
+    fn a_node_init_is_believed_by_its_start_line() {
+        let f = Fake::new();
+        f.node(1, 100, "pid:[11]");
+        // Node 2's pid file names pid 200, which another process (started later, in some
+        // other namespace) has now.
+        f.node_started(2, 200, "pid:[22]", 1234);
+        f.process(301, 301, "pid:[22]", "301\t6");
+        let l = Locator::new(f.proc(), f.cluster(), 1);
+        assert_eq!(l.caller(301), Caller::Host { pid: 301, tid: 301 });
+        // The one recorded: its processes are the node's.
+        f.node(3, 500, "pid:[33]");
+        f.process(501, 501, "pid:[33]", "501\t7");
+        let l = Locator::new(f.proc(), f.cluster(), 1);
+        assert_eq!(
+            l.caller(501),
+            Caller::Cluster {
+                gpid: 30_000_007,
+                thread: 30_000_007,
+                node_proc: None,
+            }
+        );
+        // A pid file without a start line (an older cland's): believed for a process
+        // named as a node's init only.
+        let d = f.cluster().join("node3");
+        std::fs::remove_file(d.join("init.start")).unwrap();
+        let l = Locator::new(f.proc(), f.cluster(), 1);
+        assert_eq!(l.caller(501), Caller::Host { pid: 501, tid: 501 });
+        std::fs::write(f.proc().join("500/comm"), "clan-shepherd\n").unwrap();
+        let l = Locator::new(f.proc(), f.cluster(), 1);
+        assert!(matches!(l.caller(501), Caller::Cluster { .. }));
     }
 
     #[test]
