@@ -1682,3 +1682,249 @@ fn paths_of_exited_threads_are_forgotten_and_live_ones_keep_their_numbers() {
         "a live thread's number changed"
     );
 }
+
+/// A python on a node holding a pipe (both its ends), a socket and an eventfd, its output
+/// the pipe to its `clan run -d` log; `tag` makes its command line its own.
+fn holder_of_pipes(tag: u32) -> Vec<String> {
+    vec![
+        "/usr/bin/python3".into(),
+        "-c".into(),
+        format!(
+            "import os, socket, time; r, w = os.pipe(); s = socket.socket(); \
+             e = os.eventfd(0); time.sleep({tag})"
+        ),
+    ]
+}
+
+/// The host pid of the one process whose command line ends with `script` (python's
+/// own path may differ from `python3`).
+fn host_pid_running(script: &str) -> u32 {
+    eventually(script, Duration::from_secs(10), || {
+        let v: Vec<u32> = host_processes_mentioning(script)
+            .iter()
+            .filter(|l| l.trim_end().ends_with(&format!(" -c {script}")))
+            .filter_map(|l| l.split_once(':')?.0.parse().ok())
+            .collect();
+        (v.len() == 1).then(|| v[0])
+    })
+}
+
+/// `stat` of each path, as `uid` (root: 0) gets it: `mode ino uid gid size nlink`, or
+/// `errno N`; one line per path.
+fn stat_lines(uid: u32, paths: &[PathBuf]) -> Vec<String> {
+    let mut argv = vec![
+        "/usr/bin/python3".to_string(),
+        "-c".into(),
+        "import os, sys\n\
+         for p in sys.argv[1:]:\n\
+         \x20   try:\n\
+         \x20       s = os.stat(p)\n\
+         \x20       print(oct(s.st_mode), s.st_ino, s.st_uid, s.st_gid, s.st_size, s.st_nlink)\n\
+         \x20   except OSError as e:\n\
+         \x20       print('errno', e.errno)"
+            .into(),
+    ];
+    argv.extend(paths.iter().map(|p| p.to_string_lossy().into_owned()));
+    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+    let o = as_user(uid, &argv);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// Regression: a descriptor's link to a pipe, socket or anonymous inode (`fd/1 ->
+/// pipe:[123]`) could not be followed through the view: the kernel looks its target up
+/// in `fd/`, which had no such name (ENOENT). `stat` through it now gives what the
+/// kernel's magic link gives on the process's node (a FIFO or socket, the inode number of
+/// the link's text, mode, owner, size, links), ENOENT for a target no descriptor has, the
+/// native error for a reader who may not follow the process's links; an open is refused
+/// with ENXIO (the pipe is on the process's node).
+#[test]
+fn stat_follows_a_descriptors_link_to_its_pipe_or_socket() {
+    root_or_skip!("stat_follows_a_descriptors_link_to_its_pipe_or_socket");
+    use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+    let c = Cluster::up(2);
+    let m = Mounted::new(&c);
+    std::fs::set_permissions(&m.dir, std::os::unix::fs::PermissionsExt::from_mode(0o755)).ok();
+    let argv = holder_of_pipes(8301);
+    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+    let g = c.spawn(2, &argv);
+    let host = host_pid_running(argv[2]);
+    // Its descriptors, through the view, once the eventfd is made (the last).
+    let fd_dir = m.path(&format!("{g}/fd"));
+    let links: Vec<(String, String)> = eventually("the eventfd", Duration::from_secs(20), || {
+        let mut v: Vec<(String, String)> = std::fs::read_dir(&fd_dir)
+            .ok()?
+            .flatten()
+            .filter_map(|e| {
+                let t = std::fs::read_link(e.path()).ok()?;
+                Some((
+                    e.file_name().to_string_lossy().into_owned(),
+                    t.to_string_lossy().into_owned(),
+                ))
+            })
+            .collect();
+        v.sort_by_key(|(n, _)| n.parse::<u32>().unwrap_or(u32::MAX));
+        v.iter().any(|(_, t)| t.contains("eventfd")).then_some(v)
+    });
+    let with = |prefix: &str| -> Vec<&(String, String)> {
+        links
+            .iter()
+            .filter(|(_, t)| t.starts_with(prefix))
+            .collect()
+    };
+    // Its output (1 and 2, the log's pipe) and both ends of its own pipe.
+    assert!(with("pipe:[").len() >= 3, "{links:?}");
+    assert_eq!(with("socket:[").len(), 1, "{links:?}");
+    let number = |t: &str| -> u64 {
+        t.split_once('[')
+            .and_then(|(_, n)| n.strip_suffix(']'))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no number in {t}"))
+    };
+    for (fd, target) in &links {
+        let view = fd_dir.join(fd);
+        let native = PathBuf::from(format!("/proc/{host}/fd/{fd}"));
+        assert_eq!(
+            std::fs::read_link(&native).unwrap().to_string_lossy(),
+            *target
+        );
+        let a =
+            std::fs::metadata(&view).unwrap_or_else(|e| panic!("stat -L {fd} -> {target}: {e}"));
+        let n = std::fs::metadata(&native).unwrap();
+        assert_eq!(
+            (
+                a.ino(),
+                a.mode() & 0o7777,
+                a.uid(),
+                a.gid(),
+                a.size(),
+                a.nlink()
+            ),
+            (
+                n.ino(),
+                n.mode() & 0o7777,
+                n.uid(),
+                n.gid(),
+                n.size(),
+                n.nlink()
+            ),
+            "{fd} -> {target}"
+        );
+        if target.starts_with("pipe:[") {
+            assert!(a.file_type().is_fifo(), "{fd} -> {target}");
+            assert_eq!(a.ino(), number(target));
+        } else if target.starts_with("socket:[") {
+            assert!(a.file_type().is_socket(), "{fd} -> {target}");
+            assert_eq!(a.ino(), number(target));
+        } else if target.starts_with("anon_inode:") {
+            // No type in the kernel; a FUSE file has one: a regular file.
+            assert!(a.file_type().is_file(), "{fd} -> {target}");
+        } else {
+            assert_eq!(a.mode(), n.mode(), "{fd} -> {target}");
+        }
+        // Not opened: the kernel itself refuses a socket and an anonymous inode (ENXIO);
+        // the pipe is on another node. (Non-blocking: a pipe of the mount that the kernel
+        // would open on this machine could not hang the test.)
+        if !target.starts_with('/') {
+            let e = std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NONBLOCK)
+                .open(&view)
+                .expect_err(target);
+            assert_eq!(e.raw_os_error(), Some(libc::ENXIO), "open {fd} -> {target}");
+            if !target.starts_with("pipe:[") {
+                let e = std::fs::OpenOptions::new()
+                    .read(true)
+                    .custom_flags(libc::O_NONBLOCK)
+                    .open(&native)
+                    .expect_err(target);
+                assert_eq!(e.raw_os_error(), Some(libc::ENXIO), "native open {target}");
+            }
+        }
+    }
+    // `test -p`, `stat -L` and `ls -lL` as tools run them.
+    let (fd, pipe) = with("pipe:[")[0];
+    let o = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "test -p {0}/{fd} && stat -L -c '%F %i' {0}/{fd} && ls -lL {0}",
+            fd_dir.display()
+        ))
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        out.starts_with(&format!("fifo {}\n", number(pipe))),
+        "{out}"
+    );
+    assert!(out.lines().any(|l| l.starts_with("prw-------")), "{out}");
+    assert!(out.lines().any(|l| l.starts_with("srwxrwxrwx")), "{out}");
+    // A target no descriptor has (pipes are never numbered 0): ENOENT.
+    for name in ["pipe:[0]", "socket:[0]", "anon_inode:[nothing]"] {
+        let e = std::fs::metadata(fd_dir.join(name)).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::NotFound, "{name}");
+    }
+    // A thread's descriptors are the process's.
+    let (fd, _) = with("socket:[")[0];
+    let t = std::fs::metadata(m.path(&format!("{g}/task/{g}/fd/{fd}"))).unwrap();
+    assert!(t.file_type().is_socket());
+
+    // A user: its own process's links are followed as natively; root's process's are
+    // refused with the native error.
+    let a = test_user("clanpfsa");
+    let argv = holder_of_pipes(8302);
+    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+    let own = spawn_as(&c, a, 2, &argv);
+    let own_host = host_pid_running(argv[2]);
+    let own_fd = m.path(&format!("{own}/fd"));
+    let fds: Vec<String> = eventually("the user's eventfd", Duration::from_secs(20), || {
+        let v: Vec<String> = std::fs::read_dir(&own_fd)
+            .ok()?
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        v.iter()
+            .any(|n| {
+                std::fs::read_link(own_fd.join(n))
+                    .is_ok_and(|t| t.to_string_lossy().contains("eventfd"))
+            })
+            .then_some(v)
+    });
+    for (dir, native, fds) in [
+        (own_fd.clone(), own_host, fds.clone()),
+        (
+            fd_dir.clone(),
+            host,
+            links.iter().map(|(n, _)| n.clone()).collect(),
+        ),
+    ] {
+        let mut paths = Vec::new();
+        for fd in &fds {
+            paths.push(dir.join(fd));
+            paths.push(PathBuf::from(format!("/proc/{native}/fd/{fd}")));
+        }
+        let lines = stat_lines(a, &paths);
+        assert_eq!(lines.len(), paths.len(), "{lines:?}");
+        for (i, pair) in lines.chunks(2).enumerate() {
+            let (view, native) = (&pair[0], &pair[1]);
+            if native.starts_with("0o") {
+                // Types as FUSE has them (an anonymous inode: a regular file).
+                let fields = |l: &str| l.split(' ').skip(1).map(str::to_string).collect::<Vec<_>>();
+                assert_eq!(fields(view), fields(native), "{}", paths[2 * i].display());
+            } else {
+                assert_eq!(view, native, "{}", paths[2 * i].display());
+            }
+        }
+        if dir == own_fd {
+            assert!(lines.iter().all(|l| l.starts_with("0o")), "{lines:?}");
+        } else {
+            assert!(lines.iter().all(|l| l == "errno 13"), "{lines:?}");
+        }
+    }
+    c.clan_ok(&["kill", "-s", "KILL", &own.to_string()]);
+    c.clan_ok(&["kill", "-s", "KILL", &g.to_string()]);
+}

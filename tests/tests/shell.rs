@@ -157,9 +157,9 @@ fn procps_in_a_clan_shell_see_and_act_on_every_node() {
     assert!(host_processes_mentioning("sleep 81").is_empty());
 
     // lslocks(8) reads the cluster's /proc/locks: a lock taken on node 3, by its gpid.
-    // Its output goes to /dev/null, not to the pipe of a detached process's log: lslocks
-    // names the lock's file by the first descriptor whose stat fails or matches, and a
-    // descriptor's link to a pipe can not be followed through the view (docs/shell.md).
+    // Its output is the pipe to its log (a detached process's): lslocks names the lock's
+    // file by the first descriptor whose stat (following the link) fails or has the lock's
+    // inode, so the links to that pipe must be followed through the view to the pipe.
     let file = c.dir.join("locked-8105");
     let holder = run_d(
         &c,
@@ -169,7 +169,7 @@ fn procps_in_a_clan_shell_see_and_act_on_every_node() {
             "-c",
             &format!(
                 "exec python3 -c \"import fcntl, time; f = open('{}', 'w'); \
-                 fcntl.flock(f, fcntl.LOCK_EX); time.sleep(8105)\" >/dev/null 2>&1",
+                 fcntl.flock(f, fcntl.LOCK_EX); time.sleep(8105)\"",
                 file.display()
             ),
         ],
@@ -184,6 +184,18 @@ fn procps_in_a_clan_shell_see_and_act_on_every_node() {
     assert!(
         line.contains("python3") && line.contains(&file.display().to_string()),
         "{line}"
+    );
+    let o = shell(
+        &c,
+        1,
+        None,
+        &format!("readlink /proc/{holder}/fd/1 && test -p /proc/{holder}/fd/1 && echo fifo"),
+    );
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.starts_with("pipe:[") && out.ends_with("]\nfifo\n"),
+        "{}",
+        text(&o)
     );
     c.clan_ok(&["kill", "-s", "KILL", &holder.to_string()]);
 }

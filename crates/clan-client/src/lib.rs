@@ -687,7 +687,7 @@ impl Client {
         // read the link lost is asked again through cland: reads change nothing).
         let one_process = matches!(
             P::try_from(req.op),
-            Ok(P::ProcRead | P::ProcReadlink | P::ProcReaddir)
+            Ok(P::ProcRead | P::ProcReadlink | P::ProcReaddir | P::ProcStatLink)
         );
         if let Some(g) = Gpid::from_raw(req.gpid).filter(|g| one_process && g.node() != self.node) {
             let op = pb::peer_request::Op::Proc(req.clone());

@@ -6,6 +6,7 @@ pub mod exit;
 pub mod id;
 pub mod lock;
 pub mod logfile;
+pub mod pidfile;
 pub mod signal;
 pub mod sigset;
 pub mod sys;

@@ -18,7 +18,7 @@ pub mod localcluster;
 pub mod membership;
 pub mod node;
 pub mod peer;
-pub mod pidfile;
+pub use clan_core::pidfile;
 pub mod placement;
 pub mod process;
 pub mod procfs;

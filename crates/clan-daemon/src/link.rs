@@ -410,7 +410,7 @@ impl Served {
                 use pb::ProcOp as P;
                 if !matches!(
                     P::try_from(p.op),
-                    Ok(P::ProcRead | P::ProcReadlink | P::ProcReaddir)
+                    Ok(P::ProcRead | P::ProcReadlink | P::ProcReaddir | P::ProcStatLink)
                 ) {
                     return Err(Error::Invalid(
                         "a link reads the files of one process at a time".into(),

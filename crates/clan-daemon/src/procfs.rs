@@ -687,6 +687,37 @@ fn check_path(path: &str) -> Result<Vec<&str>> {
     Ok(parts)
 }
 
+/// Whether `parts` is a directory of a process's descriptors (`fd`, `task/TID/fd`), whose
+/// links the kernel follows to what the descriptor has open.
+pub fn is_fd_dir(parts: &[&str]) -> bool {
+    matches!(parts, ["fd"] | ["task", _, "fd"])
+}
+
+/// The attributes stat() gave, for the asker; `name`: the link followed.
+// `st_nlink` and `st_blksize` are of other types on other architectures (u32, i32 on arm64).
+#[allow(clippy::useless_conversion)]
+fn link_stat(st: &nix::sys::stat::FileStat, name: String) -> pb::LinkStat {
+    pb::LinkStat {
+        mode: st.st_mode,
+        ino: st.st_ino,
+        dev: st.st_dev,
+        nlink: u64::from(st.st_nlink),
+        uid: st.st_uid,
+        gid: st.st_gid,
+        rdev: st.st_rdev,
+        size: st.st_size,
+        blocks: st.st_blocks,
+        blksize: i64::from(st.st_blksize),
+        atime: st.st_atime,
+        atime_nsec: st.st_atime_nsec,
+        mtime: st.st_mtime,
+        mtime_nsec: st.st_mtime_nsec,
+        ctime: st.st_ctime,
+        ctime_nsec: st.st_ctime_nsec,
+        name,
+    }
+}
+
 /// What a failed access to `what` of the node's /proc tells the asker. Only the kernel's
 /// "not there" (`ENOENT`, or `ESRCH` from a process that exited while it was read) is an
 /// absence: the view tells its readers so and the kernel may remember it. Anything else
@@ -807,6 +838,56 @@ impl Node {
             }
         }
         Ok(is_link)
+    }
+
+    /// What stat() following a link of the descriptor directory `rel` gives, of the first
+    /// link (by number, `hint` tried before the others) whose target reads `link`: the
+    /// pipe, socket or anonymous inode a descriptor has open (every descriptor on one pipe
+    /// leads to the same inode). Read as the reader, so the kernel's own check decides
+    /// whether the reader may follow the process's links. `NotFound` when no descriptor
+    /// has that target (any more).
+    fn stat_link(&self, rel: &str, link: &str, hint: &str) -> Result<pb::LinkStat> {
+        let hint = hint.parse::<u64>().ok();
+        if let Some(n) = hint {
+            if let Some(st) = self.follow_if(rel, n, link)? {
+                return Ok(st);
+            }
+        }
+        let mut fds: Vec<u64> = self
+            .view
+            .list_entry(rel)
+            .map_err(|e| io_err(e, rel))?
+            .iter()
+            .filter_map(|n| n.parse::<u64>().ok())
+            .filter(|n| Some(*n) != hint)
+            .collect();
+        fds.sort_unstable();
+        for n in fds {
+            if let Some(st) = self.follow_if(rel, n, link)? {
+                return Ok(st);
+            }
+        }
+        Err(Error::NotFound(format!(
+            "no such file: /proc/{rel}/{link} (no descriptor links there)"
+        )))
+    }
+
+    /// [`Node::stat_link`] of descriptor `n` if its link reads `link`; `None` if it does
+    /// not, or is closed (meanwhile).
+    fn follow_if(&self, rel: &str, n: u64, link: &str) -> Result<Option<pb::LinkStat>> {
+        let path = format!("{rel}/{n}");
+        let closed = |e: &std::io::Error| e.raw_os_error() == Some(libc::ENOENT);
+        match self.view.readlink_entry(&path) {
+            Ok(t) if t == link.as_bytes() => {}
+            Ok(_) => return Ok(None),
+            Err(e) if closed(&e) => return Ok(None),
+            Err(e) => return Err(io_err(e, &path)),
+        }
+        match self.view.stat_followed(&path) {
+            Ok(st) => Ok(Some(link_stat(&st, n.to_string()))),
+            Err(e) if closed(&e) => Ok(None),
+            Err(e) => Err(io_err(e, &path)),
+        }
     }
 
     fn rewrite(&self, pid: u32, file: &str, data: Vec<u8>, shepherds: &ShepherdCache) -> Vec<u8> {
@@ -1040,6 +1121,21 @@ impl Node {
                     .map_err(|e| io_err(e, &rel))?;
                 reply.start_ticks = self.started(pid, req.start_ticks)?;
             }
+            P::ProcStatLink => {
+                let parts = check_path(&req.path)?;
+                if !is_fd_dir(&parts) {
+                    return Err(Error::Invalid(format!(
+                        "{:?} is not a directory of descriptors (fd, task/TID/fd)",
+                        req.path
+                    )));
+                }
+                let pid = self.proc_pid(req.gpid)?;
+                let rel = self.local_path(pid, &parts)?;
+                self.require_dir(&rel)?;
+                self.check_read(&reader, pid, &parts, &rel)?;
+                reply.stat = Some(Box::new(self.stat_link(&rel, &req.link, &req.hint)?));
+                reply.start_ticks = self.started(pid, req.start_ticks)?;
+            }
             P::ProcReaddir => {
                 let parts = check_path(&req.path)?;
                 let pid = self.proc_pid(req.gpid)?;
@@ -1123,10 +1219,12 @@ impl Node {
         let op = P::try_from(req.op)
             .map_err(|_| Error::Invalid(format!("unknown /proc operation {}", req.op)))?;
         match op {
-            P::ProcRead | P::ProcReadlink | P::ProcReaddir if req.gpid == CLUSTER_INIT => {
+            P::ProcRead | P::ProcReadlink | P::ProcReaddir | P::ProcStatLink
+                if req.gpid == CLUSTER_INIT =>
+            {
                 crate::clusterinit::answer(&req, &Reader::from_creds(&reader_of(&req)))
             }
-            P::ProcRead | P::ProcReadlink | P::ProcReaddir => {
+            P::ProcRead | P::ProcReadlink | P::ProcReaddir | P::ProcStatLink => {
                 let g = Gpid::from_raw(req.gpid)
                     .ok_or_else(|| Error::NotFound(format!("no such process {}", req.gpid)))?;
                 let mut replies = self.proc_on(vec![g.node()], req, None).await;
@@ -1473,6 +1571,22 @@ NSsid:\t7\t1\nThreads:\t1\n";
     }
 
     #[test]
+    fn descriptor_directories_are_fd_and_a_threads_fd() {
+        assert!(is_fd_dir(&["fd"]));
+        assert!(is_fd_dir(&["task", "20000006", "fd"]));
+        for no in [
+            &[][..],
+            &["fdinfo"],
+            &["task"],
+            &["task", "fd"],
+            &["fd", "3"],
+            &["ns"],
+        ] {
+            assert!(!is_fd_dir(no), "{no:?}");
+        }
+    }
+
+    #[test]
     fn quick_requests_are_the_ones_that_never_wait_for_a_process() {
         let req = |op: pb::ProcOp, path: &str| pb::ProcRequest {
             op: op as i32,
@@ -1500,6 +1614,8 @@ NSsid:\t7\t1\nThreads:\t1\n";
             (P::ProcReaddir, ""),
             (P::ProcSnapshot, ""),
             (P::ProcGlobal, "loadavg"),
+            // A scan of the descriptors, as many links as the process has.
+            (P::ProcStatLink, "fd"),
         ] {
             assert!(!quick(&req(op, path)), "{op:?} {path}");
         }

@@ -96,6 +96,49 @@ pub fn reader(proc_root: &Path, uid: u32, gid: u32, pid: u32) -> Reader {
     }
 }
 
+/// Whether thread `tid` is in a system call that opens a file for I/O (`open`, `openat`,
+/// `creat` other than with `O_PATH`, `openat2` whatever its flags, which it keeps in the
+/// caller's memory): what a lookup it makes is for, from `syscall` of its status
+/// directory (its number and arguments while it waits for the answer). `false` when that
+/// can not be read (FUSE gives no pid, the caller is gone): the lookup is answered.
+pub fn opening(proc_root: &Path, tid: u32) -> bool {
+    if tid == 0 {
+        return false;
+    }
+    std::fs::read_to_string(proc_root.join(tid.to_string()).join("syscall"))
+        .ok()
+        .is_some_and(|s| opens(&s))
+}
+
+/// Whether a line of `/proc/TID/syscall` (`NR ARG1 ... ARG6 SP PC`, the arguments in hex)
+/// is a call that opens for I/O ([`opening`]); `running` or `-1 ...` (not in a call) is not.
+fn opens(line: &str) -> bool {
+    let mut f = line.split_whitespace();
+    let Some(nr) = f.next().and_then(|n| n.parse::<i64>().ok()) else {
+        return false;
+    };
+    let args: Vec<u64> = f
+        .map(|a| u64::from_str_radix(a.trim_start_matches("0x"), 16).unwrap_or(0))
+        .collect();
+    let for_io = |i: usize| {
+        args.get(i)
+            .is_some_and(|&flags| flags & libc::O_PATH as u64 == 0)
+    };
+    #[cfg(target_arch = "x86_64")]
+    {
+        if nr == libc::SYS_open {
+            return for_io(1);
+        }
+        if nr == libc::SYS_creat {
+            return true;
+        }
+    }
+    if nr == libc::SYS_openat {
+        return for_io(2);
+    }
+    nr == libc::SYS_openat2
+}
+
 /// Where a caller stands.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Caller {
@@ -140,6 +183,10 @@ impl Caller {
         }
     }
 }
+
+/// The name (`comm`) of a node's init: a pid file without a `.start` line (an older
+/// cland's) is believed for a process of that name only.
+const INIT_COMM: &str = "clan-shepherd";
 
 /// Each node that has a pid namespace of its own, with that namespace (`pid:[N]`).
 type NodeNamespaces = Vec<(u32, PathBuf)>;
@@ -218,9 +265,12 @@ impl Locator {
             else {
                 continue;
             };
-            let Some(init) = std::fs::read_to_string(e.path().join("init.pid"))
-                .ok()
-                .and_then(|s| s.trim().parse::<u32>().ok())
+            // The node's init as its pid file records it, and only if the process with
+            // that pid is the one recorded (its `.start` line): a pid reused since the node
+            // stopped is some other process, whose namespace is not the node's.
+            let Some(init) =
+                clan_core::pidfile::read_in(&self.proc_root, &e.path().join("init.pid"), INIT_COMM)
+                    .and_then(|r| u32::try_from(r.pid).ok())
             else {
                 continue;
             };
@@ -323,12 +373,26 @@ mod tests {
             )
             .unwrap();
             symlink(ns, d.join("ns/pid")).unwrap();
+            // Started at tick `pid * 10`, named `x`.
+            let zeros = vec!["0"; 18].join(" ");
+            std::fs::write(
+                d.join("stat"),
+                format!("{pid} (x) S {zeros} {}\n", pid * 10),
+            )
+            .unwrap();
+            std::fs::write(d.join("comm"), "x\n").unwrap();
         }
-        fn node(&self, n: u32, init: u32, ns: &str) {
+        /// Node `n` with its init, a process of namespace `ns`, recorded in its pid file
+        /// with the start time `start`.
+        fn node_started(&self, n: u32, init: u32, ns: &str, start: u32) {
             self.process(init, init, ns, &format!("{init}\t1"));
             let d = self.cluster().join(format!("node{n}"));
             std::fs::create_dir_all(&d).unwrap();
             std::fs::write(d.join("init.pid"), format!("{init}\n")).unwrap();
+            std::fs::write(d.join("init.start"), format!("{init} {start} -\n")).unwrap();
+        }
+        fn node(&self, n: u32, init: u32, ns: &str) {
+            self.node_started(n, init, ns, init * 10);
         }
     }
 
@@ -386,6 +450,42 @@ mod tests {
         );
     }
 
+    /// Regression: `init.pid` was believed without its `.start` line: after a node
+    /// stopped, another process with its init's pid passed for the node's init, and its
+    /// pid namespace for the node's.
+    #[test]
+    fn a_node_init_is_believed_by_its_start_line() {
+        let f = Fake::new();
+        f.node(1, 100, "pid:[11]");
+        // Node 2's pid file names pid 200, which another process (started later, in some
+        // other namespace) has now.
+        f.node_started(2, 200, "pid:[22]", 1234);
+        f.process(301, 301, "pid:[22]", "301\t6");
+        let l = Locator::new(f.proc(), f.cluster(), 1);
+        assert_eq!(l.caller(301), Caller::Host { pid: 301, tid: 301 });
+        // The one recorded: its processes are the node's.
+        f.node(3, 500, "pid:[33]");
+        f.process(501, 501, "pid:[33]", "501\t7");
+        let l = Locator::new(f.proc(), f.cluster(), 1);
+        assert_eq!(
+            l.caller(501),
+            Caller::Cluster {
+                gpid: 30_000_007,
+                thread: 30_000_007,
+                node_proc: None,
+            }
+        );
+        // A pid file without a start line (an older cland's): believed for a process
+        // named as a node's init only.
+        let d = f.cluster().join("node3");
+        std::fs::remove_file(d.join("init.start")).unwrap();
+        let l = Locator::new(f.proc(), f.cluster(), 1);
+        assert_eq!(l.caller(501), Caller::Host { pid: 501, tid: 501 });
+        std::fs::write(f.proc().join("500/comm"), "clan-shepherd\n").unwrap();
+        let l = Locator::new(f.proc(), f.cluster(), 1);
+        assert!(matches!(l.caller(501), Caller::Cluster { .. }));
+    }
+
     #[test]
     fn groups_of_the_caller() {
         let f = Fake::new();
@@ -403,6 +503,66 @@ mod tests {
         root.caps = Some(1 << clan_core::sys::cap::DAC_READ_SEARCH);
         assert!(root.overrides_modes(false) && !root.overrides_modes(true));
         assert!(Reader::root().overrides_modes(true));
+    }
+
+    #[test]
+    fn an_open_is_told_from_a_stat() {
+        let line = |nr: i64, args: &[u64]| {
+            let mut l = nr.to_string();
+            for a in args {
+                l.push_str(&format!(" 0x{a:x}"));
+            }
+            l + " 0x7ffd0 0x7f001\n"
+        };
+        let at = (-100i64) as u64;
+        assert!(opens(&line(libc::SYS_openat, &[at, 0x1000, 0, 0, 0, 0])));
+        assert!(opens(&line(
+            libc::SYS_openat,
+            &[
+                at,
+                0x1000,
+                libc::O_WRONLY as u64 | libc::O_NONBLOCK as u64,
+                0,
+                0,
+                0
+            ]
+        )));
+        assert!(!opens(&line(
+            libc::SYS_openat,
+            &[at, 0x1000, libc::O_PATH as u64, 0, 0, 0]
+        )));
+        assert!(opens(&line(
+            libc::SYS_openat2,
+            &[at, 0x1000, 0x2000, 24, 0, 0]
+        )));
+        #[cfg(target_arch = "x86_64")]
+        assert!(opens(&line(libc::SYS_open, &[0x1000, 0, 0, 0, 0, 0])));
+        assert!(!opens(&line(
+            libc::SYS_statx,
+            &[at, 0x1000, 0, 0x7ff, 0x2000, 0]
+        )));
+        assert!(!opens(&line(
+            libc::SYS_newfstatat,
+            &[at, 0x1000, 0x2000, 0, 0, 0]
+        )));
+        assert!(!opens(&line(
+            libc::SYS_readlinkat,
+            &[at, 0x1000, 0x2000, 4096, 0, 0]
+        )));
+        for junk in [
+            "",
+            "running\n",
+            "-1 0x7ffd0 0x7f001\n",
+            "257",
+            "257 zz",
+            "x 1 2",
+        ] {
+            assert!(!opens(junk), "{junk:?}");
+        }
+        // This thread is in no open while it reads its own line.
+        let me = nix::unistd::gettid().as_raw() as u32;
+        assert!(!opening(Path::new("/proc"), me));
+        assert!(!opening(Path::new("/proc"), 0));
     }
 
     #[test]

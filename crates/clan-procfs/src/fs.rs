@@ -129,7 +129,7 @@ impl<S: Source> Filesystem for ProcFs<S> {
                     let generation = Generation(view.generation(a.ino.0));
                     // Counted before the reply: the kernel may forget it at once.
                     view.looked_up(a.ino.0);
-                    reply.entry_with_ttls(&view.ttl(), &entry_ttl, &a, generation)
+                    reply.entry_with_ttls(&view.attr_ttl(a.ino.0), &entry_ttl, &a, generation)
                 }
                 // Known to be absent (the node answered; a process directory's names never
                 // change): the kernel keeps that. An error (ENOENT for a process gone or
@@ -156,7 +156,7 @@ impl<S: Source> Filesystem for ProcFs<S> {
         let (view, who) = (self.view.clone(), who(req));
         self.run(async move {
             match view.getattr(&who, ino.0).await {
-                Ok(a) => reply.attr(&view.ttl(), &a),
+                Ok(a) => reply.attr(&view.attr_ttl(ino.0), &a),
                 Err(e) => reply.error(errno(e)),
             }
         });

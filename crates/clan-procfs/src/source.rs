@@ -159,7 +159,7 @@ const ANY_NODE: u32 = 0;
 fn lane_of(req: &pb::ProcRequest) -> u32 {
     use pb::ProcOp as P;
     match P::try_from(req.op) {
-        Ok(P::ProcRead | P::ProcReadlink | P::ProcReaddir) => {
+        Ok(P::ProcRead | P::ProcReadlink | P::ProcReaddir | P::ProcStatLink) => {
             clan_core::Gpid::from_raw(req.gpid).map_or(ANY_NODE, |g| g.node().get())
         }
         Ok(P::ProcGlobal) if req.nodes.len() == 1 => req.nodes[0],

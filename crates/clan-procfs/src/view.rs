@@ -195,6 +195,10 @@ pub struct View<S> {
     /// Processes a node said are gone, since when (newer than a snapshot: not served
     /// from it).
     gone: Timed<u64, ()>,
+    /// The descriptor whose link last read as a target, by (gpid, descriptor directory,
+    /// target): the one to try first when the kernel follows that target (it reads the
+    /// link just before). A hint only: the node checks it.
+    links: Timed<(u64, String, Vec<u8>), String>,
     swept: Mutex<Instant>,
 }
 
@@ -239,6 +243,79 @@ fn is_number(s: &str) -> bool {
     !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit())
 }
 
+/// Whether `dir`, a path inside a process directory, holds the links of its descriptors
+/// (`fd`, `task/TID/fd`).
+fn is_fd_dir(dir: &str) -> bool {
+    let parts: Vec<&str> = dir.split('/').collect();
+    matches!(parts[..], ["fd"] | ["task", _, "fd"])
+}
+
+/// Whether `name`, looked up in a descriptor directory, is what a link there reads rather
+/// than a descriptor: the kernel follows a link to a pipe, socket or anonymous inode
+/// (`pipe:[123]`, `socket:[456]`, `anon_inode:[eventfd]`) as a name relative to the link's
+/// directory, while the directory's own names are numbers.
+fn is_link_target(name: &str) -> bool {
+    name.contains(':') && !is_number(name)
+}
+
+/// The directory and the name of `path` (inside a process directory) when it is what a
+/// descriptor's link reads ([`is_link_target`]).
+fn link_target_of(path: &str) -> Option<(&str, &str)> {
+    let (dir, name) = path.rsplit_once('/')?;
+    (is_fd_dir(dir) && is_link_target(name)).then_some((dir, name))
+}
+
+/// A time of a node's stat() as the kernel's FUSE takes it (never a panic on what a node
+/// sent: out-of-range nanoseconds are clamped, times before the epoch kept).
+fn node_time(sec: i64, nsec: i64) -> SystemTime {
+    let nsec = nsec.clamp(0, 999_999_999) as u32;
+    if sec >= 0 {
+        SystemTime::UNIX_EPOCH + Duration::new(sec as u64, nsec)
+    } else {
+        SystemTime::UNIX_EPOCH - Duration::new(sec.unsigned_abs(), 0) + Duration::new(0, nsec)
+    }
+}
+
+/// The attributes of what a descriptor's link leads to, from its node's stat() of it,
+/// numbered `ino`. The file's type, as FUSE can tell it (an anonymous inode, of no type
+/// in the kernel, is a regular file), its permissions, owner, size, links and times; the
+/// device is the mount's, as for every file of the view.
+pub fn link_attr(ino: u64, st: &pb::LinkStat) -> FileAttr {
+    let kind = match st.mode & libc::S_IFMT {
+        libc::S_IFIFO => FileType::NamedPipe,
+        libc::S_IFSOCK => FileType::Socket,
+        libc::S_IFCHR => FileType::CharDevice,
+        libc::S_IFBLK => FileType::BlockDevice,
+        libc::S_IFDIR => FileType::Directory,
+        _ => FileType::RegularFile,
+    };
+    let rdev = match kind {
+        FileType::CharDevice | FileType::BlockDevice => {
+            // The kernel's 32-bit encoding of a device number (new_encode_dev).
+            let (major, minor) = (libc::major(st.rdev), libc::minor(st.rdev));
+            (minor & 0xff) | ((major & 0xfff) << 8) | ((minor & !0xff) << 12)
+        }
+        _ => 0,
+    };
+    FileAttr {
+        ino: INodeNo(ino),
+        size: u64::try_from(st.size).unwrap_or(0),
+        blocks: u64::try_from(st.blocks).unwrap_or(0),
+        atime: node_time(st.atime, st.atime_nsec),
+        mtime: node_time(st.mtime, st.mtime_nsec),
+        ctime: node_time(st.ctime, st.ctime_nsec),
+        crtime: node_time(st.ctime, st.ctime_nsec),
+        kind,
+        perm: (st.mode & 0o7777) as u16,
+        nlink: u32::try_from(st.nlink).unwrap_or(u32::MAX),
+        uid: st.uid,
+        gid: st.gid,
+        rdev,
+        blksize: u32::try_from(st.blksize).unwrap_or(4096),
+        flags: 0,
+    }
+}
+
 /// The first component of a passed-through path.
 fn first(path: &str) -> &str {
     path.split('/').next().unwrap_or(path)
@@ -258,6 +335,7 @@ impl<S: Source> View<S> {
             nodes: Mutex::new(None),
             readers: Mutex::new(HashMap::new()),
             gone: Mutex::new(HashMap::new()),
+            links: Mutex::new(HashMap::new()),
             templates: Mutex::new(HashMap::new()),
             globals: Mutex::new(HashMap::new()),
             batches: Mutex::new(HashMap::new()),
@@ -281,10 +359,29 @@ impl<S: Source> View<S> {
     /// kernel's own are), so the kernel keeps them, present or absent, for
     /// [`PROC_NAMES_TTL`]: they go with the directory's own entry, which is asked for
     /// again at each walk and dropped, with them, once the process is gone.
+    /// What a descriptor's link reads (`fd/pipe:[123]`) is asked for at each walk, as
+    /// the kernel follows the link each time: the descriptor may be closed, and an open
+    /// through it must be refused ([`View::lookup`]).
     pub fn entry_ttl(&self, parent: u64, name: &OsStr) -> Duration {
         match self.node(parent) {
             Ok(Node::Root) if name.to_str().is_some_and(is_number) => Duration::ZERO,
             Ok(Node::Proc(_)) => PROC_NAMES_TTL,
+            Ok(Node::ProcPath(_, dir))
+                if is_fd_dir(&dir) && name.to_str().is_some_and(is_link_target) =>
+            {
+                Duration::ZERO
+            }
+            _ => self.opts.ttl,
+        }
+    }
+
+    /// How long the kernel may keep the attributes of `ino`: not at all for what a
+    /// descriptor's link leads to, whose inode number (the pipe's, the socket's) comes with
+    /// a getattr only (a lookup's answer carries the view's own number), and which lives no
+    /// longer than the descriptor.
+    pub fn attr_ttl(&self, ino: u64) -> Duration {
+        match self.node(ino) {
+            Ok(Node::ProcPath(_, p)) if link_target_of(&p).is_some() => Duration::ZERO,
             _ => self.opts.ttl,
         }
     }
@@ -357,15 +454,26 @@ impl<S: Source> View<S> {
         start: u64,
         path: &str,
     ) -> Result<pb::ProcReply, Failure> {
-        let reader = self.reader(who);
         let req = pb::ProcRequest {
             op: op as i32,
             gpid,
             path: path.to_string(),
-            reader: Some(reader.to_creds(who.pid)),
             start_ticks: start,
             ..Default::default()
         };
+        self.ask_with(who, req).await
+    }
+
+    /// [`View::ask`] of a request made by the caller (the reader is set here).
+    async fn ask_with(
+        &self,
+        who: &Who,
+        mut req: pb::ProcRequest,
+    ) -> Result<pb::ProcReply, Failure> {
+        let reader = self.reader(who);
+        req.reader = Some(reader.to_creds(who.pid));
+        let (gpid, path) = (req.gpid, req.path.clone());
+        let path = path.as_str();
         let r = match self.src.proc_now(&req) {
             Some(r) => r,
             None => self.src.proc(req).await,
@@ -562,6 +670,11 @@ impl<S: Source> View<S> {
                 return Ok(known);
             }
         }
+        if is_fd_dir(dir) && is_link_target(name) {
+            let st = self.link_stat(who, gpid, start, dir, name).await?;
+            let ino = self.ino(&Node::ProcPath(gpid, path))?;
+            return Ok(Some(link_attr(ino, &st)));
+        }
         let v = match self.listing(who, gpid, start, dir, false).await {
             // The kernel lets anyone look up a namespace link of any process (`ns` is
             // `dr-x--x--x`) and refuses its listing and its target (readlink, a stat that
@@ -586,6 +699,56 @@ impl<S: Source> View<S> {
         let ino = self.ino(&Node::ProcPath(gpid, path))?;
         let kind = kind_of_mode(e.mode);
         Ok(Some(attr(ino, kind, e.mode, e.uid, e.gid)))
+    }
+
+    /// What stat() following a descriptor's link gives on the process's node, for the
+    /// reader: of a descriptor in `dir` whose link reads `name` (the one whose link was
+    /// read last with that target tried first, then the others by number: descriptors on
+    /// one pipe lead to the same inode). `ENOENT` when none has it (closed, or never), and
+    /// the kernel's errno where the reader may not follow the process's links.
+    async fn link_stat(
+        &self,
+        who: &Who,
+        gpid: u64,
+        start: u64,
+        dir: &str,
+        name: &str,
+    ) -> Result<pb::LinkStat, Errno> {
+        let key = (gpid, dir.to_string(), name.as_bytes().to_vec());
+        let hint = self
+            .links
+            .lock()
+            .get(&key)
+            .filter(|(at, _)| at.elapsed() < self.opts.ttl)
+            .map(|(_, n)| n.clone())
+            .unwrap_or_default();
+        let req = pb::ProcRequest {
+            op: pb::ProcOp::ProcStatLink as i32,
+            gpid,
+            path: dir.to_string(),
+            start_ticks: start,
+            link: name.to_string(),
+            hint,
+            ..Default::default()
+        };
+        let st = self
+            .ask_with(who, req)
+            .await
+            .map_err(|e| e.errno())?
+            .stat
+            .ok_or(libc::EIO)?;
+        self.hint_link(key, st.name.clone());
+        Ok(*st)
+    }
+
+    /// The descriptor `fd` was seen with the link `key` names (its target).
+    fn hint_link(&self, key: (u64, String, Vec<u8>), fd: String) {
+        let mut m = self.links.lock();
+        if m.len() > 4096 {
+            let ttl = self.opts.ttl;
+            m.retain(|_, (at, _)| at.elapsed() < ttl);
+        }
+        m.insert(key, (Instant::now(), fd));
     }
 
     /// A name of `/GPID` answered without asking: while the reader's fresh snapshot holds
@@ -1076,10 +1239,24 @@ impl<S: Source> View<S> {
                 .proc_entry(who, g, self.start_of(parent), "", name)
                 .await?
                 .ok_or(libc::ENOENT),
-            Node::ProcPath(g, p) => self
-                .proc_entry(who, g, self.start_of(parent), &p, name)
-                .await?
-                .ok_or(libc::ENOENT),
+            Node::ProcPath(g, p) => {
+                let a = self
+                    .proc_entry(who, g, self.start_of(parent), &p, name)
+                    .await?
+                    .ok_or(libc::ENOENT)?;
+                // A pipe of the process, looked up for an open through its descriptor's
+                // link: the kernel opens a pipe of a FUSE file system itself, as a new,
+                // empty one of this machine (whose read waits for a writer that never
+                // comes); the process's pipe is on its node. Refused as the kernel refuses
+                // to open a socket or an anonymous inode through such a link.
+                if a.kind == FileType::NamedPipe
+                    && is_fd_dir(&p)
+                    && caller::opening(&self.opts.proc_root, who.pid)
+                {
+                    return Err(libc::ENXIO);
+                }
+                Ok(a)
+            }
             Node::Pass(p) => self.pass_attr(who, &format!("{p}/{name}")).await,
             Node::WalkDir => {
                 let i = walk::FILES
@@ -1116,6 +1293,14 @@ impl<S: Source> View<S> {
                 Ok(attr(ino, FileType::Directory, 0o555, uid, gid))
             }
             Node::ProcPath(g, p) => {
+                if let Some((dir, name)) = link_target_of(&p) {
+                    // The inode number is the pipe's (socket's, ...) own, as stat() of the
+                    // link natively gives (the kernel takes a getattr's for st_ino).
+                    let st = self
+                        .link_stat(who, g, self.start_of(ino), dir, name)
+                        .await?;
+                    return Ok(link_attr(st.ino, &st));
+                }
                 let (dir, name) = p.rsplit_once('/').unwrap_or(("", p.as_str()));
                 self.proc_entry(who, g, self.start_of(ino), dir, name)
                     .await?
@@ -1139,11 +1324,22 @@ impl<S: Source> View<S> {
                 .thread_self_link()
                 .map(String::into_bytes)
                 .ok_or(libc::ENOENT),
-            Node::ProcPath(g, p) => self
-                .ask(who, pb::ProcOp::ProcReadlink, g, self.start_of(ino), &p)
-                .await
-                .map(|r| r.data)
-                .map_err(|e| e.errno()),
+            Node::ProcPath(_, p) if link_target_of(&p).is_some() => Err(libc::EINVAL),
+            Node::ProcPath(g, p) => {
+                let target = self
+                    .ask(who, pb::ProcOp::ProcReadlink, g, self.start_of(ino), &p)
+                    .await
+                    .map(|r| r.data)
+                    .map_err(|e| e.errno())?;
+                // The kernel follows a link to a pipe by looking its target up next to it.
+                if let Some((dir, fd)) = p.rsplit_once('/') {
+                    let name = std::str::from_utf8(&target).unwrap_or("");
+                    if is_fd_dir(dir) && is_link_target(name) {
+                        self.hint_link((g, dir.to_string(), target.clone()), fd.to_string());
+                    }
+                }
+                Ok(target)
+            }
             Node::Pass(p) if p.starts_with(ALIAS) => self
                 .alias_target(who, &p[ALIAS.len()..])
                 .map(String::into_bytes)
@@ -1192,6 +1388,10 @@ impl<S: Source> View<S> {
         match node {
             Node::Cluster(f) => self.node_file(who, None, f).await.map(Contents::Data),
             Node::NodeFile(n, f) => self.node_file(who, Some(n), f).await.map(Contents::Data),
+            // What a descriptor's link leads to (an anonymous inode: a pipe or a socket the
+            // kernel opens itself) is on the process's node: ENXIO, as the kernel's answer
+            // to an open of a socket or an anonymous inode through such a link.
+            Node::ProcPath(_, p) if link_target_of(&p).is_some() => Err(libc::ENXIO),
             Node::ProcPath(g, p) => self.proc_file(who, g, start, &p).await.map(Contents::Data),
             Node::Pass(p) if p == "sys/kernel/pid_max" => Ok(Contents::Data(PID_MAX.to_vec())),
             Node::Pass(p) => {
@@ -1381,6 +1581,8 @@ mod tests {
         hidepid: std::sync::atomic::AtomicBool,
         /// Start times of processes (0 where not set).
         starts: Mutex<HashMap<u64, u64>>,
+        /// `PROC_STAT_LINK` requests: (path, link, hint).
+        stat_links: Mutex<Vec<(String, String, String)>>,
     }
 
     fn err(code: pb::ErrorCode) -> pb::Error {
@@ -1452,6 +1654,19 @@ mod tests {
                     let (uid, gid, files) = procs
                         .get(&req.gpid)
                         .ok_or_else(|| Failure::from_pb(&err(pb::ErrorCode::NotFound)))?;
+                    if !req.path.is_empty() {
+                        // A deeper directory: its links (`fd/N`) among the files.
+                        let dir = format!("{}/", req.path);
+                        for name in files.keys().filter_map(|n| n.strip_prefix(&dir)) {
+                            reply.entries.push(pb::DirEntry {
+                                name: name.to_string(),
+                                mode: libc::S_IFLNK | 0o700,
+                                uid: *uid,
+                                gid: *gid,
+                            });
+                        }
+                        return Ok(reply);
+                    }
                     for name in files.keys().filter(|n| !n.contains('/')) {
                         reply.entries.push(pb::DirEntry {
                             name: name.clone(),
@@ -1467,7 +1682,65 @@ mod tests {
                         gid: *gid,
                     });
                 }
-                Ok(pb::ProcOp::ProcReadlink) => reply.data = b"/work".to_vec(),
+                Ok(pb::ProcOp::ProcReadlink) => {
+                    reply.data = match procs.get(&req.gpid).and_then(|p| p.2.get(&req.path)) {
+                        Some(Ok(t)) => t.clone(),
+                        _ => b"/work".to_vec(),
+                    }
+                }
+                // A descriptor's link is `fd/N` among the files, its target the contents:
+                // `pipe:[N]` a pipe, `socket:[N]` a socket, numbered N; only the owner and
+                // root may follow them.
+                Ok(pb::ProcOp::ProcStatLink) => {
+                    self.stat_links.lock().push((
+                        req.path.clone(),
+                        req.link.clone(),
+                        req.hint.clone(),
+                    ));
+                    let (uid, gid, files) = procs
+                        .get(&req.gpid)
+                        .ok_or_else(|| Failure::from_pb(&err(pb::ErrorCode::NotFound)))?;
+                    let reader = req.reader.clone().unwrap_or_default().uid;
+                    if reader != 0 && reader != *uid {
+                        return Err(Failure::from_pb(&err(pb::ErrorCode::Permission)));
+                    }
+                    let mut fds: Vec<u64> = files
+                        .iter()
+                        .filter(|(_, t)| t.as_deref() == Ok(req.link.as_bytes()))
+                        .filter_map(|(n, _)| {
+                            n.strip_prefix(&format!("{}/", req.path))?.parse().ok()
+                        })
+                        .collect();
+                    fds.sort_unstable();
+                    let fd = fds
+                        .iter()
+                        .find(|n| n.to_string() == req.hint)
+                        .or(fds.first())
+                        .ok_or_else(|| Failure::from_pb(&err(pb::ErrorCode::NotFound)))?;
+                    let number = |prefix: &str| {
+                        req.link
+                            .strip_prefix(prefix)?
+                            .strip_suffix(']')?
+                            .parse::<u64>()
+                            .ok()
+                    };
+                    let (mode, ino) = match (number("pipe:["), number("socket:[")) {
+                        (Some(n), _) => (libc::S_IFIFO | 0o600, n),
+                        (_, Some(n)) => (libc::S_IFSOCK | 0o777, n),
+                        _ => (0o600, 18),
+                    };
+                    reply.stat = Some(Box::new(pb::LinkStat {
+                        mode,
+                        ino,
+                        nlink: 1,
+                        uid: *uid,
+                        gid: *gid,
+                        mtime: 1_700_000_000,
+                        mtime_nsec: 5,
+                        name: fd.to_string(),
+                        ..Default::default()
+                    }));
+                }
                 Ok(pb::ProcOp::ProcGlobal) => {
                     reply.data = format!("{} of {:?}\n", req.path, req.nodes).into_bytes()
                 }
@@ -1950,6 +2223,139 @@ mod tests {
         let g = s.view.ino(&Node::Proc(10_000_009)).unwrap();
         s.fake.down.store(true, Ordering::SeqCst);
         assert_eq!(entry(g, "ctty").await.unwrap_err(), libc::EIO);
+    }
+
+    /// The kernel follows a descriptor's link to a pipe or a socket by looking up its
+    /// target (`pipe:[123]`) in the descriptor directory: the view answers with what stat()
+    /// of the link gives on the process's node, never kept, and refuses to open it.
+    #[tokio::test]
+    async fn what_a_descriptors_link_leads_to_is_stated_on_its_node() {
+        let s = setup();
+        {
+            let mut p = s.fake.procs.lock();
+            let files = &mut p.get_mut(&20_000_005).unwrap().2;
+            for (fd, target) in [
+                ("fd/0", "/dev/null"),
+                ("fd/1", "pipe:[123]"),
+                ("fd/2", "pipe:[123]"),
+                ("fd/3", "socket:[456]"),
+                ("fd/4", "anon_inode:[eventfd]"),
+                ("task/20000005/fd/1", "pipe:[123]"),
+            ] {
+                files.insert(fd.into(), Ok(target.as_bytes().to_vec()));
+            }
+        }
+        let fd = s
+            .view
+            .ino(&Node::ProcPath(20_000_005, "fd".into()))
+            .unwrap();
+        let pipe = s.at(fd, "pipe:[123]").await.unwrap();
+        assert_eq!(pipe.kind, FileType::NamedPipe);
+        assert_eq!(
+            (pipe.perm, pipe.uid, pipe.gid, pipe.size),
+            (0o600, 1000, 100, 0)
+        );
+        // The lookup's number is the view's (the kernel's node id); a getattr gives the
+        // pipe's own, which the kernel reports, and nothing of it is kept.
+        assert_eq!(crate::inode::gpid_of(pipe.ino.0), Some(20_000_005));
+        let a = s.view.getattr(&ME, pipe.ino.0).await.unwrap();
+        assert_eq!((a.ino.0, a.kind), (123, FileType::NamedPipe));
+        assert_eq!(
+            a.mtime,
+            SystemTime::UNIX_EPOCH + Duration::new(1_700_000_000, 5)
+        );
+        assert_eq!(
+            s.view.entry_ttl(fd, OsStr::new("pipe:[123]")),
+            Duration::ZERO
+        );
+        assert_eq!(s.view.attr_ttl(pipe.ino.0), Duration::ZERO);
+        assert_eq!(s.view.entry_ttl(fd, OsStr::new("1")), s.view.ttl());
+        assert_eq!(s.view.attr_ttl(fd), s.view.ttl());
+        // The first descriptor with that target; the one whose link was read last first.
+        assert_eq!(
+            s.fake.stat_links.lock()[0],
+            ("fd".into(), "pipe:[123]".into(), "".into())
+        );
+        let two = s.at(fd, "2").await.unwrap();
+        assert_eq!(
+            s.view.readlink(&ME, two.ino.0).await.unwrap(),
+            b"pipe:[123]"
+        );
+        s.at(fd, "pipe:[123]").await.unwrap();
+        assert_eq!(s.fake.stat_links.lock().last().unwrap().2, "2");
+        // A socket, an anonymous inode (of no type: a regular file to FUSE), a thread's.
+        assert_eq!(
+            s.at(fd, "socket:[456]").await.unwrap().kind,
+            FileType::Socket
+        );
+        let anon = s.at(fd, "anon_inode:[eventfd]").await.unwrap();
+        assert_eq!((anon.kind, anon.perm), (FileType::RegularFile, 0o600));
+        let tfd = s
+            .view
+            .ino(&Node::ProcPath(20_000_005, "task/20000005/fd".into()))
+            .unwrap();
+        assert_eq!(
+            s.at(tfd, "pipe:[123]").await.unwrap().kind,
+            FileType::NamedPipe
+        );
+        // No descriptor leads there: ENOENT, asked each time; a name that is no target
+        // is no descriptor either.
+        assert_eq!(s.at(fd, "pipe:[124]").await.unwrap_err(), libc::ENOENT);
+        assert_eq!(s.at(fd, "nothing").await.unwrap_err(), libc::ENOENT);
+        // Not opened, not read as a link.
+        assert_eq!(
+            read(&s.view, &ME, anon.ino.0).await.unwrap_err(),
+            libc::ENXIO
+        );
+        assert_eq!(
+            s.view.readlink(&ME, pipe.ino.0).await.unwrap_err(),
+            libc::EINVAL
+        );
+        // Another user may not follow the process's links: the kernel's EACCES.
+        let other = Who {
+            uid: 1001,
+            gid: 100,
+            pid: 0,
+        };
+        assert_eq!(
+            s.view
+                .lookup(&other, fd, OsStr::new("pipe:[123]"))
+                .await
+                .unwrap_err(),
+            libc::EACCES
+        );
+        // The pipe is closed: gone at the next getattr.
+        s.fake
+            .procs
+            .lock()
+            .get_mut(&20_000_005)
+            .unwrap()
+            .2
+            .retain(|n, _| !n.starts_with("fd/1") && !n.starts_with("fd/2"));
+        assert_eq!(
+            s.view.getattr(&ME, pipe.ino.0).await.unwrap_err(),
+            libc::ENOENT
+        );
+    }
+
+    proptest::proptest! {
+        /// Whatever a node sends as a link's attributes, they become attributes, never a
+        /// panic.
+        #[test]
+        fn any_link_stat_is_attributes(
+            mode: u32, ino: u64, nlink: u64, rdev: u64, size: i64, blocks: i64,
+            blksize: i64, t: (i64, i64, i64, i64, i64, i64),
+        ) {
+            let st = pb::LinkStat {
+                mode, ino, nlink, rdev, size, blocks, blksize,
+                atime: t.0, atime_nsec: t.1, mtime: t.2, mtime_nsec: t.3,
+                ctime: t.4, ctime_nsec: t.5,
+                ..Default::default()
+            };
+            let a = link_attr(7, &st);
+            proptest::prop_assert_eq!(a.ino.0, 7);
+            proptest::prop_assert_eq!(u32::from(a.perm), mode & 0o7777);
+        }
     }
 
     #[test]

@@ -86,6 +86,44 @@ fn samples() -> Vec<Vec<u8>> {
         }
         .encode_to_vec(),
         pb::PeerFrame {
+            frame: Some(Frame::Request(pb::PeerRequest {
+                id: 5,
+                creds: None,
+                op: Some(peer_request::Op::Proc(pb::ProcRequest {
+                    op: pb::ProcOp::ProcStatLink as i32,
+                    gpid: 20000009,
+                    path: "task/20000009/fd".into(),
+                    link: "pipe:[123]".into(),
+                    hint: "1".into(),
+                    start_ticks: 99,
+                    ..Default::default()
+                })),
+            })),
+        }
+        .encode_to_vec(),
+        pb::PeerFrame {
+            frame: Some(Frame::Reply(pb::PeerReply {
+                id: 5,
+                reply: Some(pb::peer_reply::Reply::Proc(pb::ProcReply {
+                    stat: Some(Box::new(pb::LinkStat {
+                        mode: 0o10600,
+                        ino: 123,
+                        dev: 15,
+                        nlink: 1,
+                        uid: 1000,
+                        gid: 1000,
+                        atime: -1,
+                        mtime_nsec: 999_999_999,
+                        name: "1".into(),
+                        ..Default::default()
+                    })),
+                    start_ticks: 99,
+                    ..Default::default()
+                })),
+            })),
+        }
+        .encode_to_vec(),
+        pb::PeerFrame {
             frame: Some(Frame::Hello(pb::Hello {
                 version: clan_proto::VERSION,
                 node: 2,

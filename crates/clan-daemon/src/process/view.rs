@@ -137,6 +137,18 @@ impl ProcView {
         Ok((st.st_mode, st.st_uid, st.st_gid))
     }
 
+    /// What stat() gives for an entry of the view, following it if it is a link (the
+    /// kernel's magic links of `fd/`: the pipe, socket or file a descriptor has open), with
+    /// the kernel's error (its ptrace check on the caller for a link it will not follow).
+    pub fn stat_followed(&self, rel: &str) -> std::io::Result<nix::sys::stat::FileStat> {
+        fstatat(
+            Some(self.root.as_raw_fd()),
+            rel,
+            nix::fcntl::AtFlags::empty(),
+        )
+        .map_err(std::io::Error::from)
+    }
+
     /// The target of a link of the view.
     pub fn readlink_entry(&self, rel: &str) -> std::io::Result<Vec<u8>> {
         use std::os::unix::ffi::OsStrExt;

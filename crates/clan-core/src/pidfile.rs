@@ -9,8 +9,11 @@
 //! adopted. A pid file without a matching `.start` (written by an older cland, or caught
 //! half-written) is unverified: believed only when the process's name (`comm`) is the
 //! expected one.
+//!
+//! cland writes and reads them (`cland.pid`, `init.pid`, `procfs.pid`); the view server
+//! reads the nodes' `init.pid` ([`read_in`], with the /proc it is given).
 
-use clan_core::sys;
+use crate::sys;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -22,7 +25,12 @@ pub fn start_file(pidfile: &Path) -> PathBuf {
 }
 
 fn boot_id() -> Option<String> {
-    sys::read_small("/proc/sys/kernel/random/boot_id")
+    boot_id_in(Path::new("/proc"))
+}
+
+/// The kernel's boot id as the /proc at `proc_root` gives it.
+fn boot_id_in(proc_root: &Path) -> Option<String> {
+    sys::read_small(proc_root.join("sys/kernel/random/boot_id"))
         .ok()
         .map(|s| s.trim().to_string())
         .filter(|s| !s.is_empty())
@@ -79,18 +87,24 @@ fn parse_start(text: &str) -> Option<(i32, u64, Option<&str>)> {
 /// `comm` (at most 15 bytes, as the kernel keeps it). `None` for a dead process, a zombie,
 /// or a process that only happens to have the number now.
 pub fn read(pidfile: &Path, comm: &str) -> Option<Recorded> {
+    read_in(Path::new("/proc"), pidfile, comm)
+}
+
+/// [`read`], with the processes (their `stat` and `comm`) and the boot id of the /proc at
+/// `proc_root`.
+pub fn read_in(proc_root: &Path, pidfile: &Path, comm: &str) -> Option<Recorded> {
     let pid: i32 = std::fs::read_to_string(pidfile).ok()?.trim().parse().ok()?;
     if pid <= 0 {
         return None;
     }
-    let (state, start) = sys::state_and_start(pid as u32)?;
+    let (state, start) = sys::state_and_start_in(proc_root, pid as u32)?;
     if matches!(state, 'Z' | 'X') {
         return None;
     }
     let line = std::fs::read_to_string(start_file(pidfile)).ok();
     match line.as_deref().and_then(parse_start) {
         Some((p, t, boot)) if p == pid => {
-            let same_boot = match (boot, boot_id()) {
+            let same_boot = match (boot, boot_id_in(proc_root)) {
                 (Some(b), Some(now)) => b == now,
                 _ => true,
             };
@@ -101,7 +115,7 @@ pub fn read(pidfile: &Path, comm: &str) -> Option<Recorded> {
             })
         }
         _ => {
-            let name = sys::read_small(format!("/proc/{pid}/comm")).ok()?;
+            let name = sys::read_small(proc_root.join(format!("{pid}/comm"))).ok()?;
             (name.trim_end_matches('\n') == comm).then_some(Recorded {
                 pid,
                 start,
