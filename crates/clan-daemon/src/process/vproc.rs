@@ -201,6 +201,10 @@ const POOL: usize = 2;
 /// How long a waiting shepherd may take to say it is there (`answered`).
 const SHEPHERD_ANSWER: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// How long the node's cluster /proc view may take to answer a `clan shell`'s start (a
+/// stat of its root: milliseconds from a server that serves).
+const VIEW_ANSWER: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// `w` once its shepherd has said it waits (`SHEPHERD_WAITING` on the report pipe, written
 /// as soon as it is settled: at once for a shepherd that waited in the pool), or why not.
 async fn answered(mut w: Waiting) -> std::result::Result<Waiting, String> {
@@ -278,8 +282,8 @@ impl Node {
     }
 
     /// Where a `clan shell` of this node finds the cluster view, the node's procfs and the
-    /// shim; refused when the node's view server is not mounted.
-    fn cluster_proc_spec(&self) -> Result<pb::ClusterProc> {
+    /// shim; refused when the node's view server is not mounted, or does not answer.
+    async fn cluster_proc_spec(&self) -> Result<pb::ClusterProc> {
         use std::os::unix::fs::MetadataExt;
         let view = self.cfg.proc_view(self.id);
         // As the node's mount namespace sees it.
@@ -290,12 +294,29 @@ impl Node {
                 PathBuf::from(format!("/proc/{}/root{}", self.view.ns_init, p.display()))
             }
         };
-        let mounted = match (
-            std::fs::metadata(seen(&view)),
-            std::fs::metadata(seen(view.parent().unwrap_or(&self.state_dir))),
-        ) {
-            (Ok(v), Ok(parent)) => v.dev() != parent.dev(),
-            _ => false,
+        let (at, parent) = (seen(&view), seen(view.parent().unwrap_or(&self.state_dir)));
+        // A stat of the view is a request to its FUSE server, which may not answer for a
+        // while (at the node's start it mounts, then asks this cland whether it is there,
+        // and serves only after the answer) or ever (stopped). Never on a runtime thread:
+        // a worker blocked there stops the runtime's I/O and timers with it (the other
+        // worker sleeps until woken for a task, and nothing wakes it), heartbeats included:
+        // the peers declare the node dead, and the server's question goes unanswered.
+        let probe = tokio::task::spawn_blocking(move || {
+            match (std::fs::metadata(at), std::fs::metadata(parent)) {
+                (Ok(v), Ok(parent)) => v.dev() != parent.dev(),
+                _ => false,
+            }
+        });
+        let mounted = match tokio::time::timeout(VIEW_ANSWER, probe).await {
+            Ok(m) => m.unwrap_or(false),
+            Err(_) => {
+                return Err(Error::Invalid(format!(
+                    "node {}'s cluster /proc view at {} did not answer within {VIEW_ANSWER:?} \
+                     (its view server is stuck)",
+                    self.id,
+                    view.display()
+                )))
+            }
         };
         if !mounted {
             return Err(Error::Invalid(format!(
@@ -381,7 +402,7 @@ impl Node {
             v1_cgroups,
             parent: req.parent,
             cluster_proc: if req.spec.cluster_proc {
-                Some(self.cluster_proc_spec()?)
+                Some(self.cluster_proc_spec().await?)
             } else {
                 None
             },
