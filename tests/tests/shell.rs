@@ -238,6 +238,41 @@ fn a_clan_shell_keeps_its_own_proc_working() {
     assert!(host_processes_mentioning("sleep 8201").is_empty());
 }
 
+/// A view server that does not answer (stopped here; at a node's start, one that has
+/// mounted and not begun to serve yet) gets a `clan shell` of its node refused in a few
+/// seconds, and the node goes on answering and sending heartbeats meanwhile: the start's
+/// look at the view (a request to its server) blocks no thread of the node's runtime.
+#[test]
+fn a_stuck_view_server_stalls_no_node() {
+    root_or_skip!("a_stuck_view_server_stalls_no_node");
+    let c = Cluster::up(2);
+    let server = eventually("node 2's view server", LIMIT, || view_server(&c, 2));
+    let held = Stopped::new(server);
+    let o = shell(&c, 2, None, "echo ran");
+    // The shell's start took longer than the peers' failure detector (2 s).
+    let nodes = c.clan(&["nodes"]);
+    drop(held);
+    assert!(
+        !o.status.success() && String::from_utf8_lossy(&o.stderr).contains("did not answer"),
+        "{}",
+        text(&o)
+    );
+    let listed = String::from_utf8_lossy(&nodes.stdout).into_owned();
+    assert_eq!(
+        listed.lines().filter(|l| l.contains(" up ")).count(),
+        2,
+        "{listed}"
+    );
+    assert!(
+        !c.log(1).contains("declared dead"),
+        "node 2 went silent: {}",
+        c.log(1)
+    );
+    // Answering again, the server serves the next shell.
+    let o = shell(&c, 2, None, "echo ran");
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "ran\n", "{}", text(&o));
+}
+
 /// Through the shim, a user gets the kernel's answers for processes of other nodes: EPERM
 /// for another user's, ESRCH for none, EREMOTE for what can not cross nodes (a pidfd); a
 /// node's view server that dies leaves no dead mount and is replaced.

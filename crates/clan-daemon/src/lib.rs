@@ -284,6 +284,7 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
     {
         let v = view_server.clone();
         let _ = tokio::task::spawn_blocking(move || v()).await;
+        node.view_tried.send_replace(true);
     }
     info!(
         node = %opts.node,

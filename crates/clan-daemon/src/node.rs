@@ -135,6 +135,9 @@ pub struct Node {
     /// until the first is needed, and again after it died).
     pub zygote: NamedMutex<Option<std::os::unix::net::UnixStream>>,
     pub shutdown: watch::Sender<Option<bool>>,
+    /// Whether the node's first start of its view server (once it serves its socket) is
+    /// over, however it went: a `clan shell` that finds no view before waits for it.
+    pub view_tried: watch::Sender<bool>,
 }
 
 impl Node {
@@ -212,6 +215,7 @@ impl Node {
             aliases: NamedRwLock::new("group.aliases", Aliases::default()),
             members: NamedMutex::new("group.members", Members::default()),
             shutdown: watch::channel(None).0,
+            view_tried: watch::channel(false).0,
         }
     }
 

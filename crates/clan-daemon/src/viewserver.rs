@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use tracing::{info, warn};
 
 /// How long the server may take to mount.
-const READY: Duration = Duration::from_secs(10);
+pub const READY: Duration = Duration::from_secs(10);
 
 /// The view server's pid when it runs (the one recorded in `pidfile`, not a process that
 /// got its number since: see [`crate::pidfile`]).

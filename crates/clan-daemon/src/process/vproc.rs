@@ -201,6 +201,10 @@ const POOL: usize = 2;
 /// How long a waiting shepherd may take to say it is there (`answered`).
 const SHEPHERD_ANSWER: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// How long the node's cluster /proc view may take to answer a `clan shell`'s start (a
+/// stat of its root: milliseconds from a server that serves).
+const VIEW_ANSWER: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// `w` once its shepherd has said it waits (`SHEPHERD_WAITING` on the report pipe, written
 /// as soon as it is settled: at once for a shepherd that waited in the pool), or why not.
 async fn answered(mut w: Waiting) -> std::result::Result<Waiting, String> {
@@ -278,9 +282,8 @@ impl Node {
     }
 
     /// Where a `clan shell` of this node finds the cluster view, the node's procfs and the
-    /// shim; refused when the node's view server is not mounted.
-    fn cluster_proc_spec(&self) -> Result<pb::ClusterProc> {
-        use std::os::unix::fs::MetadataExt;
+    /// shim; refused when the node's view server is not mounted, or does not answer.
+    async fn cluster_proc_spec(&self) -> Result<pb::ClusterProc> {
         let view = self.cfg.proc_view(self.id);
         // As the node's mount namespace sees it.
         let seen = |p: &std::path::Path| {
@@ -290,13 +293,20 @@ impl Node {
                 PathBuf::from(format!("/proc/{}/root{}", self.view.ns_init, p.display()))
             }
         };
-        let mounted = match (
-            std::fs::metadata(seen(&view)),
-            std::fs::metadata(seen(view.parent().unwrap_or(&self.state_dir))),
-        ) {
-            (Ok(v), Ok(parent)) => v.dev() != parent.dev(),
-            _ => false,
-        };
+        let (at, parent) = (seen(&view), seen(view.parent().unwrap_or(&self.state_dir)));
+        let mut mounted = self.view_mounted(&at, &parent).await?;
+        if !mounted {
+            // At the node's start its view server starts once cland serves its socket (it
+            // asks cland there), after the node answers its peers: a shell started then
+            // (as right after `clan up`, which waits for the nodes, not their views) waits
+            // for that start.
+            let mut tried = self.view_tried.subscribe();
+            if !*tried.borrow_and_update() {
+                let wait = crate::viewserver::READY + VIEW_ANSWER;
+                let _ = tokio::time::timeout(wait, tried.wait_for(|t| *t)).await;
+                mounted = self.view_mounted(&at, &parent).await?;
+            }
+        }
         if !mounted {
             return Err(Error::Invalid(format!(
                 "node {} serves no cluster /proc view (no FUSE, or its view server is not \
@@ -320,6 +330,34 @@ impl Node {
                 .to_string(),
             clan_bin: bin.join("clan").display().to_string(),
         })
+    }
+
+    /// Whether a file system other than its parent's (`parent`) is mounted at `at`, the
+    /// view as the node's mount namespace sees it; an error when it does not answer.
+    async fn view_mounted(&self, at: &Path, parent: &Path) -> Result<bool> {
+        use std::os::unix::fs::MetadataExt;
+        // A stat of the view is a request to its FUSE server, which may not answer for a
+        // while (at the node's start it mounts, then asks this cland whether it is there,
+        // and serves only after the answer) or ever (stopped). Never on a runtime thread:
+        // a worker blocked there stops the runtime's I/O and timers with it (the other
+        // worker sleeps until woken for a task, and nothing wakes it), heartbeats included:
+        // the peers declare the node dead, and the server's question goes unanswered.
+        let (at, parent) = (at.to_path_buf(), parent.to_path_buf());
+        let probe = tokio::task::spawn_blocking(move || {
+            match (std::fs::metadata(at), std::fs::metadata(parent)) {
+                (Ok(v), Ok(parent)) => v.dev() != parent.dev(),
+                _ => false,
+            }
+        });
+        match tokio::time::timeout(VIEW_ANSWER, probe).await {
+            Ok(m) => Ok(m.unwrap_or(false)),
+            Err(_) => Err(Error::Invalid(format!(
+                "node {}'s cluster /proc view at {} did not answer within {VIEW_ANSWER:?} \
+                 (its view server is stuck)",
+                self.id,
+                self.cfg.proc_view(self.id).display()
+            ))),
+        }
     }
 
     async fn spawn_local_inner(
@@ -381,7 +419,7 @@ impl Node {
             v1_cgroups,
             parent: req.parent,
             cluster_proc: if req.spec.cluster_proc {
-                Some(self.cluster_proc_spec()?)
+                Some(self.cluster_proc_spec().await?)
             } else {
                 None
             },
