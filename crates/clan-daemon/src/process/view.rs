@@ -269,7 +269,7 @@ impl ProcView {
     }
 
     /// Opens the directory of process `pid`, reads its start time through it, and keeps
-    /// both for [`ProcView::dir_of`] (at most [`DIRS_KEPT`]; all are let go when full).
+    /// both for [`ProcView::dir_of`] (at most `DIRS_KEPT`, 256; all are let go when full).
     /// Returns the start time; `None` once the process is gone.
     pub fn open_dir(&self, pid: u32) -> Option<u64> {
         let fd = openat(
