@@ -363,7 +363,12 @@ async fn query(m: &LoadManager, line: String, cgroup: Option<&Path>) -> Result<S
                 dir,
             );
             let mut stdin = child.stdin.take().expect("piped");
-            stdin.write_all(line.as_bytes()).await.map_err(io)?;
+            // A manager may answer without reading its input, and be gone before it is
+            // written: its answer is what counts.
+            match stdin.write_all(line.as_bytes()).await {
+                Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => return Err(io(e)),
+                _ => {}
+            }
             drop(stdin);
             first_line(child.stdout.take().expect("piped")).await
         }
