@@ -2729,6 +2729,17 @@ fn a_collected_process_log_goes_after_the_retention() {
 fn least_loaded_spreads_quick_placements_over_idle_nodes() {
     root_or_skip!("least_loaded_spreads_quick_placements_over_idle_nodes");
     let c = Cluster::up(4);
+    // Idle as node 1 sees them (a node just started may still be busy starting, and
+    // other tests load the machine).
+    eventually("every node idle", Duration::from_secs(30), || {
+        let o = c.clan_ok(&["--from", "1", "nodes"]);
+        let idle = o
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(3)?.parse::<f64>().ok())
+            .filter(|&load| load < 0.5)
+            .count();
+        (idle == 4).then_some(())
+    });
     let gs: Vec<Gpid> = (0..8)
         .map(|_| {
             c.clan_ok(&[

@@ -421,14 +421,17 @@ impl ProcView {
         Ok(ProcHandle { gpid, dir })
     }
 
-    /// Runnable processes, all processes and their resident memory, for the node's load.
+    /// Runnable processes (not counting clan's own shepherds), all processes and their
+    /// resident memory, for the node's load.
     pub fn sample(&self) -> (u32, u32, u64) {
         let (mut running, mut total, mut rss) = (0, 0, 0);
         for pid in self.pids() {
             if let Some(b) = self.read_at(&format!("{pid}/stat"), 4096) {
                 if let Ok(s) = Stat::from_read(b.as_slice()) {
                     total += 1;
-                    if s.state == 'R' {
+                    // clan's own (the node's init, shepherds starting or reporting) are
+                    // not load users make.
+                    if s.state == 'R' && s.comm != "clan-shepherd" {
                         running += 1;
                     }
                     rss += s.rss * self.page_kb;
