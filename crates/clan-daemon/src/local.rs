@@ -23,6 +23,10 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
+/// Most processes one kill request may name: each is signalled in turn on the request's
+/// worker, and a 4 MiB local request could name a million (docs/signals.md).
+pub const MAX_KILL_GPIDS: usize = 65_536;
+
 /// Requests larger than this are read and decoded [`LARGE_AT_ONCE`] at a time: a frame of
 /// many empty items decodes to many times its size (a 4 MiB one, to 100 MB or more), and
 /// any user may open many connections.
@@ -697,8 +701,20 @@ impl Node {
         match op {
             Op::Run(r) => Ok(Reply::Started(self.run_detached(r, creds).await?)),
             Op::Kill(k) => {
+                if k.gpids.len() > MAX_KILL_GPIDS {
+                    return Err(Error::Invalid(format!(
+                        "a kill of {} processes is refused: the limit is {MAX_KILL_GPIDS} \
+                         per request",
+                        k.gpids.len()
+                    )));
+                }
                 let mut results = Vec::new();
-                for &raw in &k.gpids {
+                for (i, &raw) in k.gpids.iter().enumerate() {
+                    // Signals to this node's processes complete without a pause: let the
+                    // worker run others (heartbeats) now and then in a long list.
+                    if i % 64 == 63 {
+                        tokio::task::yield_now().await;
+                    }
                     let res = match gpid(raw) {
                         Ok(g) => self.signal_queued(g, k.signal, creds, k.queued).await,
                         Err(e) => Err(e),

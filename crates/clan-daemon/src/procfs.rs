@@ -1129,6 +1129,17 @@ impl Node {
                         req.path
                     )));
                 }
+                // Only what has no path to follow: a descriptor's link to a file is not
+                // followed (into a file system that may hang: NFS, another FUSE mount).
+                if !["pipe:[", "socket:[", "anon_inode:"]
+                    .iter()
+                    .any(|p| req.link.starts_with(p))
+                {
+                    return Err(Error::Invalid(format!(
+                        "{:?} is not a pipe, socket or anonymous inode",
+                        req.link
+                    )));
+                }
                 let pid = self.proc_pid(req.gpid)?;
                 let rel = self.local_path(pid, &parts)?;
                 self.require_dir(&rel)?;

@@ -255,7 +255,9 @@ fn is_fd_dir(dir: &str) -> bool {
 /// (`pipe:[123]`, `socket:[456]`, `anon_inode:[eventfd]`) as a name relative to the link's
 /// directory, while the directory's own names are numbers.
 fn is_link_target(name: &str) -> bool {
-    name.contains(':') && !is_number(name)
+    ["pipe:[", "socket:[", "anon_inode:"]
+        .iter()
+        .any(|p| name.starts_with(p))
 }
 
 /// The directory and the name of `path` (inside a process directory) when it is what a
