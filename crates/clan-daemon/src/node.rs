@@ -137,6 +137,9 @@ pub struct Node {
     pub shutdown: watch::Sender<Option<bool>>,
     /// Whether the node's first start of its view server (once it serves its socket) is
     /// over, however it went: a `clan shell` that finds no view before waits for it.
+    /// A stat of the node's view is stuck in its FUSE server (`view_mounted`): until it
+    /// returns, shells are refused at once rather than each leaving a thread stuck too.
+    pub view_probe_stuck: Arc<std::sync::atomic::AtomicBool>,
     pub view_tried: watch::Sender<bool>,
 }
 
@@ -216,6 +219,7 @@ impl Node {
             members: NamedMutex::new("group.members", Members::default()),
             shutdown: watch::channel(None).0,
             view_tried: watch::channel(false).0,
+            view_probe_stuck: Arc::new(std::sync::atomic::AtomicBool::new(false)),
         }
     }
 

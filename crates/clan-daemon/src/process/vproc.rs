@@ -342,21 +342,44 @@ impl Node {
         // a worker blocked there stops the runtime's I/O and timers with it (the other
         // worker sleeps until woken for a task, and nothing wakes it), heartbeats included:
         // the peers declare the node dead, and the server's question goes unanswered.
-        let (at, parent) = (at.to_path_buf(), parent.to_path_buf());
-        let probe = tokio::task::spawn_blocking(move || {
-            match (std::fs::metadata(at), std::fs::metadata(parent)) {
-                (Ok(v), Ok(parent)) => v.dev() != parent.dev(),
-                _ => false,
-            }
-        });
-        match tokio::time::timeout(VIEW_ANSWER, probe).await {
-            Ok(m) => Ok(m.unwrap_or(false)),
-            Err(_) => Err(Error::Invalid(format!(
+        use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+        let stuck = || {
+            Error::Invalid(format!(
                 "node {}'s cluster /proc view at {} did not answer within {VIEW_ANSWER:?} \
                  (its view server is stuck)",
                 self.id,
                 self.cfg.proc_view(self.id).display()
-            ))),
+            ))
+        };
+        // One stuck probe at a time: it stays stuck until the server answers or dies.
+        if self.view_probe_stuck.load(SeqCst) {
+            return Err(stuck());
+        }
+        let (at, parent) = (at.to_path_buf(), parent.to_path_buf());
+        let (flag, done) = (
+            self.view_probe_stuck.clone(),
+            Arc::new(AtomicBool::new(false)),
+        );
+        let over = done.clone();
+        let probe = tokio::task::spawn_blocking(move || {
+            let m = match (std::fs::metadata(at), std::fs::metadata(parent)) {
+                (Ok(v), Ok(parent)) => v.dev() != parent.dev(),
+                _ => false,
+            };
+            // Done, then not stuck: a timeout that missed the first sees the second.
+            over.store(true, SeqCst);
+            flag.store(false, SeqCst);
+            m
+        });
+        match tokio::time::timeout(VIEW_ANSWER, probe).await {
+            Ok(m) => Ok(m.unwrap_or(false)),
+            Err(_) => {
+                self.view_probe_stuck.store(true, SeqCst);
+                if done.load(SeqCst) {
+                    self.view_probe_stuck.store(false, SeqCst);
+                }
+                Err(stuck())
+            }
         }
     }
 
