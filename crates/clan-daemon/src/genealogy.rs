@@ -361,7 +361,13 @@ pub struct TreeLine {
 }
 
 fn cmdline(host: u32) -> String {
-    let b = std::fs::read(format!("/proc/{host}/cmdline")).unwrap_or_default();
+    static READS: std::sync::LazyLock<crate::process::view::MapReads> =
+        std::sync::LazyLock::new(|| crate::process::view::MapReads::new("tree.mapreads"));
+    // A process whose memory map is busy (`MapReads`) shows without its command line.
+    let b = match READS.begin(host) {
+        Some(_reading) => std::fs::read(format!("/proc/{host}/cmdline")).unwrap_or_default(),
+        None => Vec::new(),
+    };
     let s: String = String::from_utf8_lossy(&b).replace('\0', " ");
     s.trim_end().to_string()
 }

@@ -335,6 +335,18 @@ pub fn proc_file(name: &str, read: Result<Vec<u8>>) -> pb::ProcFile {
 /// and its counters, and gives every reader (S_IRUGO).
 const RECORDS: [&str; 3] = ["stat", "status", "statm"];
 
+/// Files whose read takes the lock of the process's memory map (see
+/// [`crate::process::view::MapReads`]).
+const MAP_FILES: [&str; 7] = [
+    "cmdline",
+    "environ",
+    "maps",
+    "smaps",
+    "smaps_rollup",
+    "numa_maps",
+    "pagemap",
+];
+
 /// Whether answering `req` takes a few reads that never wait for another process: the
 /// `stat`, `status` or `statm` of one process or thread, or the target of one of its links
 /// (the kernel makes them from the task and its counters, without the lock of the
@@ -945,6 +957,16 @@ impl Node {
         }
         let data = match parts.last() {
             Some(f) if RECORDS.contains(f) => self.view.read_record(&rel, MAX_FILE),
+            Some(f) if MAP_FILES.contains(f) => {
+                let Some(_reading) = self.view.map_reads.begin(pid) else {
+                    return Err(Error::Internal(format!(
+                        "/proc/{rel}: the process's memory map is busy (a read of it has \
+                         waited over {:?})",
+                        crate::process::view::MAP_BUSY_AFTER
+                    )));
+                };
+                self.view.read_file(&rel, MAX_FILE)
+            }
             _ => self.view.read_file(&rel, MAX_FILE),
         }
         .map_err(|e| io_err(e, &rel))?;

@@ -11,6 +11,7 @@ use procfs_core::process::Stat;
 use procfs_core::FromRead;
 use std::collections::HashMap;
 use std::fs::File;
+use std::time::{Duration, Instant};
 use std::io::Read;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::PathBuf;
@@ -30,6 +31,8 @@ pub struct ProcView {
     /// Processes' directories kept open, with the start time read through each
     /// ([`ProcView::dir_of`]): a handle and an identity, not a copy of any state.
     dirs: clan_core::NamedMutex<HashMap<u32, (Arc<OwnedFd>, u64)>>,
+    /// Reads of processes' memory maps in flight ([`MapReads`]).
+    pub map_reads: MapReads,
 }
 
 /// Most process directories [`ProcView`] keeps open.
@@ -77,6 +80,7 @@ impl ProcView {
             page_kb: (unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u64) / 1024,
             users: clan_core::NamedMutex::new("users", HashMap::new()),
             dirs: clan_core::NamedMutex::new("proc.dirs", HashMap::new()),
+            map_reads: MapReads::new("proc.mapreads"),
         })
     }
 
@@ -213,9 +217,13 @@ impl ProcView {
             nix::fcntl::AtFlags::empty(),
         )
         .ok()?;
-        let cmdline = self
-            .read_at(&format!("{pid}/cmdline"), 4096)
-            .unwrap_or_default();
+        // A process whose memory map is busy shows as `[comm]`, as a kernel thread does.
+        let cmdline = match self.map_reads.begin(pid) {
+            Some(_reading) => self
+                .read_at(&format!("{pid}/cmdline"), 4096)
+                .unwrap_or_default(),
+            None => Vec::new(),
+        };
         let cmd = if cmdline.is_empty() {
             format!("[{}]", stat.comm)
         } else {
@@ -495,6 +503,54 @@ impl ProcHandle {
 /// The job of a process from its cgroup v2 path (`0::/.../job1000003`).
 /// clan's shepherds run as `clan-shepherd run` inside the node (pid 1 is the node's init,
 /// which users do see).
+/// Reads of a file that waits on its process's memory map (`cmdline`, `environ`, `maps`,
+/// ...: the kernel takes the map's lock, which a process stuck in a page fault, say on a
+/// hung NFS or FUSE file, can hold for as long as that lasts), in flight per process.
+/// Such a read can not be timed out or cancelled: the thread making it waits. So once a
+/// read of a process has been in flight for [`MAP_BUSY_AFTER`], no other is begun (the
+/// caller shows what needs no such read, or says the map is busy) until it is over: a
+/// stuck process holds one thread of the daemon, not one per request about it.
+pub struct MapReads(clan_core::NamedMutex<HashMap<u32, (u32, Instant)>>);
+
+/// How long a read of a process's memory map may have been in flight before others about
+/// that process are not begun ([`MapReads`]).
+pub const MAP_BUSY_AFTER: Duration = Duration::from_millis(100);
+
+/// A read begun by [`MapReads::begin`]; over when dropped.
+pub struct MapRead<'a>(&'a MapReads, u32);
+
+impl MapReads {
+    pub fn new(name: &'static str) -> MapReads {
+        MapReads(clan_core::NamedMutex::new(name, HashMap::new()))
+    }
+
+    /// Begins a read of `pid`'s memory map; `None` when one has been in flight too long.
+    pub fn begin(&self, pid: u32) -> Option<MapRead<'_>> {
+        let mut m = self.0.lock();
+        let e = m.entry(pid).or_insert((0, Instant::now()));
+        if e.0 > 0 && e.1.elapsed() > MAP_BUSY_AFTER {
+            return None;
+        }
+        if e.0 == 0 {
+            e.1 = Instant::now();
+        }
+        e.0 += 1;
+        Some(MapRead(self, pid))
+    }
+}
+
+impl Drop for MapRead<'_> {
+    fn drop(&mut self) {
+        let mut m = self.0 .0.lock();
+        if let Some(e) = m.get_mut(&self.1) {
+            e.0 -= 1;
+            if e.0 == 0 {
+                m.remove(&self.1);
+            }
+        }
+    }
+}
+
 /// [`ProcView::read_record`] of `rel` under directory `dir`.
 pub fn read_record_in(dir: &OwnedFd, rel: &str, limit: u64) -> std::io::Result<Vec<u8>> {
     let fd = openat(
@@ -536,6 +592,24 @@ use std::os::unix::fs::OpenOptionsExt;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_read_of_a_busy_memory_map_is_not_begun_again() {
+        let reads = MapReads::new("test.mapreads");
+        // Reads in flight together, none for long: all begin.
+        let a = reads.begin(7).expect("first");
+        let b = reads.begin(7).expect("second, at once");
+        drop(b);
+        // One in flight for longer than MAP_BUSY_AFTER (made so: no sleep).
+        reads.0.lock().get_mut(&7).unwrap().1 =
+            Instant::now() - MAP_BUSY_AFTER - Duration::from_millis(1);
+        assert!(reads.begin(7).is_none());
+        assert!(reads.begin(8).is_some(), "another process is not busy");
+        // Over: the next read begins.
+        drop(a);
+        assert!(reads.0.lock().get(&7).is_none());
+        assert!(reads.begin(7).is_some());
+    }
 
     #[test]
     fn job_from_cgroup_path() {
