@@ -2839,3 +2839,72 @@ fn a_load_manager_is_read_one_line_and_its_group_killed() {
     );
     c.clan_ok(&["loadmgr", "unregister"]);
 }
+
+/// A shepherd that does not answer (stopped) when cland comes back after a crash delays
+/// its start by a few seconds at most: the node serves, its other processes are linked,
+/// and the stopped shepherd's process is linked once it answers.
+#[test]
+fn a_stuck_shepherd_does_not_hold_a_restarting_cland() {
+    root_or_skip!("a_stuck_shepherd_does_not_hold_a_restarting_cland");
+    let c = Cluster::up(2);
+    let stuck = c.spawn(2, &["sleep", "8841"]);
+    let fine = c.spawn(2, &["sleep", "8842"]);
+    // The stuck one's shepherd: the parent of its process on the host.
+    let host = host_processes_mentioning("sleep 8841");
+    assert_eq!(host.len(), 1, "{host:?}");
+    let pid: i32 = host[0].split(':').next().unwrap().parse().unwrap();
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let shepherd: i32 = stat
+        .rsplit(')')
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    let listed = |g: Gpid| {
+        let o = c.clan(&["--from", "2", "ps", "--node", "2"]);
+        o.status.success() && String::from_utf8_lossy(&o.stdout).contains(&g.to_string())
+    };
+    c.kill_cland(2);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(shepherd),
+        nix::sys::signal::Signal::SIGSTOP,
+    )
+    .unwrap();
+    let cont = || {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(shepherd),
+            nix::sys::signal::Signal::SIGCONT,
+        );
+    };
+    let mut daemon = c.restart_cland(2);
+    eventually(
+        "node 2 serving, its other process linked",
+        Duration::from_secs(30),
+        || listed(fine).then_some(()),
+    );
+    let waited = c.log(2).contains("shepherds did not answer within");
+    cont();
+    assert!(waited, "{}", c.log(2));
+    eventually("node 1 sees node 2 again", Duration::from_secs(30), || {
+        let o = c.clan_ok(&["nodes"]);
+        o.lines()
+            .any(|l| l.starts_with("2 ") && l.contains(" up "))
+            .then_some(())
+    });
+    // Linked once it answers: its end is reported, and a wait gets it.
+    for g in [stuck, fine] {
+        c.clan_ok(&["kill", "-s", "KILL", &g.to_string()]);
+        let o = c.clan(&["wait", &g.to_string()]);
+        assert_eq!(
+            o.status.code(),
+            Some(128 + 9),
+            "{g}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    drop(c);
+    let _ = daemon.wait();
+}

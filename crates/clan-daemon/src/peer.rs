@@ -56,6 +56,8 @@ pub struct Peer {
     /// Told when a send gives the connection up ([`Sending`]): the dial loop stops reading
     /// it and dials again.
     broken: tokio::sync::Notify,
+    /// Bumped each time the dial loop has a new connection (its writer in `out`).
+    links: watch::Sender<u64>,
     write_timeout: Duration,
     next_id: AtomicU64,
     /// Session connections opened ahead of time (session.rs).
@@ -76,6 +78,7 @@ impl Peer {
             pending: NamedMutex::new("peer.pending", HashMap::new()),
             out: NamedAsyncMutex::new("peer.out", None),
             broken: tokio::sync::Notify::new(),
+            links: watch::channel(0).0,
             write_timeout,
             next_id: AtomicU64::new(1),
             spare_sessions: NamedMutex::new("peer.sessions", Vec::new()),
@@ -124,6 +127,18 @@ impl Peer {
     /// failed write ([`Sending`]): its writer has taken the frame's sequence number and
     /// may have put part of it on the wire, so no later frame could pass the peer's MAC
     /// check.
+    /// [`Peer::send`] of a request: when there is no connection at the moment (the dial
+    /// loop is dialing again, as after the peer's cland restarted: it answered our
+    /// heartbeats on its own connection already), waits up to `wait` for the new one
+    /// rather than fail at once.
+    async fn send_request(&self, f: &pb::PeerFrame, wait: Duration) -> bool {
+        let mut links = self.links.subscribe();
+        if self.out.lock().await.is_none() {
+            let _ = tokio::time::timeout(wait, links.changed()).await;
+        }
+        self.send(f).await
+    }
+
     async fn send(&self, f: &pb::PeerFrame) -> bool {
         let mut s = Sending {
             out: self.out.lock().await,
@@ -316,7 +331,8 @@ impl Node {
         check_request_size(&frame)?;
         let (tx, rx) = oneshot::channel();
         p.pending.lock().insert(id, tx);
-        if !p.send(&frame).await {
+        let relink = self.cfg.dead_after().min(Duration::from_secs(1));
+        if !p.send_request(&frame, relink).await {
             p.pending.lock().remove(&id);
             return Err(Error::NodeDown(format!("node {to} is unreachable")));
         }
@@ -555,6 +571,7 @@ impl Node {
         let broken = p.broken.notified();
         tokio::pin!(broken);
         *p.out.lock().await = Some(wr);
+        p.links.send_modify(|n| *n += 1);
         let linked = Instant::now();
         debug!(node = %p.id, "linked");
         // Tell the peer who we are at once, not one heartbeat period later.

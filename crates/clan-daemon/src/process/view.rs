@@ -11,11 +11,11 @@ use procfs_core::process::Stat;
 use procfs_core::FromRead;
 use std::collections::HashMap;
 use std::fs::File;
-use std::time::{Duration, Instant};
 use std::io::Read;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// One node's /proc.
 pub struct ProcView {

@@ -201,6 +201,11 @@ const POOL: usize = 2;
 /// How long a waiting shepherd may take to say it is there (`answered`).
 const SHEPHERD_ANSWER: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// How long a restarting cland waits for the shepherds of its processes to answer before
+/// it serves (those that answer later are linked then): less than the peers' failure
+/// detector, which would have the node fenced.
+const RECOVERY_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// How long the node's cluster /proc view may take to answer a `clan shell`'s start (a
 /// stat of its root: milliseconds from a server that serves).
 const VIEW_ANSWER: std::time::Duration = std::time::Duration::from_secs(5);
@@ -874,27 +879,54 @@ impl Node {
         let Ok(rd) = std::fs::read_dir(&dir) else {
             return;
         };
-        let mut n = 0;
-        for e in rd.flatten() {
-            let p = e.path();
-            if p.extension().is_some_and(|x| x == "sock") {
-                match self.link_shepherd(&p).await {
-                    Ok(vp) => {
-                        n += 1;
-                        if !vp.detached {
-                            // Its session died with the old cland: its stub may come back.
-                            self.park(&vp, vp.session());
-                        }
-                    }
-                    Err(err) => {
-                        warn!(socket = %p.display(), "stale shepherd socket: {err}");
-                        let _ = std::fs::remove_file(&p);
-                    }
-                }
+        // Each on a task of its own, all at once: a shepherd that does not answer
+        // (stopped, stuck) delays the start by RECOVERY_WAIT at most, well within the
+        // peers' failure detector, and is linked whenever it answers.
+        let links: Vec<_> = rd
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|x| x == "sock"))
+            .map(|p| {
+                let node = self.clone();
+                tokio::spawn(async move { node.recover_shepherd(p).await })
+            })
+            .collect();
+        let deadline = tokio::time::Instant::now() + RECOVERY_WAIT;
+        let (mut n, mut late) = (0, 0);
+        for link in links {
+            match tokio::time::timeout_at(deadline, link).await {
+                Ok(Ok(true)) => n += 1,
+                Ok(_) => {}
+                Err(_) => late += 1,
             }
         }
         if n > 0 {
             info!(count = n, "recovered processes from their shepherds");
+        }
+        if late > 0 {
+            warn!(
+                count = late,
+                "shepherds did not answer within {RECOVERY_WAIT:?}: each is linked when it does"
+            );
+        }
+    }
+
+    /// Links the shepherd listening at `p` (a socket a previous cland's shepherd made);
+    /// true once linked. A socket nobody listens at any more is removed.
+    async fn recover_shepherd(self: Arc<Self>, p: PathBuf) -> bool {
+        match self.link_shepherd(&p).await {
+            Ok(vp) => {
+                if !vp.detached {
+                    // Its session died with the old cland: its stub may come back.
+                    self.park(&vp, vp.session());
+                }
+                true
+            }
+            Err(err) => {
+                warn!(socket = %p.display(), "stale shepherd socket: {err}");
+                let _ = std::fs::remove_file(&p);
+                false
+            }
         }
     }
 }
