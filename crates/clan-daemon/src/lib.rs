@@ -199,9 +199,9 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
         placement,
     ));
     node.follow_proc_events();
-    node.recover().await;
+    let found = node.recover().await;
     node.set_incarnation(node.incarnation());
-    if node.vprocs.read().is_empty() {
+    if found == 0 {
         // Nothing taken over from the previous cland: nothing of it to fence.
         node.prev_incarnation
             .store(0, std::sync::atomic::Ordering::Release);

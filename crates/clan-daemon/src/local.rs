@@ -709,6 +709,8 @@ impl Node {
                     )));
                 }
                 let mut results = Vec::new();
+                // A node found down is not asked again for the rest of the list.
+                let mut down: HashMap<NodeId, Error> = HashMap::new();
                 for (i, &raw) in k.gpids.iter().enumerate() {
                     // Signals to this node's processes complete without a pause: let the
                     // worker run others (heartbeats) now and then in a long list.
@@ -716,7 +718,16 @@ impl Node {
                         tokio::task::yield_now().await;
                     }
                     let res = match gpid(raw) {
-                        Ok(g) => self.signal_queued(g, k.signal, creds, k.queued).await,
+                        Ok(g) => match down.get(&g.node()) {
+                            Some(e) => Err(e.clone()),
+                            None => {
+                                let r = self.signal_queued(g, k.signal, creds, k.queued).await;
+                                if let Err(e @ (Error::NodeDown(_) | Error::NodeDead(_))) = &r {
+                                    down.insert(g.node(), e.clone());
+                                }
+                                r
+                            }
+                        },
                         Err(e) => Err(e),
                     };
                     results.push(pb::KillResult {
@@ -1033,8 +1044,7 @@ impl Node {
                 let Some(n) = node.upgrade() else { return };
                 let _ = tokio::task::spawn_blocking(move || {
                     let dir = clan_core::logfile::dir(&n.state_dir);
-                    let removed =
-                        clan_core::logfile::sweep(&dir, keep, |g| n.vprocs.read().contains_key(&g));
+                    let removed = clan_core::logfile::sweep(&dir, keep, |g| n.is_kept(g));
                     if removed > 0 {
                         tracing::debug!(removed, "removed the logs of collected processes");
                     }

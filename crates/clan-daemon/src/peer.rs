@@ -127,19 +127,28 @@ impl Peer {
     /// failed write ([`Sending`]): its writer has taken the frame's sequence number and
     /// may have put part of it on the wire, so no later frame could pass the peer's MAC
     /// check.
-    /// [`Peer::send`] of a request: when there is no connection at the moment (the dial
+    async fn send(&self, f: &pb::PeerFrame) -> bool {
+        self.send_if(f, || true).await
+    }
+
+    /// [`Peer::send`] of request `id`: when there is no connection at the moment (the dial
     /// loop is dialing again, as after the peer's cland restarted: it answered our
     /// heartbeats on its own connection already), waits up to `wait` for the new one
-    /// rather than fail at once.
-    async fn send_request(&self, f: &pb::PeerFrame, wait: Duration) -> bool {
+    /// rather than fail at once. Written only if the request is still pending then: one
+    /// the lost connection failed meanwhile (`fail_pending`, run between the old writer's
+    /// end and the new one's start, both under the writer's lock) has been answered
+    /// already, and must not run on the peer behind its caller's back.
+    async fn send_request(&self, f: &pb::PeerFrame, id: u64, wait: Duration) -> bool {
         let mut links = self.links.subscribe();
         if self.out.lock().await.is_none() {
             let _ = tokio::time::timeout(wait, links.changed()).await;
         }
-        self.send(f).await
+        self.send_if(f, || self.pending.lock().contains_key(&id))
+            .await
     }
 
-    async fn send(&self, f: &pb::PeerFrame) -> bool {
+    /// Writes `f` if `still()` holds once the writer is ours.
+    async fn send_if(&self, f: &pb::PeerFrame, still: impl Fn() -> bool) -> bool {
         let mut s = Sending {
             out: self.out.lock().await,
             broken: &self.broken,
@@ -148,6 +157,11 @@ impl Peer {
         let Some(w) = s.out.as_mut() else {
             return false;
         };
+        if !still() {
+            // Not a failed write: the connection stays.
+            s.done = true;
+            return false;
+        }
         s.done = matches!(
             tokio::time::timeout(self.write_timeout, w.write(f)).await,
             Ok(Ok(()))
@@ -332,7 +346,7 @@ impl Node {
         let (tx, rx) = oneshot::channel();
         p.pending.lock().insert(id, tx);
         let relink = self.cfg.dead_after().min(Duration::from_secs(1));
-        if !p.send_request(&frame, relink).await {
+        if !p.send_request(&frame, id, relink).await {
             p.pending.lock().remove(&id);
             return Err(Error::NodeDown(format!("node {to} is unreachable")));
         }

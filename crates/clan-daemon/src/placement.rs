@@ -313,6 +313,38 @@ fn manager_cgroup(base: &Path) -> Option<(PathBuf, CString)> {
     Some((dir, procs))
 }
 
+/// Starts load manager program `argv` in a process group of its own, moved into the
+/// cgroup whose `cgroup.procs` is `procs` before it runs anything of its own.
+fn start_manager(
+    argv: &[String],
+    procs: Option<&CString>,
+) -> std::io::Result<tokio::process::Child> {
+    let mut cmd = tokio::process::Command::new(&argv[0]);
+    clan_core::sys::first_open_files_for(cmd.as_std_mut());
+    if let Some(procs) = procs {
+        let procs = procs.clone();
+        // SAFETY: between fork and exec, only open, write and close on a path prepared
+        // before the fork (async-signal-safe).
+        unsafe {
+            cmd.pre_exec(move || {
+                let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                if fd < 0 || libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                libc::close(fd);
+                Ok(())
+            });
+        }
+    }
+    cmd.args(&argv[1..])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        // A group of its own, which goes whole (`KillGroup`).
+        .process_group(0)
+        .kill_on_drop(true)
+        .spawn()
+}
+
 /// Where, under a node's cgroup, load managers run (one cgroup per run). A cland starting
 /// kills and removes what a crashed one left there.
 pub const MANAGER_CGROUP: &str = "loadmgr";
@@ -324,32 +356,17 @@ async fn query(m: &LoadManager, line: String, cgroup: Option<&Path>) -> Result<S
     let io = |e: std::io::Error| Error::internal("load manager", e);
     match m {
         LoadManager::Command(argv) => {
-            let mut cmd = tokio::process::Command::new(&argv[0]);
-            clan_core::sys::first_open_files_for(cmd.as_std_mut());
             let cg = cgroup.and_then(manager_cgroup);
-            if let Some((_, procs)) = &cg {
-                let procs = procs.clone();
-                // SAFETY: between fork and exec, only open, write and close on a path
-                // prepared before the fork (async-signal-safe).
-                unsafe {
-                    cmd.pre_exec(move || {
-                        let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-                        if fd < 0 || libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
-                            return Err(std::io::Error::last_os_error());
-                        }
-                        libc::close(fd);
-                        Ok(())
-                    });
-                }
+            let mut spawned = start_manager(argv, cg.as_ref().map(|(_, p)| p));
+            if let (Err(e), Some((dir, _))) = (&spawned, &cg) {
+                // The move into its cgroup failed (delegation, a pids limit): run it
+                // without one rather than not at all.
+                warn!(
+                    "load manager not started in {}: {e}; started without",
+                    dir.display()
+                );
+                spawned = start_manager(argv, None);
             }
-            let spawned = cmd
-                .args(&argv[1..])
-                .stdin(std::process::Stdio::piped())
-                .stdout(std::process::Stdio::piped())
-                // A group of its own, which goes whole (`KillGroup`).
-                .process_group(0)
-                .kill_on_drop(true)
-                .spawn();
             let dir = cg.map(|(d, _)| d);
             let mut child = match spawned {
                 Ok(c) => c,

@@ -895,8 +895,8 @@ impl Node {
             Err(e) if closed(&e) => return Ok(None),
             Err(e) => return Err(io_err(e, &path)),
         }
-        match self.view.stat_followed(&path) {
-            Ok(st) => Ok(Some(link_stat(&st, n.to_string()))),
+        match self.view.stat_link_to(&path, link.as_bytes()) {
+            Ok(st) => Ok(st.map(|st| link_stat(&st, n.to_string()))),
             Err(e) if closed(&e) => Ok(None),
             Err(e) => Err(io_err(e, &path)),
         }

@@ -141,16 +141,31 @@ impl ProcView {
         Ok((st.st_mode, st.st_uid, st.st_gid))
     }
 
-    /// What stat() gives for an entry of the view, following it if it is a link (the
-    /// kernel's magic links of `fd/`: the pipe, socket or file a descriptor has open), with
-    /// the kernel's error (its ptrace check on the caller for a link it will not follow).
-    pub fn stat_followed(&self, rel: &str) -> std::io::Result<nix::sys::stat::FileStat> {
-        fstatat(
+    /// What stat() following link `rel` (a descriptor's) gives, if the link leads to
+    /// what `want` names (`pipe:[N]`, ...); `None` if it leads elsewhere now. The link is
+    /// followed once, into a descriptor of our own (`O_PATH`: no file system is asked
+    /// anything), which is checked and then looked at: a process that points the
+    /// descriptor elsewhere meanwhile (`dup2` of a file of a hung mount) can not make
+    /// the look wait on a file system.
+    pub fn stat_link_to(
+        &self,
+        rel: &str,
+        want: &[u8],
+    ) -> std::io::Result<Option<nix::sys::stat::FileStat>> {
+        use std::os::unix::ffi::OsStrExt;
+        let fd = openat(
             Some(self.root.as_raw_fd()),
             rel,
-            nix::fcntl::AtFlags::empty(),
-        )
-        .map_err(std::io::Error::from)
+            OFlag::O_PATH | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )?;
+        // SAFETY: openat just returned this descriptor and nothing else owns it.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let at = nix::fcntl::readlink(format!("/proc/self/fd/{}", fd.as_raw_fd()).as_str())?;
+        if at.as_bytes() != want {
+            return Ok(None);
+        }
+        Ok(Some(nix::sys::stat::fstat(fd.as_raw_fd())?))
     }
 
     /// The target of a link of the view.
@@ -510,41 +525,41 @@ impl ProcHandle {
 /// read of a process has been in flight for [`MAP_BUSY_AFTER`], no other is begun (the
 /// caller shows what needs no such read, or says the map is busy) until it is over: a
 /// stuck process holds one thread of the daemon, not one per request about it.
-pub struct MapReads(clan_core::NamedMutex<HashMap<u32, (u32, Instant)>>);
+pub struct MapReads(clan_core::NamedMutex<HashMap<u32, Vec<(u64, Instant)>>>);
 
 /// How long a read of a process's memory map may have been in flight before others about
 /// that process are not begun ([`MapReads`]).
 pub const MAP_BUSY_AFTER: Duration = Duration::from_millis(100);
 
 /// A read begun by [`MapReads::begin`]; over when dropped.
-pub struct MapRead<'a>(&'a MapReads, u32);
+pub struct MapRead<'a>(&'a MapReads, u32, u64);
 
 impl MapReads {
     pub fn new(name: &'static str) -> MapReads {
         MapReads(clan_core::NamedMutex::new(name, HashMap::new()))
     }
 
-    /// Begins a read of `pid`'s memory map; `None` when one has been in flight too long.
+    /// Begins a read of `pid`'s memory map; `None` while one begun over
+    /// [`MAP_BUSY_AFTER`] ago is still in flight.
     pub fn begin(&self, pid: u32) -> Option<MapRead<'_>> {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let mut m = self.0.lock();
-        let e = m.entry(pid).or_insert((0, Instant::now()));
-        if e.0 > 0 && e.1.elapsed() > MAP_BUSY_AFTER {
+        let reads = m.entry(pid).or_default();
+        if reads.iter().any(|(_, at)| at.elapsed() > MAP_BUSY_AFTER) {
             return None;
         }
-        if e.0 == 0 {
-            e.1 = Instant::now();
-        }
-        e.0 += 1;
-        Some(MapRead(self, pid))
+        let token = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        reads.push((token, Instant::now()));
+        Some(MapRead(self, pid, token))
     }
 }
 
 impl Drop for MapRead<'_> {
     fn drop(&mut self) {
         let mut m = self.0 .0.lock();
-        if let Some(e) = m.get_mut(&self.1) {
-            e.0 -= 1;
-            if e.0 == 0 {
+        if let Some(reads) = m.get_mut(&self.1) {
+            reads.retain(|(t, _)| *t != self.2);
+            if reads.is_empty() {
                 m.remove(&self.1);
             }
         }
@@ -601,7 +616,7 @@ mod tests {
         let b = reads.begin(7).expect("second, at once");
         drop(b);
         // One in flight for longer than MAP_BUSY_AFTER (made so: no sleep).
-        reads.0.lock().get_mut(&7).unwrap().1 =
+        reads.0.lock().get_mut(&7).unwrap()[0].1 =
             Instant::now() - MAP_BUSY_AFTER - Duration::from_millis(1);
         assert!(reads.begin(7).is_none());
         assert!(reads.begin(8).is_some(), "another process is not busy");
@@ -609,6 +624,13 @@ mod tests {
         drop(a);
         assert!(reads.0.lock().get(&7).is_none());
         assert!(reads.begin(7).is_some());
+        // Overlapping reads: the age is that of each read, not of the first of a chain.
+        let c = reads.begin(9).unwrap();
+        let _d = reads.begin(9).unwrap();
+        reads.0.lock().get_mut(&9).unwrap()[0].1 =
+            Instant::now() - MAP_BUSY_AFTER - Duration::from_millis(1);
+        drop(c);
+        assert!(reads.begin(9).is_some(), "the read in flight is young");
     }
 
     #[test]

@@ -869,16 +869,31 @@ impl Node {
 
     /// Rebuilds the vproc table from the shepherds that outlived a previous cland, then
     /// starts removing the logs of processes that are gone (which needs the table whole).
-    pub async fn recover(self: &Arc<Self>) {
-        self.recover_shepherds().await;
+    /// Links the shepherds a previous cland left; how many were found alive (linked, or
+    /// to be linked when they answer).
+    pub async fn recover(self: &Arc<Self>) -> usize {
+        let found = self.recover_shepherds().await;
         self.start_log_sweeper();
+        found
     }
 
-    async fn recover_shepherds(self: &Arc<Self>) {
+    /// Whether `g` is a process of this node: linked, or with a shepherd still to link
+    /// (its socket there; its logs must stay).
+    pub fn is_kept(&self, g: Gpid) -> bool {
+        self.vprocs.read().contains_key(&g)
+            || self
+                .state_dir
+                .join("sh")
+                .join(format!("{}.sock", g.raw()))
+                .exists()
+    }
+
+    async fn recover_shepherds(self: &Arc<Self>) -> usize {
         let dir = self.state_dir.join("sh");
         let Ok(rd) = std::fs::read_dir(&dir) else {
-            return;
+            return 0;
         };
+        let incarnation = self.incarnation();
         // Each on a task of its own, all at once: a shepherd that does not answer
         // (stopped, stuck) delays the start by RECOVERY_WAIT at most, well within the
         // peers' failure detector, and is linked whenever it answers.
@@ -888,7 +903,7 @@ impl Node {
             .filter(|p| p.extension().is_some_and(|x| x == "sock"))
             .map(|p| {
                 let node = self.clone();
-                tokio::spawn(async move { node.recover_shepherd(p).await })
+                tokio::spawn(async move { node.recover_shepherd(p, incarnation).await })
             })
             .collect();
         let deadline = tokio::time::Instant::now() + RECOVERY_WAIT;
@@ -909,12 +924,22 @@ impl Node {
                 "shepherds did not answer within {RECOVERY_WAIT:?}: each is linked when it does"
             );
         }
+        n + late
     }
 
     /// Links the shepherd listening at `p` (a socket a previous cland's shepherd made);
     /// true once linked. A socket nobody listens at any more is removed.
-    async fn recover_shepherd(self: Arc<Self>, p: PathBuf) -> bool {
+    async fn recover_shepherd(self: Arc<Self>, p: PathBuf, incarnation: u64) -> bool {
         match self.link_shepherd(&p).await {
+            Ok(vp) if self.incarnation() != incarnation => {
+                // Linked late, after the node was fenced (its processes killed, a new
+                // incarnation): this one goes too, as the fence would have taken it.
+                warn!(gpid = %vp.gpid, "a shepherd answered after the node was fenced");
+                if vp.exited().is_none() {
+                    self.kill_node_pid(vp.gpid.local(), libc::SIGKILL);
+                }
+                true
+            }
             Ok(vp) => {
                 if !vp.detached {
                     // Its session died with the old cland: its stub may come back.
