@@ -61,7 +61,7 @@ const PTRACE_GUARDED: [&str; 19] = [
 ];
 
 /// Who reads.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reader {
     pub uid: u32,
     pub gid: u32,
@@ -333,7 +333,7 @@ pub fn proc_file(name: &str, read: Result<Vec<u8>>) -> pb::ProcFile {
 
 /// The files of a process (or thread) the kernel makes as one seq_file record from the task
 /// and its counters, and gives every reader (S_IRUGO).
-const RECORDS: [&str; 3] = ["stat", "status", "statm"];
+pub(crate) const RECORDS: [&str; 3] = ["stat", "status", "statm"];
 
 /// Files whose read takes the lock of the process's memory map (see
 /// [`crate::process::view::MapReads`]).
@@ -1010,21 +1010,28 @@ impl Node {
     /// The read of a record (`stat`, `status`, `statm`) of a process whose directory a
     /// read before kept open ([`Node::started_kept`]): one open, one read, in that very
     /// process's directory, so neither its start time nor whether it is there need be
-    /// read again (a file opened there is its own, or the open fails once it has gone).
-    /// Every reader may read these files (the kernel still checks, as the reader, that
-    /// it may look in the directory: `hidepid`). `None`: the long way.
-    fn read_kept(&self, req: &pb::ProcRequest, parts: &[&str]) -> Option<pb::ProcReply> {
+    /// read again (a file opened there is its own, or the open fails once it has gone);
+    /// read again by the same reader, not even the open: the file that reader opened is
+    /// kept too and read from its start ([`ProcView::read_kept_record`]). Every reader
+    /// may read these files (the kernel still checks, as the reader, that it may look in
+    /// the directory: `hidepid`, at each reader's first open). `None`: the long way.
+    ///
+    /// [`ProcView::read_kept_record`]: crate::process::view::ProcView::read_kept_record
+    fn read_kept(
+        &self,
+        req: &pb::ProcRequest,
+        parts: &[&str],
+        reader: &Reader,
+    ) -> Option<pb::ProcReply> {
         let [f] = parts else { return None };
-        if !RECORDS.contains(f) {
-            return None;
-        }
+        let f = RECORDS.iter().copied().find(|r| r == f)?;
         let g = Gpid::from_raw(req.gpid).filter(|g| g.node() == self.id)?;
         let pid = g.local();
         let (dir, start) = self.view.dir_of(pid)?;
         if req.start_ticks != 0 && req.start_ticks != start {
             return None;
         }
-        match crate::process::view::read_record_in(&dir, f, MAX_FILE) {
+        match self.view.read_kept_record(pid, &dir, f, reader, MAX_FILE) {
             Ok(data) => Some(pb::ProcReply {
                 data: self.rewrite(pid, f, data, &ShepherdCache::default()),
                 start_ticks: start,
@@ -1125,7 +1132,7 @@ impl Node {
                 if parts.is_empty() {
                     return Err(Error::Invalid("read of a process directory".into()));
                 }
-                if let Some(r) = self.read_kept(req, &parts) {
+                if let Some(r) = self.read_kept(req, &parts, &reader) {
                     return Ok(r);
                 }
                 let pid = self.proc_pid(req.gpid)?;
@@ -1385,6 +1392,64 @@ mod tests {
         let text = String::from_utf8_lossy(&again.data).into_owned();
         assert!(text.starts_with("Name:\tsleep\n"), "{text}");
         assert!(text.contains(&format!("\nPid:\t{}\n", g.raw())), "{text}");
+        // The file that read opened is kept for its reader, and read again from its start
+        // it is made afresh: a stop since shows.
+        let root = Reader::from_creds(&node.own_creds());
+        assert_eq!(
+            node.view.kept_file_reader(pid, "status"),
+            Some(root.clone())
+        );
+        let state = |r: &pb::ProcReply| {
+            let t = String::from_utf8_lossy(&r.data).into_owned();
+            t.lines()
+                .find_map(|l| l.strip_prefix("State:\t"))
+                .map(|s| s.chars().next().unwrap_or('?'))
+                .unwrap_or('?')
+        };
+        assert_ne!(state(&again), 'T');
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGSTOP,
+        )
+        .unwrap();
+        let stopped = (0..500)
+            .map(|_| {
+                std::thread::sleep(std::time::Duration::from_millis(2));
+                state(&read(first.start_ticks).unwrap())
+            })
+            .find(|s| *s == 'T');
+        assert_eq!(
+            stopped,
+            Some('T'),
+            "the kept file read again is the kernel's now"
+        );
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGCONT,
+        )
+        .unwrap();
+        // Another reader opens the file itself (the kernel checks it may), and its file
+        // is the one kept then.
+        let nobody = pb::Creds {
+            uid: 65534,
+            gid: 65534,
+            ..Default::default()
+        };
+        let theirs = node
+            .proc_local(&pb::ProcRequest {
+                op: pb::ProcOp::ProcRead as i32,
+                gpid: g.raw(),
+                path: "status".into(),
+                start_ticks: first.start_ticks,
+                reader: Some(nobody.clone()),
+                ..Default::default()
+            })
+            .unwrap();
+        assert!(String::from_utf8_lossy(&theirs.data).starts_with("Name:\tsleep\n"));
+        assert_eq!(
+            node.view.kept_file_reader(pid, "status"),
+            Some(Reader::from_creds(&nobody))
+        );
         // Another start time is another process: not answered from the kept directory.
         assert!(matches!(
             read(first.start_ticks + 1),
@@ -1398,6 +1463,7 @@ mod tests {
             Err(Error::NoSuchProcess(_))
         ));
         assert!(node.view.dir_of(pid).is_none());
+        assert_eq!(node.view.kept_file_reader(pid, "status"), None);
     }
 
     struct Plus;

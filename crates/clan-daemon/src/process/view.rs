@@ -31,12 +31,18 @@ pub struct ProcView {
     /// Processes' directories kept open, with the start time read through each
     /// ([`ProcView::dir_of`]): a handle and an identity, not a copy of any state.
     dirs: clan_core::NamedMutex<HashMap<u32, (Arc<OwnedFd>, u64)>>,
+    /// Record files (`stat`, `status`, `statm`) opened in a kept directory, each with the
+    /// reader who opened it ([`ProcView::read_kept_record`]): the last reader's of each.
+    files: clan_core::NamedMutex<HashMap<(u32, &'static str), KeptFile>>,
     /// Reads of processes' memory maps in flight ([`MapReads`]).
     pub map_reads: MapReads,
 }
 
 /// Most process directories [`ProcView`] keeps open.
 const DIRS_KEPT: usize = 256;
+
+/// A record file a reader opened in a kept directory, and that reader.
+type KeptFile = (crate::procfs::Reader, Arc<File>);
 
 /// What set expressions test of one process, in the node's own numbers.
 pub struct LocalAttrs {
@@ -80,6 +86,7 @@ impl ProcView {
             page_kb: (unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u64) / 1024,
             users: clan_core::NamedMutex::new("users", HashMap::new()),
             dirs: clan_core::NamedMutex::new("proc.dirs", HashMap::new()),
+            files: clan_core::NamedMutex::new("proc.files", HashMap::new()),
             map_reads: MapReads::new("proc.mapreads"),
         })
     }
@@ -309,6 +316,10 @@ impl ProcView {
         let mut dirs = self.dirs.lock();
         if dirs.len() >= DIRS_KEPT {
             dirs.clear();
+            self.files.lock().clear();
+        } else {
+            // Files of the directory this one replaces are another process's.
+            self.forget_files(pid);
         }
         dirs.insert(pid, (Arc::new(dir), start));
         Some(start)
@@ -316,7 +327,70 @@ impl ProcView {
 
     /// Lets the kept directory of `pid` go (its process has gone, or is not the one meant).
     pub fn forget_dir(&self, pid: u32) {
-        self.dirs.lock().remove(&pid);
+        let mut dirs = self.dirs.lock();
+        dirs.remove(&pid);
+        self.forget_files(pid);
+    }
+
+    fn forget_files(&self, pid: u32) {
+        let mut files = self.files.lock();
+        for f in crate::procfs::RECORDS {
+            files.remove(&(pid, f));
+        }
+    }
+
+    /// Who opened the kept record `file` of `pid`, if it is kept.
+    #[cfg(test)]
+    pub fn kept_file_reader(&self, pid: u32, file: &'static str) -> Option<crate::procfs::Reader> {
+        self.files.lock().get(&(pid, file)).map(|(r, _)| r.clone())
+    }
+
+    /// Record `file` (`stat`, `status` or `statm`) of process `pid`, whose directory `dir`
+    /// is kept ([`ProcView::dir_of`]), as `reader` reads it (the caller acts as them). The
+    /// first read opens the file in `dir`, as a fresh read would, and keeps it for that
+    /// reader; a read again by the same reader reads the kept file from its start, with
+    /// no open: the kernel makes a record afresh for each read from offset 0, with the
+    /// reader's rights at that moment (a `stat`'s addresses), and refuses it (`ESRCH`)
+    /// once the process has gone. So a reader reads what it would with its own file held
+    /// open, as a local tool may. Another reader opens its own (the kernel checks it may
+    /// look in the directory: `hidepid`). A record longer than a page is read afresh.
+    pub fn read_kept_record(
+        &self,
+        pid: u32,
+        dir: &OwnedFd,
+        file: &'static str,
+        reader: &crate::procfs::Reader,
+        limit: u64,
+    ) -> std::io::Result<Vec<u8>> {
+        use std::os::unix::fs::FileExt;
+        let kept = self
+            .files
+            .lock()
+            .get(&(pid, file))
+            .filter(|(r, _)| r == reader)
+            .map(|(_, f)| f.clone());
+        if let Some(f) = kept {
+            let mut buf = vec![0u8; 4096];
+            let n = loop {
+                match f.read_at(&mut buf, 0) {
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                    r => break r?,
+                }
+            };
+            if n < buf.len() {
+                buf.truncate(n);
+                return Ok(buf);
+            }
+        }
+        let (f, data) = read_record_file(dir, file, limit)?;
+        if data.len() < 4096 {
+            let mut files = self.files.lock();
+            // As many as directories: no more descriptors than those.
+            if files.len() < DIRS_KEPT || files.contains_key(&(pid, file)) {
+                files.insert((pid, file), (reader.clone(), Arc::new(f)));
+            }
+        }
+        Ok(data)
     }
 
     /// The start time of `pid` (clock ticks after boot, `stat` field 22); `None` once it
@@ -568,6 +642,11 @@ impl Drop for MapRead<'_> {
 
 /// [`ProcView::read_record`] of `rel` under directory `dir`.
 pub fn read_record_in(dir: &OwnedFd, rel: &str, limit: u64) -> std::io::Result<Vec<u8>> {
+    read_record_file(dir, rel, limit).map(|(_, data)| data)
+}
+
+/// [`read_record_in`], and the file it opened.
+fn read_record_file(dir: &OwnedFd, rel: &str, limit: u64) -> std::io::Result<(File, Vec<u8>)> {
     let fd = openat(
         Some(dir.as_raw_fd()),
         rel,
@@ -589,7 +668,7 @@ pub fn read_record_in(dir: &OwnedFd, rel: &str, limit: u64) -> std::io::Result<V
             .take(limit.saturating_sub(4096))
             .read_to_end(&mut buf)?;
     }
-    Ok(buf)
+    Ok((f, buf))
 }
 
 fn is_shepherd(pid: u32, comm: &str) -> bool {
