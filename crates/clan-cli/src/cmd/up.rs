@@ -1,5 +1,6 @@
 use clan_client::Client;
 use clan_core::ExitCode as X;
+use clan_core::NodeId;
 use clan_daemon::localcluster::{self, UpOptions};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -130,30 +131,60 @@ pub async fn run(a: Args, dir: Option<PathBuf>) -> ExitCode {
 }
 
 /// Until every node answers and sees every other node up (at most 20 s); else a message
-/// naming the node that did not and the end of its log.
+/// naming the node that did not, what it last said of the others, and the end of the log
+/// of each node concerned.
 async fn ready(started: &localcluster::Started, nodes: u32) -> Result<(), String> {
     let deadline = Instant::now() + Duration::from_secs(20);
+    let log_tail = |n: NodeId| {
+        let log =
+            std::fs::read_to_string(started.cfg.state_dir(n).join("cland.log")).unwrap_or_default();
+        let tail: Vec<&str> = log.lines().rev().take(5).collect();
+        format!(
+            "node {n}'s log ends:\n{}",
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+        )
+    };
     for n in started.cfg.node_ids() {
         let c = Client::at(clan_client::socket_path(&started.dir, n), n);
+        // What it said last of the nodes that were not up to it.
+        let mut not_up: Vec<(u32, String)> = Vec::new();
         loop {
             // A daemon that accepts but does not answer (stopped) must not hold us past the
             // deadline.
             let left = deadline.saturating_duration_since(Instant::now());
-            let ok = matches!(
-                tokio::time::timeout(left.max(Duration::from_millis(100)), c.nodes()).await,
-                Ok(Ok(ns)) if ns.len() == nodes as usize && ns.iter().all(|i| i.state == "up")
-            );
-            if ok {
-                break;
+            match tokio::time::timeout(left.max(Duration::from_millis(100)), c.nodes()).await {
+                Ok(Ok(ns)) if ns.len() == nodes as usize && ns.iter().all(|i| i.state == "up") => {
+                    break
+                }
+                Ok(Ok(ns)) => {
+                    not_up = ns
+                        .iter()
+                        .filter(|i| i.state != "up")
+                        .map(|i| (i.id, i.state.clone()))
+                        .collect()
+                }
+                _ => {}
             }
             if Instant::now() > deadline {
-                let log = std::fs::read_to_string(started.cfg.state_dir(n).join("cland.log"))
-                    .unwrap_or_default();
-                let tail: Vec<&str> = log.lines().rev().take(5).collect();
-                return Err(format!(
-                    "node {n} did not come up; its log ends:\n{}",
-                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-                ));
+                let mut msg = if not_up.is_empty() {
+                    format!("node {n} did not come up (it did not answer)")
+                } else {
+                    let seen: Vec<String> = not_up
+                        .iter()
+                        .map(|(id, st)| format!("node {id} {st}"))
+                        .collect();
+                    format!(
+                        "node {n} did not see every node up: it sees {}",
+                        seen.join(", ")
+                    )
+                };
+                msg.push_str(&format!("; {}", log_tail(n)));
+                for (id, _) in &not_up {
+                    if let Some(other) = NodeId::new(*id).filter(|o| *o != n) {
+                        msg.push_str(&format!("\n{}", log_tail(other)));
+                    }
+                }
+                return Err(msg);
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
