@@ -43,17 +43,28 @@ pub fn need_root(test: &str) -> bool {
 
 static SEQ: AtomicU32 = AtomicU32::new(0);
 
-/// A free range of `n + 1` consecutive loopback ports.
-fn free_ports(n: u32) -> u16 {
+/// A base port whose next `n` loopback ports are free now, all below the kernel's range of
+/// ephemeral ports (`net.ipv4.ip_local_port_range`): a port in that range can be taken
+/// between this look and the nodes' binds as the source port of any outgoing connection
+/// (the other tests' clusters make many), or even by a node's dial to that very port
+/// before its node listens (a TCP connection to itself): the node then can not listen and
+/// the cluster never comes up.
+pub fn free_ports(n: u32) -> u16 {
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32768);
+    const LOW: u32 = 10000;
+    // Bases from LOW up to where base + n still stays under the ephemeral ports.
+    let span = ephemeral_low.saturating_sub(LOW + n + 1).max(1000);
     let seq = SEQ.fetch_add(1, Ordering::SeqCst);
-    let mut base = 20000 + ((std::process::id() * 37 + seq * 211) % 30000) as u16;
+    let mut off = (std::process::id() * 37 + seq * 211) % span;
     loop {
-        let ok =
-            (1..=n).all(|i| std::net::TcpListener::bind(("127.0.0.1", base + i as u16)).is_ok());
-        if ok {
+        let base = (LOW + off) as u16;
+        if (1..=n).all(|i| std::net::TcpListener::bind(("127.0.0.1", base + i as u16)).is_ok()) {
             return base;
         }
-        base = 20000 + (base - 20000 + 97) % 40000;
+        off = (off + 97) % span;
     }
 }
 

@@ -124,18 +124,6 @@ fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
-/// A base port whose next `n` ports are free now.
-fn free_ports(n: u32) -> u16 {
-    let seq = SEQ.fetch_add(1, Ordering::SeqCst);
-    let mut base = 21000 + ((std::process::id() * 53 + seq * 307) % 28000) as u16;
-    loop {
-        if (1..=n).all(|i| std::net::TcpListener::bind(("127.0.0.1", base + i as u16)).is_ok()) {
-            return base;
-        }
-        base = 21000 + (base - 21000 + 101) % 28000;
-    }
-}
-
 /// `clan --dir DIR up --nodes N --base-port P EXTRA` from `cwd`, on other ports while the
 /// ones found free are taken meanwhile.
 fn up(cwd: Option<&Path>, dir: &str, n: u32, extra: &[&str]) -> Output {
