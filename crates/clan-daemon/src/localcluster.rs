@@ -63,6 +63,24 @@ pub const MIN_DEAD_AFTER_HEARTBEATS: u64 = 3;
 
 impl UpOptions {
     /// Checks the options alone, touching nothing.
+    /// The kernel's range of ephemeral ports (`net.ipv4.ip_local_port_range`) when a node
+    /// of this cluster would listen on 127.0.0.1 inside it: an outgoing connection (a node's
+    /// dial to a peer not yet listening, connected to itself, or any program's) can take
+    /// such a port as its source port before its node binds it.
+    pub fn ephemeral_overlap(&self) -> Option<(u32, u32)> {
+        if self.netns.is_some() {
+            return None;
+        }
+        let text = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").ok()?;
+        let mut it = text.split_whitespace().map(|v| v.parse::<u32>().ok());
+        let (lo, hi) = (it.next()??, it.next()??);
+        let (first, last) = (
+            u32::from(self.base_port) + 1,
+            u32::from(self.base_port) + self.nodes,
+        );
+        (first <= hi && last >= lo).then_some((lo, hi))
+    }
+
     pub fn check(&self) -> Result<(), Refused> {
         let bad = |m: String| Err(Refused(m));
         if self.nodes == 0 || self.nodes > clan_core::MAX_NODE {
@@ -616,6 +634,26 @@ mod tests {
         o.dead_after_ms = 1500;
         assert!(o.check().is_ok());
         assert!(!o.dir.exists());
+    }
+
+    /// A cluster whose node ports lie in the kernel's ephemeral range is told so (the
+    /// default ports lie below it); one in network namespaces is not concerned.
+    #[test]
+    fn node_ports_among_the_ephemeral_ones_are_noticed() {
+        let text = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").unwrap();
+        let lo: u32 = text.split_whitespace().next().unwrap().parse().unwrap();
+        let mut o = opts();
+        if lo > 7104 {
+            assert_eq!(o.ephemeral_overlap(), None);
+        }
+        // The last node's port is the range's first.
+        o.base_port = u16::try_from(lo - 4).unwrap();
+        assert_eq!(o.ephemeral_overlap().map(|r| r.0), Some(lo));
+        o.base_port = u16::try_from(lo - 5).unwrap();
+        assert_eq!(o.ephemeral_overlap(), None);
+        o.base_port = u16::try_from(lo - 4).unwrap();
+        o.netns = Some(("x".into(), std::net::Ipv4Addr::new(10, 0, 0, 0)));
+        assert_eq!(o.ephemeral_overlap(), None);
     }
 
     #[test]

@@ -79,6 +79,16 @@ pub async fn run(a: Args, dir: Option<PathBuf>) -> ExitCode {
         bin_dir,
         netns: a.netns.zip(a.ip_base),
     };
+    if let Some((lo, hi)) = opts.ephemeral_overlap() {
+        eprintln!(
+            "clan: warning: ports {}-{} are in the kernel's ephemeral range {lo}-{hi} \
+             (net.ipv4.ip_local_port_range): an outgoing connection can take one before its \
+             node listens; choose a --base-port below {}",
+            u32::from(opts.base_port) + 1,
+            u32::from(opts.base_port) + opts.nodes,
+            lo.saturating_sub(opts.nodes + 1)
+        );
+    }
     let started = match localcluster::up(&opts) {
         Ok(c) => c,
         Err(e) => {
