@@ -50,10 +50,7 @@ static SEQ: AtomicU32 = AtomicU32::new(0);
 /// before its node listens (a TCP connection to itself): the node then can not listen and
 /// the cluster never comes up.
 pub fn free_ports(n: u32) -> u16 {
-    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|r| r.split_whitespace().next()?.parse::<u32>().ok())
-        .unwrap_or(32768);
+    let ephemeral_low = clan_daemon::localcluster::ephemeral_ports().map_or(32768, |r| r.0);
     const LOW: u32 = 10000;
     // Bases from LOW up to where base + n still stays under the ephemeral ports.
     let span = ephemeral_low.saturating_sub(LOW + n + 1).max(1000);

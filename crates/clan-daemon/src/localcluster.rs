@@ -61,19 +61,24 @@ impl std::error::Error for Refused {}
 /// dead between two of its heartbeats (or for one late one), so nodes flap.
 pub const MIN_DEAD_AFTER_HEARTBEATS: u64 = 3;
 
+/// The kernel's range of ephemeral ports (`net.ipv4.ip_local_port_range`): the source
+/// ports it gives outgoing connections.
+pub fn ephemeral_ports() -> Option<(u32, u32)> {
+    let text = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").ok()?;
+    let mut it = text.split_whitespace().map(|v| v.parse::<u32>().ok());
+    Some((it.next()??, it.next()??))
+}
+
 impl UpOptions {
-    /// Checks the options alone, touching nothing.
-    /// The kernel's range of ephemeral ports (`net.ipv4.ip_local_port_range`) when a node
-    /// of this cluster would listen on 127.0.0.1 inside it: an outgoing connection (a node's
-    /// dial to a peer not yet listening, connected to itself, or any program's) can take
-    /// such a port as its source port before its node binds it.
+    /// The kernel's range of ephemeral ports ([`ephemeral_ports`]) when a node of this
+    /// cluster would listen on 127.0.0.1 inside it: an outgoing connection (a node's dial
+    /// to a peer not yet listening, connected to itself, or any program's) can take such a
+    /// port as its source port before its node binds it.
     pub fn ephemeral_overlap(&self) -> Option<(u32, u32)> {
         if self.netns.is_some() {
             return None;
         }
-        let text = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").ok()?;
-        let mut it = text.split_whitespace().map(|v| v.parse::<u32>().ok());
-        let (lo, hi) = (it.next()??, it.next()??);
+        let (lo, hi) = ephemeral_ports()?;
         let (first, last) = (
             u32::from(self.base_port) + 1,
             u32::from(self.base_port) + self.nodes,
@@ -81,6 +86,7 @@ impl UpOptions {
         (first <= hi && last >= lo).then_some((lo, hi))
     }
 
+    /// Checks the options alone, touching nothing.
     pub fn check(&self) -> Result<(), Refused> {
         let bad = |m: String| Err(Refused(m));
         if self.nodes == 0 || self.nodes > clan_core::MAX_NODE {
@@ -640,8 +646,7 @@ mod tests {
     /// default ports lie below it); one in network namespaces is not concerned.
     #[test]
     fn node_ports_among_the_ephemeral_ones_are_noticed() {
-        let text = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").unwrap();
-        let lo: u32 = text.split_whitespace().next().unwrap().parse().unwrap();
+        let (lo, _) = ephemeral_ports().unwrap();
         let mut o = opts();
         if lo > 7104 {
             assert_eq!(o.ephemeral_overlap(), None);

@@ -370,20 +370,13 @@ impl ProcView {
             .filter(|(r, _)| r == reader)
             .map(|(_, f)| f.clone());
         if let Some(f) = kept {
-            let mut buf = vec![0u8; 4096];
-            let n = loop {
-                match f.read_at(&mut buf, 0) {
-                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                    r => break r?,
-                }
-            };
-            if n < buf.len() {
-                buf.truncate(n);
+            let buf = first_page(|b| f.read_at(b, 0))?;
+            if buf.len() < PAGE {
                 return Ok(buf);
             }
         }
         let (f, data) = read_record_file(dir, file, limit)?;
-        if data.len() < 4096 {
+        if data.len() < PAGE {
             let mut files = self.files.lock();
             // As many as directories: no more descriptors than those.
             if files.len() < DIRS_KEPT || files.contains_key(&(pid, file)) {
@@ -655,20 +648,32 @@ fn read_record_file(dir: &OwnedFd, rel: &str, limit: u64) -> std::io::Result<(Fi
     )?;
     // SAFETY: openat just returned this descriptor and nothing else owns it.
     let mut f = unsafe { File::from_raw_fd(fd) };
-    let mut buf = vec![0u8; 4096];
+    let mut buf = first_page(|b| f.read(b))?;
+    if buf.len() == PAGE {
+        f.by_ref()
+            .take(limit.saturating_sub(PAGE as u64))
+            .read_to_end(&mut buf)?;
+    }
+    Ok((f, buf))
+}
+
+/// What one read (`read`, or `pread` at 0) gives of a record: at most a page, all of it
+/// when shorter (the kernel makes a record in one go).
+const PAGE: usize = 4096;
+
+/// One read of at most [`PAGE`] bytes, again if a signal interrupted it.
+fn first_page(
+    mut read: impl FnMut(&mut [u8]) -> std::io::Result<usize>,
+) -> std::io::Result<Vec<u8>> {
+    let mut buf = vec![0u8; PAGE];
     let n = loop {
-        match f.read(&mut buf) {
+        match read(&mut buf) {
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             r => break r?,
         }
     };
     buf.truncate(n);
-    if n == 4096 {
-        f.by_ref()
-            .take(limit.saturating_sub(4096))
-            .read_to_end(&mut buf)?;
-    }
-    Ok((f, buf))
+    Ok(buf)
 }
 
 fn is_shepherd(pid: u32, comm: &str) -> bool {
