@@ -1635,7 +1635,9 @@ fn paths_of_exited_threads_are_forgotten_and_live_ones_keep_their_numbers() {
         &[
             "python3",
             "-c",
-            "import threading\nwhile True:\n    t = threading.Thread(target=int)\n    t.start()\n    t.join()\n",
+            // Four threads alive at any time, each for a moment: a listing always finds
+            // some (one started and joined at once is seldom caught on a busy machine).
+            "import threading, time\nts = []\nwhile True:\n    t = threading.Thread(target=time.sleep, args=(0.02,))\n    t.start()\n    ts.append(t)\n    if len(ts) >= 4:\n        ts.pop(0).join()\n",
         ],
     );
     let m = Mounted::new(&c);
@@ -1648,8 +1650,8 @@ fn paths_of_exited_threads_are_forgotten_and_live_ones_keep_their_numbers() {
     let main = m.path(&format!("{g}/task/{g}/stat"));
     let main_ino = std::fs::metadata(&main).expect("the main thread").ino();
     // One round of top -H: list the threads, look at each one's stat. Returns the
-    // indices of paths of threads other than the main one.
-    let round = || -> Vec<u64> {
+    // threads other than the main one, with the indices of their paths.
+    let round = || -> Vec<(String, u64)> {
         let mut v = Vec::new();
         for e in std::fs::read_dir(m.path(&format!("{g}/task")))
             .into_iter()
@@ -1658,15 +1660,17 @@ fn paths_of_exited_threads_are_forgotten_and_live_ones_keep_their_numbers() {
         {
             let tid = e.file_name().to_string_lossy().into_owned();
             if tid != g.to_string() {
-                v.extend(index(&m.path(&format!("{g}/task/{tid}/stat"))));
+                let i = index(&m.path(&format!("{g}/task/{tid}/stat")));
+                v.extend(i.map(|i| (tid, i)));
             }
         }
         v
     };
-    // More paths than the slack below (two per thread: its directory and its stat).
-    let mut threads = 0;
-    while threads < 300 {
-        threads += round().len();
+    // Threads enough that their paths (two each: its directory and its stat) would
+    // outnumber the slack below had no number been given back.
+    let mut threads = std::collections::HashSet::new();
+    while threads.len() < 300 {
+        threads.extend(round().into_iter().map(|(tid, _)| tid));
     }
     // New threads' paths get numbers given back, not ever higher ones. The kernel lets go
     // of what it no longer uses (it would under memory pressure) and tells the server
@@ -1674,7 +1678,11 @@ fn paths_of_exited_threads_are_forgotten_and_live_ones_keep_their_numbers() {
     // tries before are forgotten too, however busy the machine.
     eventually("numbers given back", Duration::from_secs(30), || {
         std::fs::write("/proc/sys/vm/drop_caches", "2").expect("drop caches");
-        round().into_iter().max().filter(|&i| i < 4096 + 256)
+        round()
+            .into_iter()
+            .map(|(_, i)| i)
+            .max()
+            .filter(|&i| i < 4096 + 256)
     });
     assert_eq!(
         std::fs::metadata(&main).expect("the main thread").ino(),
