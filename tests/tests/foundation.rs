@@ -1597,6 +1597,98 @@ fn a_stopped_shepherd_zygote_does_not_hang_spawns() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Node `n`'s own cluster /proc view (a FUSE mount in its mount namespace) with its server
+/// stopped: whatever touches it waits. Dropped: the server goes on.
+struct StoppedView(nix::unistd::Pid);
+
+impl StoppedView {
+    fn new(c: &Cluster, n: u32) -> StoppedView {
+        let at = c.node_dir(n).join("proc");
+        let at = at.to_string_lossy();
+        let server = eventually("node's view server", Duration::from_secs(30), || {
+            host_processes_mentioning(&format!("--node {n} "))
+                .iter()
+                .filter(|l| l.trim_end().ends_with(at.as_ref()))
+                .filter_map(|l| l.split_once(':')?.0.parse::<i32>().ok())
+                .find(|pid| {
+                    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                        .is_ok_and(|c| c.trim() == "clan-procfs")
+                })
+        });
+        let server = nix::unistd::Pid::from_raw(server);
+        nix::sys::signal::kill(server, nix::sys::signal::Signal::SIGSTOP).unwrap();
+        StoppedView(server)
+    }
+}
+
+impl Drop for StoppedView {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(self.0, nix::sys::signal::Signal::SIGCONT);
+    }
+}
+
+/// A host process of `cgroup` (by its name) blocked in an execve.
+fn exec_waiting_in(cgroup: &str) -> Option<i32> {
+    let call = format!("{} ", libc::SYS_execve);
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+        let sc = std::fs::read_to_string(format!("/proc/{pid}/syscall")).ok()?;
+        let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+        (sc.starts_with(&call) && cg.contains(cgroup)).then_some(pid)
+    })
+}
+
+/// A Ctrl-C reaches a process whose start hangs, as it would a local one: its exec waits
+/// on a mount whose server does not answer. The stub's SIGINT goes with the start to the
+/// process's node and its shepherd gives it to the process, which dies of it; the start
+/// ends, and the stub dies of SIGINT too. (The stub used to hold the signal until the
+/// start answered: never, here.)
+#[test]
+fn a_ctrl_c_reaches_a_process_whose_exec_hangs() {
+    root_or_skip!("a_ctrl_c_reaches_a_process_whose_exec_hangs");
+    let c = Cluster::up(2);
+    let Some(cgroup) = c
+        .cgroup()
+        .and_then(|p| p.file_name())
+        .map(|n| n.to_string_lossy().into_owned())
+    else {
+        eprintln!("skipped a_ctrl_c_reaches_a_process_whose_exec_hangs: no cgroup v2 to find the process by");
+        return;
+    };
+    let m = StoppedView::new(&c, 2);
+    let prog = c.node_dir(2).join("proc").join("waits").join("here");
+    let mut stub = c
+        .cmd()
+        .args(["run", "--node", "2", "--", prog.to_str().unwrap()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let waiting = eventually(
+        "the exec waiting on the mount",
+        Duration::from_secs(60),
+        || exec_waiting_in(&cgroup),
+    );
+    let pid = nix::unistd::Pid::from_raw(stub.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
+    let st = eventually("the stub's end", Duration::from_secs(60), || {
+        stub.try_wait().unwrap()
+    });
+    let mut err = String::new();
+    let _ = std::io::Read::read_to_string(stub.stderr.as_mut().unwrap(), &mut err);
+    assert_eq!(st.signal(), Some(libc::SIGINT), "{st:?}: {err}");
+    assert!(
+        !std::path::Path::new(&format!("/proc/{waiting}")).exists()
+            || exec_waiting_in(&cgroup).is_none(),
+        "the process still waits in its exec"
+    );
+    drop(m);
+    // The node goes on starting processes.
+    let o = c.clan(&["run", "--node", "2", "--", "true"]);
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
+}
+
 /// A stub on node 1 of `script` on node 2 (which prints "ready" first), and its stdout.
 /// The stub leads a process group of its own in the test's session, as a shell's job
 /// does: a group whose parent is in another group of the session is not orphaned, so a

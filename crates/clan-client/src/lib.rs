@@ -333,20 +333,7 @@ impl Client {
         op: Op,
     ) -> Result<Reply> {
         write_frame(wr, &pb::LocalRequest { id, op: Some(op) }).await?;
-        let reply: pb::LocalReply = read_frame(rd)
-            .await
-            .map_err(|e| ClientError::Protocol(e.to_string()))?
-            .ok_or_else(|| {
-                ClientError::Io(std::io::Error::new(
-                    std::io::ErrorKind::UnexpectedEof,
-                    "cland closed the connection",
-                ))
-            })?;
-        match reply.reply {
-            Some(Reply::Error(e)) => Err(ClientError::Remote(e)),
-            Some(r) => Ok(r),
-            None => Err(ClientError::Protocol("empty reply".into())),
-        }
+        reply_of(read_frame(rd).await)
     }
 
     /// Sends one request on the shared connection.
@@ -382,10 +369,53 @@ impl Client {
 
     /// Starts attached processes: their output, signals and exit come through the session.
     pub async fn run(&self, spec: RunSpec) -> Result<Session> {
+        self.run_signalled(spec, &mut tokio::sync::mpsc::unbounded_channel().1)
+            .await
+    }
+
+    /// [`Client::run`], with the caller's signals for the processes while they start
+    /// (`signals`, before their gpids are known): cland gives them to the processes
+    /// starting, so that a Ctrl-C reaches one whose exec hangs (on a mount that does not
+    /// answer), as the kernel would give it to a local one. Those that come once the
+    /// session is returned are the caller's to send on it.
+    pub async fn run_signalled(
+        &self,
+        spec: RunSpec,
+        signals: &mut tokio::sync::mpsc::UnboundedReceiver<i32>,
+    ) -> Result<Session> {
         let mut spec = spec;
         spec.detached = false;
         let (mut rd, mut wr) = self.open().await?;
-        match Self::request_on(&mut rd, &mut wr, 1, Op::Run(spec.to_request())).await? {
+        let run = pb::LocalRequest {
+            id: 1,
+            op: Some(Op::Run(spec.to_request())),
+        };
+        write_frame(&mut wr, &run).await?;
+        let read = {
+            // Polled to its end, never dropped halfway (a frame read is not cancel safe).
+            let read = read_frame::<pb::LocalReply, _>(&mut rd);
+            tokio::pin!(read);
+            let mut open = true;
+            loop {
+                tokio::select! {
+                    biased;
+                    r = &mut read => break r,
+                    sig = signals.recv(), if open => match sig {
+                        Some(sig) => {
+                            let op = Op::Input(pb::SessionInput {
+                                gpid: 0,
+                                input: Some(pb::session_input::Input::Signal(sig)),
+                            });
+                            // A broken connection is told by the reply.
+                            let _ = write_frame(&mut wr, &pb::LocalRequest { id: 0, op: Some(op) })
+                                .await;
+                        }
+                        None => open = false,
+                    },
+                }
+            }
+        };
+        match reply_of(read)? {
             Reply::Started(s) => {
                 let reattach_ms = s.reattach_ms;
                 let started = Started::from_pb(s)?;
@@ -784,6 +814,25 @@ impl Client {
         }))
         .await
         .map(|_| ())
+    }
+}
+
+/// A reply read from cland, or why there is none.
+fn reply_of(
+    read: std::result::Result<Option<pb::LocalReply>, clan_proto::FrameError>,
+) -> Result<Reply> {
+    let reply = read
+        .map_err(|e| ClientError::Protocol(e.to_string()))?
+        .ok_or_else(|| {
+            ClientError::Io(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "cland closed the connection",
+            ))
+        })?;
+    match reply.reply {
+        Some(Reply::Error(e)) => Err(ClientError::Remote(e)),
+        Some(r) => Ok(r),
+        None => Err(ClientError::Protocol("empty reply".into())),
     }
 }
 

@@ -6,6 +6,7 @@ use crate::error::{Error, Result};
 use crate::node::Node;
 use crate::placement::LoadManager;
 use crate::process::group::Kind;
+use crate::process::vproc::PendingSignals;
 use crate::process::wait::{check_wait_len, WaitEvent, WaitFlags};
 use crate::session::{Endpoint, Start, StubRelay};
 use clan_core::unixconn::{ReadHalf as OwnedReadHalf, UnixConn, WriteHalf as OwnedWriteHalf};
@@ -18,7 +19,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::BufReader;
+use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
@@ -407,6 +408,7 @@ impl Node {
                     size,
                     parent_node: self.id,
                     parent: parent_gpid,
+                    pending: None,
                 })
                 .await
                 .map(|vp| vp.gpid)
@@ -462,7 +464,7 @@ impl Node {
         r: pb::RunRequest,
         creds: pb::Creds,
         stub: Option<OwnedFd>,
-        rd: BufReader<OwnedReadHalf>,
+        mut rd: BufReader<OwnedReadHalf>,
         mut wr: OwnedWriteHalf,
     ) {
         let fail = |e: Error| pb::LocalReply {
@@ -496,14 +498,22 @@ impl Node {
             .filter(|_| stub.as_ref().is_some_and(pidfd_alive))
             .map_or(0, |(_, t)| t);
         let (out_tx, out_rx) = mpsc::channel(64);
-        let mut endpoints = HashMap::new();
+        let mut endpoints: HashMap<Gpid, Endpoint> = HashMap::new();
         let mut started = pb::Started {
             gpids: vec![],
             job,
             nodes: vec![],
             ..Default::default()
         };
+        // The stub's signals while its processes start (it has no gpid to name yet): to
+        // the processes started, to the one starting, and to those started after.
+        let mut signalled: Vec<i32> = Vec::new();
+        let mut stub_open = true;
         for (rank, &t) in targets.iter().enumerate() {
+            let pending = PendingSignals::new();
+            for &sig in &signalled {
+                pending.signal(sig);
+            }
             let s = Start {
                 target: t,
                 spec: spec.clone(),
@@ -512,9 +522,48 @@ impl Node {
                 rank: rank as u32,
                 size,
                 parent: parent_gpid,
+                pending: pending.clone(),
             };
-            match self.start_attached(s, out_tx.clone()).await {
+            let start = self.start_attached(s, out_tx.clone());
+            tokio::pin!(start);
+            let res = loop {
+                tokio::select! {
+                    biased;
+                    r = &mut start => break r,
+                    // Cancel safe: nothing is taken from the buffer until a frame is there.
+                    more = rd.fill_buf(), if stub_open => {
+                        if more.map_or(true, |b| b.is_empty()) {
+                            stub_open = false; // gone: seen again by serve_stub
+                            continue;
+                        }
+                    }
+                }
+                // The stub writes each frame whole: the rest of it is there or on its way.
+                match read_request(&mut rd).await {
+                    Ok(Some(pb::LocalRequest {
+                        op:
+                            Some(Op::Input(pb::SessionInput {
+                                input: Some(pb::session_input::Input::Signal(sig)),
+                                ..
+                            })),
+                        ..
+                    })) => {
+                        signalled.push(sig);
+                        pending.signal(sig);
+                        for (g, ep) in &endpoints {
+                            ep.input(*g, pb::session_input::Input::Signal(sig));
+                        }
+                    }
+                    Ok(Some(_)) => {}
+                    Ok(None) | Err(_) => stub_open = false,
+                }
+            };
+            match res {
                 Ok((g, ep)) => {
+                    // What came after the start took its last.
+                    for sig in pending.take() {
+                        ep.input(g, pb::session_input::Input::Signal(sig));
+                    }
                     started.gpids.push(g.raw());
                     started.nodes.push(t.get());
                     endpoints.insert(g, ep);

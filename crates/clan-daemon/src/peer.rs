@@ -794,6 +794,7 @@ impl Node {
                         size: s.size,
                         parent_node: NodeId::new(s.parent_node).unwrap_or(from),
                         parent: s.parent,
+                        pending: None,
                     })
                     .await?;
                 Ok(Reply::Started(pb::Started {

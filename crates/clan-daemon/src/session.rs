@@ -16,7 +16,7 @@
 use crate::error::{Error, Result};
 use crate::node::Node;
 use crate::peer::{DialError, Peer};
-use crate::process::vproc::{Refused, SpawnLocal, VProc};
+use crate::process::vproc::{PendingSignals, Refused, SpawnLocal, VProc};
 use clan_core::{Gpid, NodeId};
 use clan_proto::auth::{PeerReader, PeerWriter};
 use clan_proto::pb::{self, peer_frame::Frame, session_input::Input, shepherd_in::Msg as In};
@@ -92,6 +92,8 @@ pub struct Start {
     pub size: u32,
     /// Gpid of the process that ran `clan run` (0: none in the cluster).
     pub parent: u64,
+    /// The stub's signals while the process starts.
+    pub pending: Arc<PendingSignals>,
 }
 
 impl Node {
@@ -112,6 +114,7 @@ impl Node {
                         size: s.size,
                         parent_node: self.id,
                         parent: s.parent,
+                        pending: Some(s.pending.clone()),
                     },
                     Some(out),
                 )
@@ -135,7 +138,9 @@ impl Node {
             })),
         };
         crate::peer::check_request_size(&req)?;
-        let started = self.remote_session(s.target, &req, out, "start").await?;
+        let started = self
+            .remote_session(s.target, &req, out, "start", Some(&s.pending))
+            .await?;
         self.note_member(s.target, &s.creds);
         Ok(started)
     }
@@ -167,7 +172,7 @@ impl Node {
                 self.reattach_local(&from, creds, out.clone(), self.id)
                     .map(|(vp, session)| Endpoint::Local(vp, session))
             } else {
-                self.remote_session(node, &req, out.clone(), "reattach")
+                self.remote_session(node, &req, out.clone(), "reattach", None)
                     .await
                     .map(|(_, ep)| ep)
             };
@@ -208,6 +213,7 @@ impl Node {
         req: &pb::PeerFrame,
         out: mpsc::Sender<pb::SessionOutput>,
         what: &str,
+        pending: Option<&PendingSignals>,
     ) -> Result<(Gpid, Endpoint)> {
         let peer = self.peer(target)?.clone();
         let lost = |e: &dyn std::fmt::Display| Error::NodeDown(format!("node {target}: {e}"));
@@ -226,12 +232,12 @@ impl Node {
                 Some(c) => c,
                 None => self.open_session(&peer).await?,
             };
-            let mut r = ask(&mut rd, &mut wr, req).await;
+            let mut r = ask(&mut rd, &mut wr, req, pending).await;
             if from_spare && matches!(r, Err(Asked::Unsent(_))) {
                 // Not written whole (a spare that broke between its look and the write):
                 // the peer can not have taken it, so it goes on a fresh connection.
                 (rd, wr) = self.open_session(&peer).await?;
-                r = ask(&mut rd, &mut wr, req).await;
+                r = ask(&mut rd, &mut wr, req, pending).await;
             }
             let r = r.map_err(|e| match e {
                 Asked::Unsent(e) => lost(&e),
@@ -399,16 +405,46 @@ enum Asked {
     Unanswered(String),
 }
 
-/// Sends the session's first request (a spawn or a reattach) and reads its reply.
+/// Sends the session's first request (a spawn or a reattach) and reads its reply; the
+/// stub's signals meanwhile (`pending`) follow the spawn on the connection, for the
+/// process that is starting.
 async fn ask(
     rd: &mut PeerReader<BufReader<OwnedReadHalf>>,
     wr: &mut PeerWriter<OwnedWriteHalf>,
     req: &pb::PeerFrame,
+    pending: Option<&PendingSignals>,
 ) -> std::result::Result<pb::peer_reply::Reply, Asked> {
     wr.write(req)
         .await
         .map_err(|e| Asked::Unsent(e.to_string()))?;
-    match rd.read().await {
+    // Polled to its end, never dropped halfway (PeerReader::read is not cancel safe).
+    let reply = rd.read();
+    tokio::pin!(reply);
+    let read = loop {
+        let signals = async {
+            match pending {
+                Some(p) => p.next().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            biased;
+            r = &mut reply => break r,
+            sigs = signals => {
+                for sig in sigs {
+                    let f = pb::PeerFrame {
+                        frame: Some(Frame::Input(pb::SessionInput {
+                            gpid: 0,
+                            input: Some(Input::Signal(sig)),
+                        })),
+                    };
+                    // A broken connection is told by the reply.
+                    let _ = wr.write(&f).await;
+                }
+            }
+        }
+    };
+    match read {
         Ok(Some(pb::PeerFrame {
             frame: Some(Frame::Reply(pb::PeerReply { reply: Some(r), .. })),
         })) => Ok(r),
@@ -575,64 +611,26 @@ pub async fn serve_remote(
     // Output and the exit status queue here from the process's start (or the reattach);
     // they go out after the reply.
     let (tx, mut rx) = mpsc::channel(64);
-    let taken = match req.op {
-        Some(pb::peer_request::Op::Spawn(s)) => node
-            .spawn_local_to(
-                SpawnLocal {
-                    spec: s.spec.unwrap_or_default(),
-                    creds: s.creds.or(req.creds).unwrap_or_default(),
-                    job: s.job,
-                    rank: s.rank,
-                    size: s.size,
-                    parent_node: from,
-                    parent: s.parent,
-                },
-                Some(tx),
-            )
-            .await
-            .map(|vp| (vp, 0)),
-        Some(pb::peer_request::Op::Reattach(r)) => match r.items.first() {
-            Some(item) => node.reattach_local(item, &req.creds.unwrap_or_default(), tx, from),
-            None => Err(Error::Invalid("a reattach names no process".into())),
-        },
-        _ => Err(Error::Invalid(
-            "a session starts with a spawn or a reattach".into(),
-        )),
-    };
-    let (vp, session) = match taken {
-        Ok(x) => x,
-        Err(e) => {
-            let _ = wr
-                .write(&reply(pb::peer_reply::Reply::Error(e.into())))
-                .await;
-            return;
-        }
-    };
-    let started = pb::Started {
-        gpids: vec![vp.gpid.raw()],
-        job: vp.job,
-        nodes: vec![node.id.get()],
-        reattach_ms: node.cfg.reattach_ms,
-    };
-    if wr
-        .write(&reply(pb::peer_reply::Reply::Started(started)))
-        .await
-        .is_err()
-    {
-        // The stub's node went away before it knew: it may reattach.
-        node.park(&vp, session);
-        return;
-    }
-    // Input has a task of its own: PeerReader::read is not cancel safe, so it must never be
-    // a branch of a select! that another branch can win halfway through a frame.
+    // Input has a task of its own, from before the start: the stub's signals may follow
+    // the spawn (a Ctrl-C while the exec hangs), and go to the process starting; the rest
+    // comes once it has started. PeerReader::read is not cancel safe, so it must never
+    // be a branch of a select! that another branch can win halfway through a frame.
     // It returns how the stub's side ended the session. Aborting it is not enough to stop
     // it relaying: a task that finds its frames already received runs on until it yields,
     // which on a busy node can be after a newer session's `Resume`; so each message goes
     // only while this session is the latest (`VProc::send_from`).
-    let input_vp = vp.clone();
+    let pending = PendingSignals::new();
+    let route = pending.clone();
     let mut input = tokio::spawn(async move {
         while let Ok(Some(f)) = rd.read().await {
             if let Some(Frame::Input(pb::SessionInput { input: Some(i), .. })) = f.frame {
+                let Some((input_vp, session)) = route.process() else {
+                    // Still starting: only a signal means something yet.
+                    if let Input::Signal(sig) = i {
+                        route.signal(sig);
+                    }
+                    continue;
+                };
                 match i {
                     Input::Release(_) => {
                         input_vp.send(In::Release(true));
@@ -652,6 +650,58 @@ pub async fn serve_remote(
         }
         Ended::Broken
     });
+    let taken = match req.op {
+        Some(pb::peer_request::Op::Spawn(s)) => node
+            .spawn_local_to(
+                SpawnLocal {
+                    spec: s.spec.unwrap_or_default(),
+                    creds: s.creds.or(req.creds).unwrap_or_default(),
+                    job: s.job,
+                    rank: s.rank,
+                    size: s.size,
+                    parent_node: from,
+                    parent: s.parent,
+                    pending: Some(pending.clone()),
+                },
+                Some(tx),
+            )
+            .await
+            .map(|vp| (vp, 0)),
+        Some(pb::peer_request::Op::Reattach(r)) => match r.items.first() {
+            Some(item) => node.reattach_local(item, &req.creds.unwrap_or_default(), tx, from),
+            None => Err(Error::Invalid("a reattach names no process".into())),
+        },
+        _ => Err(Error::Invalid(
+            "a session starts with a spawn or a reattach".into(),
+        )),
+    };
+    let (vp, session) = match taken {
+        Ok(x) => x,
+        Err(e) => {
+            input.abort();
+            let _ = wr
+                .write(&reply(pb::peer_reply::Reply::Error(e.into())))
+                .await;
+            return;
+        }
+    };
+    pending.started(&vp, session);
+    let started = pb::Started {
+        gpids: vec![vp.gpid.raw()],
+        job: vp.job,
+        nodes: vec![node.id.get()],
+        reattach_ms: node.cfg.reattach_ms,
+    };
+    if wr
+        .write(&reply(pb::peer_reply::Reply::Started(started)))
+        .await
+        .is_err()
+    {
+        // The stub's node went away before it knew: it may reattach.
+        input.abort();
+        node.park(&vp, session);
+        return;
+    }
     // The stub's node declared dead (a partition leaves the connection open but silent).
     let mut deaths = match node.peer(from) {
         Ok(p) => p.deaths.subscribe(),

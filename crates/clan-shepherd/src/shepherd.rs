@@ -526,6 +526,54 @@ fn ignored_in_child() -> u64 {
     }
 }
 
+/// What the child wrote on its error pipe before it went (empty: its exec took, or it
+/// died before). Until then, signals cland sends for the process that is starting (its
+/// stub's Ctrl-C) go to the child, as they would to a local process whose exec waits:
+/// one hung in its exec (a program or working directory on a mount whose server does not
+/// answer) dies of a fatal one, and the start ends with that death.
+fn exec_outcome(mut err_r: File, from_cland: &mut File, child: &OwnedFd) -> String {
+    let mut msg = Vec::new();
+    let mut cland_open = true;
+    loop {
+        let (err_ready, cland_ready) = {
+            let mut fds = vec![PollFd::new(err_r.as_fd(), PollFlags::POLLIN)];
+            if cland_open {
+                fds.push(PollFd::new(from_cland.as_fd(), PollFlags::POLLIN));
+            }
+            match poll(&mut fds, PollTimeout::NONE) {
+                Ok(_) => {}
+                Err(nix::errno::Errno::EINTR) => continue,
+                Err(_) => break,
+            }
+            let ready = |f: &PollFd| f.revents().is_some_and(|r| !r.is_empty());
+            (ready(&fds[0]), fds.get(1).is_some_and(ready))
+        };
+        if cland_ready {
+            // Whole frames: cland writes each in one piece, before and after the report.
+            match read_frame_sync::<pb::ShepherdIn, _>(from_cland) {
+                Ok(Some(pb::ShepherdIn {
+                    msg: Some(In::Signal(sig)),
+                })) => {
+                    let _ = sys::pidfd_send_signal(child, sig);
+                }
+                Ok(Some(_)) => {}
+                // cland gone: the start goes on, and a restarted cland finds it.
+                Ok(None) | Err(_) => cland_open = false,
+            }
+        }
+        if err_ready {
+            let mut buf = [0u8; 512];
+            match err_r.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => msg.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => break,
+            }
+        }
+    }
+    String::from_utf8_lossy(&msg).into_owned()
+}
+
 fn start(
     spec: &pb::ShepherdSpec,
     out: &mut File,
@@ -765,8 +813,7 @@ fn start(
     drop(err_w);
     drop(keep);
     let pidfd = sys::pidfd_open(child).map_err(|e| internal("pidfd_open", &e))?;
-    let mut msg = String::new();
-    let _ = File::from(err_r).read_to_string(&mut msg);
+    let msg = exec_outcome(File::from(err_r), from_cland, &pidfd);
     if !msg.is_empty() {
         let _ = sys::wait_pidfd(&pidfd, false, false);
         let (errno, what) = msg.split_once(':').unwrap_or(("0", msg.as_str()));

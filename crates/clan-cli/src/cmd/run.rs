@@ -366,18 +366,29 @@ pub async fn run_spec(c: Client, mut spec: RunSpec, label: bool) -> ExitCode {
     }
     // The stub's own setup (its fifty signal handlers) overlaps the wait for the process
     // to start: the spawn goes out first (its connection is made in the same poll). A
-    // signal that comes before the handlers are in place waits, blocked, and is forwarded
-    // once they are, as any later one.
+    // signal that comes before the handlers are in place waits, blocked, until they are.
+    // While the process starts, its signals go to cland with the start (a Ctrl-C must
+    // reach a process whose exec hangs); once it has started, on its session.
     let held = HeldSignals::hold(&forwarded);
+    let (sig_tx, mut signals) = mpsc::unbounded_channel::<i32>();
     let setup = async {
-        forwarded
+        for (sig, mut s) in forwarded
             .iter()
             .copied()
             .filter_map(|sig| signal(SignalKind::from_raw(sig)).ok().map(|s| (sig, s)))
-            .collect::<Vec<_>>()
+        {
+            let sig_tx = sig_tx.clone();
+            tokio::spawn(async move {
+                while s.recv().await.is_some() {
+                    if sig_tx.send(sig).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+        drop(held);
     };
-    let (session, handlers) = tokio::join!(c.run(spec), setup);
-    drop(held);
+    let (session, ()) = tokio::join!(c.run_signalled(spec, &mut signals), setup);
     let session = match session {
         Ok(s) => s,
         Err(e) => return start_error(&e),
@@ -468,13 +479,12 @@ pub async fn run_spec(c: Client, mut spec: RunSpec, label: bool) -> ExitCode {
     } else {
         drop(piped_tx);
     }
-    for (sig, mut s) in handlers {
+    {
         let tx = tx.clone();
-        let cont = (sig == libc::SIGCONT).then(|| cont_tx.clone());
         tokio::spawn(async move {
-            while s.recv().await.is_some() {
-                if let Some(c) = &cont {
-                    let _ = c.send(());
+            while let Some(sig) = signals.recv().await {
+                if sig == libc::SIGCONT {
+                    let _ = cont_tx.send(());
                 }
                 if tx.send(Cmd::All(Input::Signal(sig))).is_err() {
                     return;
@@ -482,7 +492,6 @@ pub async fn run_spec(c: Client, mut spec: RunSpec, label: bool) -> ExitCode {
             }
         });
     }
-    drop(cont_tx);
     if tty {
         if let Ok(mut s) = signal(SignalKind::window_change()) {
             let tx = tx.clone();

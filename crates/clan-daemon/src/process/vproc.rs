@@ -224,6 +224,83 @@ async fn answered(mut w: Waiting) -> std::result::Result<Waiting, String> {
     }
 }
 
+/// Signals for a process that is starting, from its stub (a Ctrl-C while its exec hangs
+/// on a mount that does not answer, or is only slow): queued until the start takes them
+/// (the shepherd gives them to its child before the exec has taken, as the kernel would
+/// to a local process in its exec), and once the process has started, sent to it as any
+/// later signal. One per start; its lock is the only order between the two.
+pub struct PendingSignals {
+    state: NamedMutex<Pending>,
+    more: tokio::sync::Notify,
+}
+
+enum Pending {
+    Starting(Vec<i32>),
+    Started(Arc<VProc>, u64),
+}
+
+impl PendingSignals {
+    pub fn new() -> Arc<PendingSignals> {
+        Arc::new(PendingSignals {
+            state: NamedMutex::new("vproc.pending_signals", Pending::Starting(Vec::new())),
+            more: tokio::sync::Notify::new(),
+        })
+    }
+
+    /// A signal for the process: queued while it starts, sent to it once started.
+    pub fn signal(&self, sig: i32) {
+        match &mut *self.state.lock() {
+            Pending::Starting(q) => {
+                q.push(sig);
+                self.more.notify_one();
+            }
+            Pending::Started(vp, session) => {
+                vp.send_from(*session, In::Signal(sig));
+            }
+        }
+    }
+
+    /// The signals queued since the last take (empty once started).
+    pub fn take(&self) -> Vec<i32> {
+        match &mut *self.state.lock() {
+            Pending::Starting(q) => std::mem::take(q),
+            Pending::Started(..) => Vec::new(),
+        }
+    }
+
+    /// Waits for queued signals and takes them; never returns once the process started.
+    /// Cancel safe: what it takes, it returns in the same poll.
+    pub async fn next(&self) -> Vec<i32> {
+        loop {
+            let q = self.take();
+            if !q.is_empty() {
+                return q;
+            }
+            self.more.notified().await;
+        }
+    }
+
+    /// The process started (its session `session` is the stub's): what is queued, and
+    /// every signal after, goes to it.
+    pub fn started(&self, vp: &Arc<VProc>, session: u64) {
+        let mut st = self.state.lock();
+        if let Pending::Starting(q) = &mut *st {
+            for sig in std::mem::take(q) {
+                vp.send_from(session, In::Signal(sig));
+            }
+        }
+        *st = Pending::Started(vp.clone(), session);
+    }
+
+    /// The process the signals are for, once started.
+    pub fn process(&self) -> Option<(Arc<VProc>, u64)> {
+        match &*self.state.lock() {
+            Pending::Started(vp, session) => Some((vp.clone(), *session)),
+            Pending::Starting(_) => None,
+        }
+    }
+}
+
 /// What to start: the request as the daemon sees it.
 pub struct SpawnLocal {
     pub spec: pb::ProcSpec,
@@ -234,6 +311,8 @@ pub struct SpawnLocal {
     pub parent_node: NodeId,
     /// Gpid of its parent in the cluster (0: none), the ppid the cluster /proc shows.
     pub parent: u64,
+    /// Signals from its stub while it starts (attached runs).
+    pub pending: Option<Arc<PendingSignals>>,
 }
 
 /// What cland knows of a shepherd once linked to it.
@@ -489,11 +568,31 @@ impl Node {
         }
         tell(&mut stdin, In::Start(true), "start the shepherd").await?;
         // The pipes stay the link to the shepherd: no socket to connect and no hello to
-        // wait for (its socket is for a restarted cland).
+        // wait for (its socket is for a restarted cland). Until it reports, the stub's
+        // signals go to it as they come (an exec may hang: a Ctrl-C must reach it).
         let mut stdout = BufReader::new(stdout);
-        let ready: Option<pb::ShepherdReady> = read_frame(&mut stdout)
-            .await
-            .map_err(|e| Error::internal("read shepherd report", e))?;
+        let ready = {
+            let report = read_frame::<pb::ShepherdReady, _>(&mut stdout);
+            tokio::pin!(report);
+            loop {
+                let signals = async {
+                    match &req.pending {
+                        Some(p) => p.next().await,
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    biased;
+                    r = &mut report => break r,
+                    sigs = signals => {
+                        for sig in sigs {
+                            tell(&mut stdin, In::Signal(sig), "signal the starting process").await?;
+                        }
+                    }
+                }
+            }
+        };
+        let ready = ready.map_err(|e| Error::internal("read shepherd report", e))?;
         let ready =
             ready.ok_or_else(|| Error::Internal("shepherd exited without a report".into()))?;
         if let Some(e) = ready.error {
