@@ -968,11 +968,7 @@ fn escapes(method: &str) {
             .filter(|p| state(p) != "Z" || !started_gpids.contains(&gpid(p)))
             .collect()
     };
-    if within(Duration::from_secs(5), || {
-        strays(&c).is_empty().then_some(())
-    })
-    .is_none()
-    {
+    if within(LIMIT, || strays(&c).is_empty().then_some(())).is_none() {
         let s = strays(&c);
         let live: Vec<&Value> = s.iter().filter(|p| state(p) != "Z").collect();
         let zombies: Vec<String> = s

@@ -458,11 +458,18 @@ fn limits_accounting_and_joining_jobs() {
         let log = c.clan_ok(&["logs", &gpid]);
         log.contains("fork").then_some(log)
     });
-    assert_eq!(
-        host_processes_mentioning("sleep 1070").len(),
-        4,
-        "{log}: {:?}",
-        host_processes_mentioning("sleep 1070")
+    // Four sleeps, once the shell (whose command line mentions them too) has ended.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let seen = loop {
+        let seen = host_processes_mentioning("sleep 1070");
+        if seen.len() == 4 || std::time::Instant::now() > deadline {
+            break seen;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(
+        seen.len() == 4 && seen.iter().all(|l| l.trim_end().ends_with(": sleep 1070")),
+        "{log}: {seen:?}"
     );
     let show = c.clan_ok(&["job", "show", &job]);
     let row: Vec<&str> = show
@@ -905,7 +912,7 @@ fn a_slow_subtree_suspend_on_another_node_is_waited_for() {
 fn a_signals_suspend_does_not_stop_the_stub() {
     root_or_skip!("a_signals_suspend_does_not_stop_the_stub");
     use std::io::{BufRead, BufReader, Write};
-    let c = Cluster::up(2);
+    let c = Cluster::up_restartable(2);
     let mut stub = KillOnDrop(
         c.cmd()
             .args([

@@ -1025,7 +1025,11 @@ fn readers_of_a_silent_node_do_not_hold_up_the_others() {
             std::thread::spawn(move || {
                 tx.send(nix::unistd::gettid().as_raw()).unwrap();
                 let r = std::fs::read_to_string(path);
-                done.fetch_add(1, Ordering::SeqCst);
+                // Those that got their file (an EIO is the view giving up on node 3 after
+                // its timeout, which a busy machine may reach before node 2's read).
+                if r.is_ok() {
+                    done.fetch_add(1, Ordering::SeqCst);
+                }
                 r
             })
         })
@@ -1118,7 +1122,7 @@ fn cland_restarting_gives_eio_then_the_view_reconnects() {
 #[test]
 fn reads_go_on_after_the_linked_nodes_cland_restarts() {
     root_or_skip!("reads_go_on_after_the_linked_nodes_cland_restarts");
-    let c = Cluster::up(3);
+    let c = Cluster::up_restartable(3);
     let g = c.spawn(2, &["sleep", "600"]);
     let m = Mounted::new(&c);
     let status = format!("{g}/status");
@@ -1669,7 +1673,13 @@ fn paths_of_exited_threads_are_forgotten_and_live_ones_keep_their_numbers() {
     // Threads enough that their paths (two each: its directory and its stat) would
     // outnumber the slack below had no number been given back.
     let mut threads = std::collections::HashSet::new();
+    let t0 = std::time::Instant::now();
     while threads.len() < 300 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "only {} threads seen in two minutes",
+            threads.len()
+        );
         threads.extend(round().into_iter().map(|(tid, _)| tid));
     }
     // New threads' paths get numbers given back, not ever higher ones. The kernel lets go
