@@ -401,6 +401,10 @@ pub fn ended(o: &Output) -> (Option<i32>, Option<i32>) {
 
 /// A local user for permission tests, created if missing.
 pub fn test_user(name: &str) -> u32 {
+    // One useradd at a time: tests of one binary run in parallel, and useradd's locks on
+    // the user and group files refuse a second one.
+    static USERADD: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = USERADD.lock().unwrap_or_else(|e| e.into_inner());
     if nix::unistd::User::from_name(name).ok().flatten().is_none() {
         let st = Command::new("useradd")
             .args(["--no-create-home", "--shell", "/bin/sh", name])

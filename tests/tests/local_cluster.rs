@@ -518,54 +518,72 @@ fn an_interrupted_up_stops_what_it_started() {
         (nix::sys::signal::Signal::SIGINT, 130),
         (nix::sys::signal::Signal::SIGTERM, 143),
     ] {
-        let dir = t.0.join(format!("c{code}"));
-        let d = dir.display().to_string();
-        let mut g = Guard::new(&dir);
-        let port = free_ports(2).to_string();
-        let mut args = vec!["--dir", &d, "up", "-n", "2", "--base-port", &port];
-        args.extend_from_slice(FAST);
-        let mut up = KillOnDrop(
-            Command::new(bin("clan"))
-                .args(&args)
-                .env_remove("CLAN_DIR")
-                .stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .expect("clan up"),
-        );
-        // Node 2's cland holds still as soon as it is there, so the cluster is not ready
-        // while clan up waits for it.
-        let clands: Vec<Proc> = (1..=2)
-            .map(|n| {
-                eventually("the node's cland", Duration::from_secs(20), || {
-                    let p = pid_in(&dir, n, "cland.pid")?;
-                    let comm = std::fs::read_to_string(format!("/proc/{p}/comm")).ok()?;
-                    (comm.trim() == "cland").then(|| Proc::of(p))
+        // A try whose clan up was done before node 2 held still had nothing to interrupt.
+        let mut tries = 0;
+        let (dir, g) = loop {
+            tries += 1;
+            let dir = t.0.join(format!("c{code}-{tries}"));
+            let d = dir.display().to_string();
+            let mut g = Guard::new(&dir);
+            let port = free_ports(2).to_string();
+            let mut args = vec!["--dir", &d, "up", "-n", "2", "--base-port", &port];
+            args.extend_from_slice(FAST);
+            let mut up = KillOnDrop(
+                Command::new(bin("clan"))
+                    .args(&args)
+                    .env_remove("CLAN_DIR")
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .expect("clan up"),
+            );
+            // Node 2's cland holds still as soon as it is there, so the cluster is not ready
+            // while clan up waits for it.
+            let clands: Vec<Proc> = (1..=2)
+                .map(|n| {
+                    eventually("the node's cland", Duration::from_secs(20), || {
+                        let p = pid_in(&dir, n, "cland.pid")?;
+                        let comm = std::fs::read_to_string(format!("/proc/{p}/comm")).ok()?;
+                        (comm.trim() == "cland").then(|| Proc::of(p))
+                    })
                 })
-            })
-            .collect();
-        g.learn();
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(clands[1].0),
-            nix::sys::signal::Signal::SIGSTOP,
-        )
-        .unwrap();
-        nix::sys::signal::kill(nix::unistd::Pid::from_raw(up.0.id() as i32), sig).unwrap();
-        let status = eventually("clan up to end", Duration::from_secs(90), || {
-            up.0.try_wait().expect("wait for clan up")
-        });
-        let mut err = String::new();
-        up.0.stderr
-            .take()
-            .expect("stderr")
-            .read_to_string(&mut err)
+                .collect();
+            g.learn();
+            nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(clands[1].0),
+                nix::sys::signal::Signal::SIGSTOP,
+            )
             .unwrap();
-        assert_eq!(status.code(), Some(code), "{sig}: {err}");
-        assert!(err.contains("interrupted"), "{err}");
-        for p in &clands {
-            assert!(!p.lives(), "{p:?} lives on after {sig}");
-        }
+            if tries < 5 && up.0.try_wait().expect("wait for clan up").is_some() {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(clands[1].0),
+                    nix::sys::signal::Signal::SIGCONT,
+                );
+                let _ = Command::new(bin("clan"))
+                    .args(["--dir", &d, "down"])
+                    .env_remove("CLAN_DIR")
+                    .stdin(Stdio::null())
+                    .output();
+                continue;
+            }
+            nix::sys::signal::kill(nix::unistd::Pid::from_raw(up.0.id() as i32), sig).unwrap();
+            let status = eventually("clan up to end", Duration::from_secs(90), || {
+                up.0.try_wait().expect("wait for clan up")
+            });
+            let mut err = String::new();
+            up.0.stderr
+                .take()
+                .expect("stderr")
+                .read_to_string(&mut err)
+                .unwrap();
+            assert_eq!(status.code(), Some(code), "{sig}: {err}");
+            assert!(err.contains("interrupted"), "{err}");
+            for p in &clands {
+                assert!(!p.lives(), "{p:?} lives on after {sig}");
+            }
+            break (dir, g);
+        };
         assert!(!dir.exists(), "{} left behind", dir.display());
         if let Some(cg) = &g.cgroup {
             assert!(!cg.exists(), "{} left behind", cg.display());
