@@ -42,6 +42,36 @@ static LARGE_TURNS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(L
 /// the whole frame at once: only a client stopped halfway takes longer).
 const LARGE_BODY_TIME: Duration = Duration::from_secs(5);
 
+/// A start among several that go on at once in one task (the copies of a `-N` run).
+type Starting<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
+
+/// An attached process started: its gpid and where its session goes.
+type AttachedStart<'a> = Starting<'a, Result<(Gpid, Endpoint)>>;
+
+/// The next of `futs` to end, with its index, polled in the caller's task (no task of its
+/// own to wake, as for one start alone); `None` once all have ended. Cancel safe: the
+/// futures stay in `futs`.
+async fn next_done<T>(futs: &mut [Option<Starting<'_, T>>]) -> Option<(usize, T)> {
+    std::future::poll_fn(move |cx| {
+        let mut waiting = false;
+        for (i, slot) in futs.iter_mut().enumerate() {
+            if let Some(f) = slot {
+                if let std::task::Poll::Ready(r) = f.as_mut().poll(cx) {
+                    *slot = None;
+                    return std::task::Poll::Ready(Some((i, r)));
+                }
+                waiting = true;
+            }
+        }
+        if waiting {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(None)
+        }
+    })
+    .await
+}
+
 /// The next request of a local client; `None` when it closed the connection. A request
 /// longer than [`MAX_LOCAL_FRAME`] is refused from its length, before its body is read.
 async fn read_request(
@@ -398,62 +428,89 @@ impl Node {
         let parent_gpid = parent
             .and_then(|p| self.gpid_of_host(p))
             .map_or(0, |g| g.raw());
-        for (rank, &t) in targets.iter().enumerate() {
-            let res = if t == self.id {
-                self.spawn_local(crate::process::vproc::SpawnLocal {
-                    spec: spec.clone(),
-                    creds: creds.clone(),
-                    job,
-                    rank: rank as u32,
-                    size,
-                    parent_node: self.id,
-                    parent: parent_gpid,
-                    pending: None,
-                })
-                .await
-                .map(|vp| vp.gpid)
-            } else {
-                let op = pb::peer_request::Op::Spawn(pb::SpawnRequest {
-                    spec: Some(spec.clone()),
-                    creds: Some(creds.clone()),
-                    job,
-                    rank: rank as u32,
-                    size,
-                    parent_node: self.id.get(),
-                    parent: parent_gpid,
-                });
-                match self.call(t, creds.clone(), op).await {
-                    Ok(pb::peer_reply::Reply::Started(s)) => s
-                        .gpids
-                        .first()
-                        .copied()
-                        .and_then(Gpid::from_raw)
-                        .ok_or_else(|| Error::Internal("no gpid".into())),
-                    Ok(other) => Err(Error::Internal(format!("unexpected reply {other:?}"))),
-                    Err(e) => Err(e),
-                }
-            };
-            match res {
-                Ok(g) => {
+        // The copies start at once (`-N K`: their nodes work in parallel), in this task.
+        let start = |rank: usize, t: NodeId| {
+            let (spec, creds) = (&spec, creds);
+            async move {
+                let res = if t == self.id {
+                    self.spawn_local(crate::process::vproc::SpawnLocal {
+                        spec: spec.clone(),
+                        creds: creds.clone(),
+                        job,
+                        rank: rank as u32,
+                        size,
+                        parent_node: self.id,
+                        parent: parent_gpid,
+                        pending: None,
+                    })
+                    .await
+                    .map(|vp| vp.gpid)
+                } else {
+                    let op = pb::peer_request::Op::Spawn(pb::SpawnRequest {
+                        spec: Some(spec.clone()),
+                        creds: Some(creds.clone()),
+                        job,
+                        rank: rank as u32,
+                        size,
+                        parent_node: self.id.get(),
+                        parent: parent_gpid,
+                    });
+                    match self.call(t, creds.clone(), op).await {
+                        Ok(pb::peer_reply::Reply::Started(s)) => s
+                            .gpids
+                            .first()
+                            .copied()
+                            .and_then(Gpid::from_raw)
+                            .ok_or_else(|| Error::Internal("no gpid".into())),
+                        Ok(other) => Err(Error::Internal(format!("unexpected reply {other:?}"))),
+                        Err(e) => Err(e),
+                    }
+                };
+                // Its parent's side at once, before news of it can come.
+                if let Ok(g) = res {
                     self.expect_child(g, creds.uid);
                     self.note_member(t, creds);
                     if let Some(p) = parent {
                         self.adopt(p, g, creds);
                     }
+                }
+                res
+            }
+        };
+        let mut starts: Vec<Option<Starting<Result<Gpid>>>> = targets
+            .iter()
+            .enumerate()
+            .map(|(rank, &t)| Some(Box::pin(start(rank, t)) as Starting<_>))
+            .collect();
+        let mut results: Vec<Option<Result<Gpid>>> = targets.iter().map(|_| None).collect();
+        while let Some((rank, r)) = next_done(&mut starts).await {
+            results[rank] = Some(r);
+        }
+        drop(starts);
+        let mut first_error = None;
+        for (r, &t) in results.into_iter().zip(&targets) {
+            match r {
+                Some(Ok(g)) => {
                     started.gpids.push(g.raw());
                     started.nodes.push(t.get());
                 }
-                Err(e) => {
-                    // All or nothing: stop what this run already started.
-                    for &g in &started.gpids {
-                        if let Some(g) = Gpid::from_raw(g) {
-                            let _ = self.signal(g, libc::SIGKILL, creds).await;
-                            let _ = self.wait(g, creds, WaitFlags::default()).await;
-                        }
-                    }
-                    return Err(e);
+                Some(Err(e)) => {
+                    first_error.get_or_insert(e);
+                }
+                None => {
+                    first_error.get_or_insert(Error::Internal("a start did not end".into()));
                 }
             }
+        }
+        if let Some(e) = first_error {
+            // All or nothing: stop what this run started.
+            for &g in &started.gpids {
+                if let Some(g) = Gpid::from_raw(g) {
+                    let _ = self.signal(g, libc::SIGKILL, creds).await;
+                    let _ = self.wait(g, creds, WaitFlags::default()).await;
+                }
+            }
+            return Err(e);
         }
         Ok(started)
     }
@@ -505,77 +562,102 @@ impl Node {
             nodes: vec![],
             ..Default::default()
         };
-        // The stub's signals while its processes start (it has no gpid to name yet): to
-        // the processes started, to the one starting, and to those started after.
-        let mut signalled: Vec<i32> = Vec::new();
+        // The copies start at once (`-N K`: their nodes work in parallel), all in this task:
+        // one start alone is polled here as before, with no task of its own to wake.
+        // The stub's signals while they start (it has no gpid to name yet) go to each
+        // copy still starting (its `PendingSignals`) and to each one started.
+        let pendings: Vec<Arc<PendingSignals>> =
+            targets.iter().map(|_| PendingSignals::new()).collect();
+        let mut starts: Vec<_> = targets
+            .iter()
+            .enumerate()
+            .map(|(rank, &t)| {
+                let s = Start {
+                    target: t,
+                    spec: spec.clone(),
+                    creds: creds.clone(),
+                    job,
+                    rank: rank as u32,
+                    size,
+                    parent: parent_gpid,
+                    pending: pendings[rank].clone(),
+                };
+                Some(Box::pin(self.start_attached(s, out_tx.clone())) as AttachedStart)
+            })
+            .collect();
+        let mut results: Vec<Option<Result<(Gpid, Endpoint)>>> =
+            targets.iter().map(|_| None).collect();
         let mut stub_open = true;
-        for (rank, &t) in targets.iter().enumerate() {
-            let pending = PendingSignals::new();
-            for &sig in &signalled {
-                pending.signal(sig);
+        loop {
+            tokio::select! {
+                biased;
+                r = next_done(&mut starts) => match r {
+                    None => break,
+                    Some((rank, r)) => {
+                        // What came after the start took its last.
+                        if let Ok((g, ep)) = &r {
+                            for sig in pendings[rank].take() {
+                                ep.input(*g, pb::session_input::Input::Signal(sig));
+                            }
+                        }
+                        results[rank] = Some(r);
+                        continue;
+                    }
+                },
+                // Cancel safe: nothing is taken from the buffer until a frame is there.
+                more = rd.fill_buf(), if stub_open => {
+                    if more.map_or(true, |b| b.is_empty()) {
+                        stub_open = false; // gone: seen again by serve_stub
+                        continue;
+                    }
+                }
             }
-            let s = Start {
-                target: t,
-                spec: spec.clone(),
-                creds: creds.clone(),
-                job,
-                rank: rank as u32,
-                size,
-                parent: parent_gpid,
-                pending: pending.clone(),
-            };
-            let start = self.start_attached(s, out_tx.clone());
-            tokio::pin!(start);
-            let res = loop {
-                tokio::select! {
-                    biased;
-                    r = &mut start => break r,
-                    // Cancel safe: nothing is taken from the buffer until a frame is there.
-                    more = rd.fill_buf(), if stub_open => {
-                        if more.map_or(true, |b| b.is_empty()) {
-                            stub_open = false; // gone: seen again by serve_stub
-                            continue;
+            // The stub writes each frame whole: the rest of it is there or on its way.
+            match read_request(&mut rd).await {
+                Ok(Some(pb::LocalRequest {
+                    op:
+                        Some(Op::Input(pb::SessionInput {
+                            input: Some(pb::session_input::Input::Signal(sig)),
+                            ..
+                        })),
+                    ..
+                })) => {
+                    for (rank, r) in results.iter().enumerate() {
+                        match r {
+                            None => pendings[rank].signal(sig),
+                            Some(Ok((g, ep))) => {
+                                ep.input(*g, pb::session_input::Input::Signal(sig))
+                            }
+                            Some(Err(_)) => {}
                         }
                     }
                 }
-                // The stub writes each frame whole: the rest of it is there or on its way.
-                match read_request(&mut rd).await {
-                    Ok(Some(pb::LocalRequest {
-                        op:
-                            Some(Op::Input(pb::SessionInput {
-                                input: Some(pb::session_input::Input::Signal(sig)),
-                                ..
-                            })),
-                        ..
-                    })) => {
-                        signalled.push(sig);
-                        pending.signal(sig);
-                        for (g, ep) in &endpoints {
-                            ep.input(*g, pb::session_input::Input::Signal(sig));
-                        }
-                    }
-                    Ok(Some(_)) => {}
-                    Ok(None) | Err(_) => stub_open = false,
-                }
-            };
-            match res {
-                Ok((g, ep)) => {
-                    // What came after the start took its last.
-                    for sig in pending.take() {
-                        ep.input(g, pb::session_input::Input::Signal(sig));
-                    }
-                    started.gpids.push(g.raw());
-                    started.nodes.push(t.get());
-                    endpoints.insert(g, ep);
-                }
-                Err(e) => {
-                    for (g, ep) in endpoints.drain() {
-                        ep.input(g, pb::session_input::Input::Signal(libc::SIGKILL));
-                        ep.orphan(g);
-                    }
-                    let _ = write_frame(&mut wr, &fail(e)).await;
-                    return;
-                }
+                Ok(Some(_)) => {}
+                Ok(None) | Err(_) => stub_open = false,
+            }
+        }
+        drop(starts);
+        // All started, or none stays: the first failure (by rank) is the run's.
+        if let Some(e) = results.iter_mut().find_map(|r| match r {
+            Some(Err(_)) | None => Some(
+                r.take()
+                    .and_then(|r| r.err())
+                    .unwrap_or_else(|| Error::Internal("a start did not end".into())),
+            ),
+            Some(Ok(_)) => None,
+        }) {
+            for (g, ep) in results.into_iter().flatten().flatten() {
+                ep.input(g, pb::session_input::Input::Signal(libc::SIGKILL));
+                ep.orphan(g);
+            }
+            let _ = write_frame(&mut wr, &fail(e)).await;
+            return;
+        }
+        for (r, &t) in results.into_iter().zip(&targets) {
+            if let Some(Ok((g, ep))) = r {
+                started.gpids.push(g.raw());
+                started.nodes.push(t.get());
+                endpoints.insert(g, ep);
             }
         }
         started.reattach_ms = self.cfg.reattach_ms;
