@@ -374,6 +374,17 @@ impl Node {
     /// Starts the links: the listener, one dialer per peer, heartbeats and the failure detector.
     pub async fn start_peers(self: &Arc<Self>) -> anyhow::Result<()> {
         let me = self.cfg.node(self.id)?.addr;
+        if let Some((lo, hi)) = crate::localcluster::ephemeral_ports()
+            .filter(|&(lo, hi)| (lo..=hi).contains(&u32::from(me.port())))
+        {
+            warn!(
+                "port {} is in the kernel's ephemeral range {lo}-{hi} \
+                 (net.ipv4.ip_local_port_range): an outgoing connection can take it while \
+                 cland is not listening; choose a port outside it, or reserve it \
+                 (net.ipv4.ip_local_reserved_ports)",
+                me.port()
+            );
+        }
         let listener = TcpListener::bind(me)
             .await
             .map_err(|e| anyhow::anyhow!("cannot listen on {me}: {e}"))?;

@@ -83,7 +83,7 @@ pub async fn run(a: Args, dir: Option<PathBuf>) -> ExitCode {
         eprintln!(
             "clan: warning: ports {}-{} are in the kernel's ephemeral range {lo}-{hi} \
              (net.ipv4.ip_local_port_range): an outgoing connection can take one before its \
-             node listens; choose a --base-port below {}",
+             node listens; choose a --base-port of at most {}",
             u32::from(opts.base_port) + 1,
             u32::from(opts.base_port) + opts.nodes,
             lo.saturating_sub(opts.nodes + 1)
