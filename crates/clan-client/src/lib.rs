@@ -404,7 +404,7 @@ impl Client {
                         Some(sig) => {
                             let op = Op::Input(pb::SessionInput {
                                 gpid: 0,
-                                input: Some(pb::session_input::Input::Signal(sig)),
+                                input: Some(pb::session_input::Input::StartSignal(sig)),
                             });
                             // A broken connection is told by the reply.
                             let _ = write_frame(&mut wr, &pb::LocalRequest { id: 0, op: Some(op) })

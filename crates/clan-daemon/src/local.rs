@@ -594,10 +594,21 @@ impl Node {
                 r = next_done(&mut starts) => match r {
                     None => break,
                     Some((rank, r)) => {
-                        // What came after the start took its last.
-                        if let Ok((g, ep)) = &r {
-                            for sig in pendings[rank].take() {
-                                ep.input(*g, pb::session_input::Input::Signal(sig));
+                        match &r {
+                            // What came after the start took its last.
+                            Ok((g, ep)) => {
+                                for sig in pendings[rank].take() {
+                                    ep.input(*g, pb::session_input::Input::StartSignal(sig));
+                                }
+                            }
+                            // All or nothing: the copies still starting need not finish
+                            // (one whose exec hangs would hold the run).
+                            Err(_) => {
+                                for (p, r) in pendings.iter().zip(&results) {
+                                    if r.is_none() {
+                                        p.signal(libc::SIGKILL);
+                                    }
+                                }
                             }
                         }
                         results[rank] = Some(r);
@@ -617,7 +628,7 @@ impl Node {
                 Ok(Some(pb::LocalRequest {
                     op:
                         Some(Op::Input(pb::SessionInput {
-                            input: Some(pb::session_input::Input::Signal(sig)),
+                            input: Some(pb::session_input::Input::StartSignal(sig)),
                             ..
                         })),
                     ..
@@ -626,7 +637,7 @@ impl Node {
                         match r {
                             None => pendings[rank].signal(sig),
                             Some(Ok((g, ep))) => {
-                                ep.input(*g, pb::session_input::Input::Signal(sig))
+                                ep.input(*g, pb::session_input::Input::StartSignal(sig))
                             }
                             Some(Err(_)) => {}
                         }

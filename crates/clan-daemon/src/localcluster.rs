@@ -69,6 +69,24 @@ pub fn ephemeral_ports() -> Option<(u32, u32)> {
     Some((it.next()??, it.next()??))
 }
 
+/// Whether `port` is reserved (`net.ipv4.ip_local_reserved_ports`: "8000,9000-9100"): the
+/// kernel gives it to no outgoing connection, even inside the ephemeral range.
+pub fn reserved_port(port: u32) -> bool {
+    let text =
+        std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_reserved_ports").unwrap_or_default();
+    text.trim().split(',').any(|r| {
+        let mut ends = r
+            .trim()
+            .splitn(2, '-')
+            .map(|v| v.trim().parse::<u32>().ok());
+        match (ends.next().flatten(), ends.next()) {
+            (Some(lo), None) => port == lo,
+            (Some(lo), Some(Some(hi))) => (lo..=hi).contains(&port),
+            _ => false,
+        }
+    })
+}
+
 impl UpOptions {
     /// The kernel's range of ephemeral ports ([`ephemeral_ports`]) when a node of this
     /// cluster would listen on 127.0.0.1 inside it: an outgoing connection (a node's dial

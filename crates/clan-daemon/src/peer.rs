@@ -376,6 +376,7 @@ impl Node {
         let me = self.cfg.node(self.id)?.addr;
         if let Some((lo, hi)) = crate::localcluster::ephemeral_ports()
             .filter(|&(lo, hi)| (lo..=hi).contains(&u32::from(me.port())))
+            .filter(|_| !crate::localcluster::reserved_port(u32::from(me.port())))
         {
             warn!(
                 "port {} is in the kernel's ephemeral range {lo}-{hi} \

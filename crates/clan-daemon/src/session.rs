@@ -73,6 +73,7 @@ fn to_shepherd(input: Input) -> Option<In> {
         Input::Stdin(d) => In::Stdin(d),
         Input::StdinEof(_) => In::StdinEof(true),
         Input::Signal(s) => In::Signal(s),
+        Input::StartSignal(s) => In::StartSignal(s),
         Input::Resize(w) => In::Resize(w),
         Input::Release(_) => In::Release(true),
         Input::Background(b) => In::Background(b),
@@ -435,7 +436,7 @@ async fn ask(
                     let f = pb::PeerFrame {
                         frame: Some(Frame::Input(pb::SessionInput {
                             gpid: 0,
-                            input: Some(Input::Signal(sig)),
+                            input: Some(Input::StartSignal(sig)),
                         })),
                     };
                     // A broken connection is told by the reply.
@@ -626,7 +627,7 @@ pub async fn serve_remote(
             if let Some(Frame::Input(pb::SessionInput { input: Some(i), .. })) = f.frame {
                 let Some((input_vp, session)) = route.process() else {
                     // Still starting: only a signal means something yet.
-                    if let Input::Signal(sig) = i {
+                    if let Input::StartSignal(sig) | Input::Signal(sig) = i {
                         route.signal(sig);
                     }
                     continue;
@@ -852,6 +853,14 @@ impl StubRelay {
             tokio::select! {
                 i = from_stub.recv(), if !stub_gone => match i {
                     Some(i) => {
+                        // A signal the stub sent before it knew its processes started
+                        // (after the last start ended, before it read `Started`): to all.
+                        if let (0, Some(Input::StartSignal(sig))) = (i.gpid, &i.input) {
+                            for (g, ep) in &endpoints {
+                                ep.input(*g, Input::StartSignal(*sig));
+                            }
+                            continue;
+                        }
                         let Some(g) = Gpid::from_raw(i.gpid) else { continue };
                         let Some(input) = i.input else { continue };
                         match input {

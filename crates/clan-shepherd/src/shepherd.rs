@@ -526,13 +526,24 @@ fn ignored_in_child() -> u64 {
     }
 }
 
+/// Every catchable signal blocked; the mask before, to put back.
+fn sigprocmask_all() -> Option<SigSet> {
+    let mut old = SigSet::empty();
+    sigprocmask(SigmaskHow::SIG_BLOCK, Some(&SigSet::all()), Some(&mut old))
+        .ok()
+        .map(|_| old)
+}
+
 /// What the child wrote on its error pipe before it went (empty: its exec took, or it
-/// died before). Until then, signals cland sends for the process that is starting (its
-/// stub's Ctrl-C) go to the child, as they would to a local process whose exec waits:
-/// one hung in its exec (a program or working directory on a mount whose server does not
-/// answer) dies of a fatal one, and the start ends with that death.
-fn exec_outcome(mut err_r: File, from_cland: &mut File, child: &OwnedFd) -> String {
+/// died before), and the stops and continues to give it once it runs. Until then, signals
+/// cland sends for the process that is starting (its stub's Ctrl-C) go to the child, as
+/// they would to a local process whose exec waits: one hung in its exec (a program or
+/// working directory on a mount whose server does not answer) dies of a fatal one, and
+/// the start ends with that death. A stop, and a continue after it, wait for the exec: a
+/// child stopped before it would hold the start, and its stub would never hear of it.
+fn exec_outcome(mut err_r: File, from_cland: &mut File, child: &OwnedFd) -> (String, Vec<i32>) {
     let mut msg = Vec::new();
+    let mut held = Vec::new();
     let mut cland_open = true;
     loop {
         let (err_ready, cland_ready) = {
@@ -543,18 +554,28 @@ fn exec_outcome(mut err_r: File, from_cland: &mut File, child: &OwnedFd) -> Stri
             match poll(&mut fds, PollTimeout::NONE) {
                 Ok(_) => {}
                 Err(nix::errno::Errno::EINTR) => continue,
-                Err(_) => break,
+                Err(_) => {
+                    // Waited for as before: to the end of the error pipe.
+                    let _ = err_r.read_to_end(&mut msg);
+                    break;
+                }
             }
             let ready = |f: &PollFd| f.revents().is_some_and(|r| !r.is_empty());
             (ready(&fds[0]), fds.get(1).is_some_and(ready))
         };
         if cland_ready {
-            // Whole frames: cland writes each in one piece, before and after the report.
+            // Whole frames: cland writes each in one piece; while a process starts it
+            // sends nothing but its stub's signals.
             match read_frame_sync::<pb::ShepherdIn, _>(from_cland) {
                 Ok(Some(pb::ShepherdIn {
-                    msg: Some(In::Signal(sig)),
+                    msg: Some(In::StartSignal(sig) | In::Signal(sig)),
                 })) => {
-                    let _ = sys::pidfd_send_signal(child, sig);
+                    let stop = is_tty_stop(sig) || sig == libc::SIGSTOP;
+                    if stop || (sig == libc::SIGCONT && !held.is_empty()) {
+                        held.push(sig);
+                    } else {
+                        let _ = sys::pidfd_send_signal(child, sig);
+                    }
                 }
                 Ok(Some(_)) => {}
                 // cland gone: the start goes on, and a restarted cland finds it.
@@ -571,7 +592,7 @@ fn exec_outcome(mut err_r: File, from_cland: &mut File, child: &OwnedFd) -> Stri
             }
         }
     }
-    String::from_utf8_lossy(&msg).into_owned()
+    (String::from_utf8_lossy(&msg).into_owned(), held)
 }
 
 fn start(
@@ -772,7 +793,17 @@ fn start(
         }
     }
     let ignored = ignored_in_child();
-    let child = match fork_in(&spec.cgroup) {
+    // The child is born with every signal blocked, until its exec's set-up has put back
+    // the dispositions the shepherd ignores: a signal for it meanwhile (its stub's
+    // Ctrl-C, `exec_outcome`) waits, blocked, instead of being dropped as ignored.
+    let before_fork = sigprocmask_all();
+    let forked = fork_in(&spec.cgroup);
+    if !matches!(forked, Ok((0, _))) {
+        if let Some(old) = &before_fork {
+            let _ = sigprocmask(SigmaskHow::SIG_SETMASK, Some(old), None);
+        }
+    }
+    let child = match forked {
         Err(e) => return Err(internal("fork", &e)),
         Ok((0, placed)) => {
             drop(err_r);
@@ -813,7 +844,7 @@ fn start(
     drop(err_w);
     drop(keep);
     let pidfd = sys::pidfd_open(child).map_err(|e| internal("pidfd_open", &e))?;
-    let msg = exec_outcome(File::from(err_r), from_cland, &pidfd);
+    let (msg, held) = exec_outcome(File::from(err_r), from_cland, &pidfd);
     if !msg.is_empty() {
         let _ = sys::wait_pidfd(&pidfd, false, false);
         let (errno, what) = msg.split_once(':').unwrap_or(("0", msg.as_str()));
@@ -875,7 +906,7 @@ fn start(
     if let Stdio::Pty { master: Some(m) } = &stdio {
         set_nonblocking(m);
     }
-    Ok(Shepherd {
+    let mut shepherd = Shepherd {
         spec: spec.clone(),
         in_node_ns,
         pid: child,
@@ -906,7 +937,13 @@ fn start(
         stopped: None,
         job_stop: false,
         controls_taken: 0,
-    })
+    };
+    // Stops and continues that came while it started, now that it runs (a stop before
+    // its exec would have held the start).
+    for sig in held {
+        shepherd.deliver(sig);
+    }
+    Ok(shepherd)
 }
 
 /// The pid of a process in its innermost pid namespace: the last NSpid field of its pidfd's
@@ -1254,6 +1291,27 @@ impl Shepherd {
         }
     }
 
+    /// A signal from the stub, as a terminal or kill(1) would send it.
+    fn deliver(&mut self, sig: i32) {
+        if self.exited.is_some() {
+            return;
+        }
+        // What a terminal sends goes to the process's group (its job), as the terminal
+        // would send it (a hang-up too: the stub's, or the stub gone); the rest to the
+        // process, as kill(1) would.
+        let to_group = matches!(
+            sig,
+            libc::SIGINT | libc::SIGQUIT | libc::SIGTSTP | libc::SIGCONT | libc::SIGHUP
+        );
+        if is_tty_stop(sig) {
+            self.stop_group(self.pid, sig);
+        // SAFETY: kill(2) of the group our own child leads; the child is not reaped before
+        // Release, so the number can not name another group.
+        } else if !to_group || unsafe { libc::kill(-self.pid, sig) } != 0 {
+            let _ = sys::pidfd_send_signal(&self.pidfd, sig);
+        }
+    }
+
     fn handle(&mut self, msg: In) {
         match msg {
             In::Hello(_) => {
@@ -1279,23 +1337,10 @@ impl Shepherd {
             }
             In::Signal(sig) => {
                 self.controls_taken += 1;
-                if self.exited.is_none() {
-                    // What a terminal sends goes to the process's group (its job), as the
-                    // terminal would send it (a hang-up too: the stub's, or the stub gone);
-                    // the rest to the process, as kill(1) would.
-                    let to_group = matches!(
-                        sig,
-                        libc::SIGINT | libc::SIGQUIT | libc::SIGTSTP | libc::SIGCONT | libc::SIGHUP
-                    );
-                    if is_tty_stop(sig) {
-                        self.stop_group(self.pid, sig);
-                    // SAFETY: kill(2) of the group our own child leads; the child is not
-                    // reaped before Release, so the number can not name another group.
-                    } else if !to_group || unsafe { libc::kill(-self.pid, sig) } != 0 {
-                        let _ = sys::pidfd_send_signal(&self.pidfd, sig);
-                    }
-                }
+                self.deliver(sig);
             }
+            // Not one of the session's controls: the stub did not number it.
+            In::StartSignal(sig) => self.deliver(sig),
             In::JobStop(_) => {
                 if self.exited.is_none() {
                     self.job_stop = true;

@@ -255,7 +255,7 @@ impl PendingSignals {
                 self.more.notify_one();
             }
             Pending::Started(vp, session) => {
-                vp.send_from(*session, In::Signal(sig));
+                vp.send_from(*session, In::StartSignal(sig));
             }
         }
     }
@@ -286,7 +286,7 @@ impl PendingSignals {
         let mut st = self.state.lock();
         if let Pending::Starting(q) = &mut *st {
             for sig in std::mem::take(q) {
-                vp.send_from(session, In::Signal(sig));
+                vp.send_from(session, In::StartSignal(sig));
             }
         }
         *st = Pending::Started(vp.clone(), session);
@@ -585,8 +585,9 @@ impl Node {
                     biased;
                     r = &mut report => break r,
                     sigs = signals => {
+                        // A shepherd gone meanwhile is told by its report (its error first).
                         for sig in sigs {
-                            tell(&mut stdin, In::Signal(sig), "signal the starting process").await?;
+                            let _ = tell(&mut stdin, In::StartSignal(sig), "signal the start").await;
                         }
                     }
                 }
