@@ -1573,6 +1573,29 @@ fn zygote_of(c: &Cluster, n: u32) -> nix::unistd::Pid {
     nix::unistd::Pid::from_raw(zygote[0])
 }
 
+/// A process held still (SIGSTOP) until dropped (SIGCONT).
+struct Stopped(nix::unistd::Pid);
+
+impl Stopped {
+    fn new(pid: nix::unistd::Pid) -> Stopped {
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+        Stopped(pid)
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(self.0, nix::sys::signal::Signal::SIGCONT);
+    }
+}
+
+/// Node `n`'s shepherd zygote, stopped (after a first run there, which makes it).
+fn stopped_zygote(c: &Cluster, n: u32) -> Stopped {
+    let o = c.clan(&["run", "--node", &n.to_string(), "--", "true"]);
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
+    Stopped::new(zygote_of(c, n))
+}
+
 /// A Ctrl-C that comes before the process is even forked (its node waits for a shepherd:
 /// the zygote is stopped, the pool used up) reaches it all the same, and its stub dies of
 /// it too. (The shepherd forks it with every signal blocked, so that a signal that comes
@@ -1582,17 +1605,7 @@ fn zygote_of(c: &Cluster, n: u32) -> nix::unistd::Pid {
 fn a_ctrl_c_before_the_fork_is_not_lost() {
     root_or_skip!("a_ctrl_c_before_the_fork_is_not_lost");
     let c = Cluster::up(2);
-    let o = c.clan(&["run", "--node", "2", "--", "true"]);
-    assert_eq!(o.status.code(), Some(0), "{o:?}");
-    let z = zygote_of(&c, 2);
-    nix::sys::signal::kill(z, nix::sys::signal::Signal::SIGSTOP).unwrap();
-    struct Cont(nix::unistd::Pid);
-    impl Drop for Cont {
-        fn drop(&mut self) {
-            let _ = nix::sys::signal::kill(self.0, nix::sys::signal::Signal::SIGCONT);
-        }
-    }
-    let _cont = Cont(z);
+    let _zygote = stopped_zygote(&c, 2);
     // The pool's two shepherds, forked before the stop: the next start waits for one.
     for _ in 0..2 {
         let o = c.clan(&["run", "--node", "2", "--", "true"]);
@@ -1632,10 +1645,7 @@ fn a_ctrl_c_before_the_fork_is_not_lost() {
 fn a_stopped_shepherd_zygote_does_not_hang_spawns() {
     root_or_skip!("a_stopped_shepherd_zygote_does_not_hang_spawns");
     let c = Cluster::up(2);
-    let o = c.clan(&["run", "--node", "2", "--", "true"]);
-    assert_eq!(o.status.code(), Some(0), "{o:?}");
-    let z = zygote_of(&c, 2);
-    nix::sys::signal::kill(z, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let zygote = stopped_zygote(&c, 2);
     // The pool's two shepherds were forked before the stop; the next ones never come.
     let dir = std::env::temp_dir().join(format!("clan-zygote-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -1645,7 +1655,7 @@ fn a_stopped_shepherd_zygote_does_not_hang_spawns() {
         let o = c.clan(&["run", "--node", "2", "--", "sh", "-c", &script]);
         assert_eq!(o.status.code(), Some(0), "run {i}: {o:?}");
     }
-    nix::sys::signal::kill(z, nix::sys::signal::Signal::SIGCONT).unwrap();
+    drop(zygote);
     // What the stopped zygote still forks finds its pipes closed and exits: each command
     // ran once.
     let o = c.clan(&["run", "--node", "2", "--", "true"]);
@@ -1658,33 +1668,21 @@ fn a_stopped_shepherd_zygote_does_not_hang_spawns() {
 }
 
 /// Node `n`'s own cluster /proc view (a FUSE mount in its mount namespace) with its server
-/// stopped: whatever touches it waits. Dropped: the server goes on.
-struct StoppedView(nix::unistd::Pid);
-
-impl StoppedView {
-    fn new(c: &Cluster, n: u32) -> StoppedView {
-        let at = c.node_dir(n).join("proc");
-        let at = at.to_string_lossy();
-        let server = eventually("node's view server", Duration::from_secs(30), || {
-            host_processes_mentioning(&format!("--node {n} "))
-                .iter()
-                .filter(|l| l.trim_end().ends_with(at.as_ref()))
-                .filter_map(|l| l.split_once(':')?.0.parse::<i32>().ok())
-                .find(|pid| {
-                    std::fs::read_to_string(format!("/proc/{pid}/comm"))
-                        .is_ok_and(|c| c.trim() == "clan-procfs")
-                })
-        });
-        let server = nix::unistd::Pid::from_raw(server);
-        nix::sys::signal::kill(server, nix::sys::signal::Signal::SIGSTOP).unwrap();
-        StoppedView(server)
-    }
-}
-
-impl Drop for StoppedView {
-    fn drop(&mut self) {
-        let _ = nix::sys::signal::kill(self.0, nix::sys::signal::Signal::SIGCONT);
-    }
+/// stopped: whatever touches it waits until the guard goes.
+fn stopped_view(c: &Cluster, n: u32) -> Stopped {
+    let at = c.node_dir(n).join("proc");
+    let at = at.to_string_lossy();
+    let server = eventually("node's view server", Duration::from_secs(30), || {
+        host_processes_mentioning(&format!("--node {n} "))
+            .iter()
+            .filter(|l| l.trim_end().ends_with(at.as_ref()))
+            .filter_map(|l| l.split_once(':')?.0.parse::<i32>().ok())
+            .find(|pid| {
+                std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                    .is_ok_and(|c| c.trim() == "clan-procfs")
+            })
+    });
+    Stopped::new(nix::unistd::Pid::from_raw(server))
 }
 
 /// A host process of `cgroup` (by its name) blocked in an execve.
@@ -1715,7 +1713,7 @@ fn a_ctrl_c_reaches_a_process_whose_exec_hangs() {
         eprintln!("skipped a_ctrl_c_reaches_a_process_whose_exec_hangs: no cgroup v2 to find the process by");
         return;
     };
-    let m = StoppedView::new(&c, 2);
+    let m = stopped_view(&c, 2);
     let prog = c.node_dir(2).join("proc").join("waits").join("here");
     let mut stub = c
         .cmd()

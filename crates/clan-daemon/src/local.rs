@@ -72,6 +72,28 @@ async fn next_done<T>(futs: &mut [Option<Starting<'_, T>>]) -> Option<(usize, T)
     .await
 }
 
+/// The starts of a run by rank: those that started, with their node, and the first
+/// failure (a start that did not end counts as one).
+fn by_rank<T>(
+    results: Vec<Option<Result<T>>>,
+    targets: &[NodeId],
+) -> (Vec<(NodeId, T)>, Option<Error>) {
+    let mut ok = Vec::new();
+    let mut first_error = None;
+    for (r, &t) in results.into_iter().zip(targets) {
+        match r {
+            Some(Ok(x)) => ok.push((t, x)),
+            Some(Err(e)) => {
+                first_error.get_or_insert(e);
+            }
+            None => {
+                first_error.get_or_insert(Error::Internal("a start did not end".into()));
+            }
+        }
+    }
+    (ok, first_error)
+}
+
 /// The next request of a local client; `None` when it closed the connection. A request
 /// longer than [`MAX_LOCAL_FRAME`] is refused from its length, before its body is read.
 async fn read_request(
@@ -487,20 +509,10 @@ impl Node {
             results[rank] = Some(r);
         }
         drop(starts);
-        let mut first_error = None;
-        for (r, &t) in results.into_iter().zip(&targets) {
-            match r {
-                Some(Ok(g)) => {
-                    started.gpids.push(g.raw());
-                    started.nodes.push(t.get());
-                }
-                Some(Err(e)) => {
-                    first_error.get_or_insert(e);
-                }
-                None => {
-                    first_error.get_or_insert(Error::Internal("a start did not end".into()));
-                }
-            }
+        let (ok, first_error) = by_rank(results, &targets);
+        for (t, g) in ok {
+            started.gpids.push(g.raw());
+            started.nodes.push(t.get());
         }
         if let Some(e) = first_error {
             // All or nothing: stop what this run started.
@@ -649,27 +661,19 @@ impl Node {
         }
         drop(starts);
         // All started, or none stays: the first failure (by rank) is the run's.
-        if let Some(e) = results.iter_mut().find_map(|r| match r {
-            Some(Err(_)) | None => Some(
-                r.take()
-                    .and_then(|r| r.err())
-                    .unwrap_or_else(|| Error::Internal("a start did not end".into())),
-            ),
-            Some(Ok(_)) => None,
-        }) {
-            for (g, ep) in results.into_iter().flatten().flatten() {
+        let (ok, first_error) = by_rank(results, &targets);
+        if let Some(e) = first_error {
+            for (_, (g, ep)) in ok {
                 ep.input(g, pb::session_input::Input::Signal(libc::SIGKILL));
                 ep.orphan(g);
             }
             let _ = write_frame(&mut wr, &fail(e)).await;
             return;
         }
-        for (r, &t) in results.into_iter().zip(&targets) {
-            if let Some(Ok((g, ep))) = r {
-                started.gpids.push(g.raw());
-                started.nodes.push(t.get());
-                endpoints.insert(g, ep);
-            }
+        for (t, (g, ep)) in ok {
+            started.gpids.push(g.raw());
+            started.nodes.push(t.get());
+            endpoints.insert(g, ep);
         }
         started.reattach_ms = self.cfg.reattach_ms;
         self.serve_stub(

@@ -418,20 +418,12 @@ async fn ask(
     wr.write(req)
         .await
         .map_err(|e| Asked::Unsent(e.to_string()))?;
-    // Polled to its end, never dropped halfway (PeerReader::read is not cancel safe).
     let reply = rd.read();
     tokio::pin!(reply);
     let read = loop {
-        let signals = async {
-            match pending {
-                Some(p) => p.next().await,
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            biased;
-            r = &mut reply => break r,
-            sigs = signals => {
+        match PendingSignals::answer_or_signals(pending, &mut reply).await {
+            Ok(r) => break r,
+            Err(sigs) => {
                 for sig in sigs {
                     let f = pb::PeerFrame {
                         frame: Some(Frame::Input(pb::SessionInput {

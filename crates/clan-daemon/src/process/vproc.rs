@@ -268,9 +268,31 @@ impl PendingSignals {
         }
     }
 
+    /// What a start's wait for its answer (the shepherd's report, the remote node's reply)
+    /// gives next: the answer, or the signals queued meanwhile (when there is a
+    /// `pending`), which the caller passes on before it waits again. `done` stays with the
+    /// caller, polled again by the next call, never dropped halfway (a frame read is not
+    /// cancel safe).
+    pub async fn answer_or_signals<F: std::future::Future + Unpin>(
+        pending: Option<&PendingSignals>,
+        done: &mut F,
+    ) -> std::result::Result<F::Output, Vec<i32>> {
+        let signals = async {
+            match pending {
+                Some(p) => p.next().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            biased;
+            r = done => Ok(r),
+            sigs = signals => Err(sigs),
+        }
+    }
+
     /// Waits for queued signals and takes them; never returns once the process started.
     /// Cancel safe: what it takes, it returns in the same poll.
-    pub async fn next(&self) -> Vec<i32> {
+    async fn next(&self) -> Vec<i32> {
         loop {
             let q = self.take();
             if !q.is_empty() {
@@ -575,19 +597,13 @@ impl Node {
             let report = read_frame::<pb::ShepherdReady, _>(&mut stdout);
             tokio::pin!(report);
             loop {
-                let signals = async {
-                    match &req.pending {
-                        Some(p) => p.next().await,
-                        None => std::future::pending().await,
-                    }
-                };
-                tokio::select! {
-                    biased;
-                    r = &mut report => break r,
-                    sigs = signals => {
-                        // A shepherd gone meanwhile is told by its report (its error first).
+                match PendingSignals::answer_or_signals(req.pending.as_deref(), &mut report).await {
+                    Ok(r) => break r,
+                    // A shepherd gone meanwhile is told by its report (its error first).
+                    Err(sigs) => {
                         for sig in sigs {
-                            let _ = tell(&mut stdin, In::StartSignal(sig), "signal the start").await;
+                            let _ =
+                                tell(&mut stdin, In::StartSignal(sig), "signal the start").await;
                         }
                     }
                 }
