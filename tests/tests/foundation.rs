@@ -1672,6 +1672,12 @@ fn a_stopped_shepherd_zygote_does_not_hang_spawns() {
 fn stopped_view(c: &Cluster, n: u32) -> Stopped {
     let at = c.node_dir(n).join("proc");
     let at = at.to_string_lossy();
+    // Mounted first (its server starts after `clan up` returns, and mounts a moment later
+    // on a busy machine): stopped before, it would leave a plain directory there.
+    let mounted = format!("cluster /proc view mounted at {at}");
+    eventually("node's view mounted", Duration::from_secs(30), || {
+        c.log(n).contains(&mounted).then_some(())
+    });
     let server = eventually("node's view server", Duration::from_secs(30), || {
         host_processes_mentioning(&format!("--node {n} "))
             .iter()
