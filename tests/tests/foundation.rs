@@ -1573,6 +1573,38 @@ fn zygote_of(c: &Cluster, n: u32) -> nix::unistd::Pid {
     nix::unistd::Pid::from_raw(zygote[0])
 }
 
+/// Node `n`'s shepherds waiting for a spec (its pool): forked by its zygote, not the zygote
+/// itself, and running nothing (no child).
+fn waiting_shepherds(c: &Cluster, n: u32) -> usize {
+    let init = std::fs::read_to_string(c.node_dir(n).join("init.pid")).unwrap();
+    let zygote = zygote_of(c, n).as_raw();
+    host_processes_mentioning(&format!("--ns-init {} ", init.trim()))
+        .iter()
+        .filter(|l| l.contains("clan-shepherd zygote"))
+        .filter_map(|l| l.split_once(':')?.0.parse::<i32>().ok())
+        .filter(|&pid| pid != zygote)
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+                .is_ok_and(|k| k.trim().is_empty())
+        })
+        .count()
+}
+
+/// The shepherd pool is refilled after each start (once that start is over, so that its
+/// forks do not compete with it): the next starts find shepherds waiting.
+#[test]
+fn the_shepherd_pool_is_refilled_after_each_start() {
+    root_or_skip!("the_shepherd_pool_is_refilled_after_each_start");
+    let c = Cluster::up(2);
+    for i in 0..3 {
+        let o = c.clan(&["run", "--node", "2", "--", "true"]);
+        assert_eq!(o.status.code(), Some(0), "run {i}: {o:?}");
+        eventually("two shepherds waiting", Duration::from_secs(30), || {
+            (waiting_shepherds(&c, 2) == 2).then_some(())
+        });
+    }
+}
+
 /// A process held still (SIGSTOP) until dropped (SIGCONT).
 struct Stopped(nix::unistd::Pid);
 
@@ -1589,10 +1621,14 @@ impl Drop for Stopped {
     }
 }
 
-/// Node `n`'s shepherd zygote, stopped (after a first run there, which makes it).
+/// Node `n`'s shepherd zygote, stopped (after a first run there, which makes it, and once
+/// the pool is full again).
 fn stopped_zygote(c: &Cluster, n: u32) -> Stopped {
     let o = c.clan(&["run", "--node", &n.to_string(), "--", "true"]);
     assert_eq!(o.status.code(), Some(0), "{o:?}");
+    eventually("two shepherds waiting", Duration::from_secs(30), || {
+        (waiting_shepherds(c, n) == 2).then_some(())
+    });
     Stopped::new(zygote_of(c, n))
 }
 

@@ -198,6 +198,17 @@ pub type Waiting = (pipe::Sender, pipe::Receiver);
 /// Shepherds kept waiting per node.
 const POOL: usize = 2;
 
+/// Refills the node's shepherd pool when dropped (see `Node::take_shepherd`).
+pub struct Refill(Option<Arc<Node>>);
+
+impl Drop for Refill {
+    fn drop(&mut self) {
+        if let (Some(node), Ok(rt)) = (self.0.take(), tokio::runtime::Handle::try_current()) {
+            rt.spawn(async move { node.refill_pool().await });
+        }
+    }
+}
+
 /// How long a waiting shepherd may take to say it is there (`answered`).
 const SHEPHERD_ANSWER: std::time::Duration = std::time::Duration::from_secs(5);
 
@@ -554,10 +565,10 @@ impl Node {
             },
             log_max_bytes: self.cfg.log_max_bytes,
         };
-        let (mut stdin, mut stdout) = self.take_shepherd().await?;
+        let ((mut stdin, mut stdout), _refill) = self.take_shepherd().await?;
         if write_frame(&mut stdin, &spec).await.is_err() {
             // A waiting shepherd was killed from outside: start a fresh one.
-            (stdin, stdout) = self.take_shepherd().await?;
+            ((stdin, stdout), _) = self.take_shepherd().await?;
             write_frame(&mut stdin, &spec)
                 .await
                 .map_err(|e| Error::internal("send spec to shepherd", e))?;
@@ -765,10 +776,18 @@ impl Node {
     /// stopped or is stuck) is given up with the rest of the pool and the zygote, and a
     /// shepherd is started on its own instead; nothing has been sent to it, so nothing can
     /// start twice if it wakes up later.
-    async fn take_shepherd(self: &Arc<Self>) -> Result<Waiting> {
+    ///
+    /// The pool is refilled when the returned [`Refill`] is dropped: the spawn holds it
+    /// until its process started (or failed to), so that the zygote's forks for the pool
+    /// do not take the CPUs from the start they would speed up (on a 2-CPU machine they
+    /// did: a replenishing fork preempted the shepherd and then its child before the exec).
+    async fn take_shepherd(self: &Arc<Self>) -> Result<(Waiting, Refill)> {
         let pooled = self.pool.lock().pop();
-        let node = self.clone();
-        tokio::spawn(async move { node.refill_pool().await });
+        let refill = Refill(Some(self.clone()));
+        self.take_shepherd_from(pooled).await.map(|w| (w, refill))
+    }
+
+    async fn take_shepherd_from(self: &Arc<Self>, pooled: Option<Waiting>) -> Result<Waiting> {
         let first = match pooled {
             Some(w) => Ok(w),
             None => self.fresh_shepherd().await,
