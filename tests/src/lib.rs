@@ -73,6 +73,25 @@ pub struct Cluster {
     cgroup: Option<PathBuf>,
 }
 
+/// Gives SIGINT, SIGQUIT and SIGHUP back their default dispositions in this test process,
+/// once, before its first cluster; what it starts inherits them. A test binary started with
+/// them ignored (under `nohup`, or as a background job of a non-interactive shell, which
+/// ignores SIGINT and SIGQUIT for it) would pass that on to every stub, which keeps an
+/// ignored signal ignored as a shell's background job does and forwards nothing of it, and
+/// the tests that send these signals to a stub would wait for ever.
+pub fn default_dispositions() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        use nix::sys::signal::{signal, SigHandler, Signal};
+        for sig in [Signal::SIGINT, Signal::SIGQUIT, Signal::SIGHUP] {
+            // SAFETY: the default disposition installs no handler.
+            if let Err(e) = unsafe { signal(sig, SigHandler::SigDfl) } {
+                panic!("default disposition for {sig}: {e}");
+            }
+        }
+    });
+}
+
 impl Cluster {
     /// `clan up --nodes n` with a short failure detector for tests: heartbeats every 200 ms,
     /// dead after 2 s of silence (1 s once declared a debug-built node dead while a CI
@@ -89,6 +108,7 @@ impl Cluster {
     }
 
     pub fn up_with(n: u32, extra: &[&str]) -> Cluster {
+        default_dispositions();
         let seq = SEQ.fetch_add(1, Ordering::SeqCst);
         let dir = std::env::temp_dir().join(format!("clan-test-{}-{seq}", std::process::id()));
         let mut c = Cluster {

@@ -345,6 +345,19 @@ fn start_manager(
         .spawn()
 }
 
+/// [`start_manager`] on the runtime's blocking pool: its `pre_exec` rules out
+/// `posix_spawn`, so the start is a fork of cland's whole address space, which would hold
+/// a runtime worker (and every task waiting for it) for as long as it lasts.
+async fn start_manager_blocking(
+    argv: &[String],
+    procs: Option<&CString>,
+) -> std::io::Result<tokio::process::Child> {
+    let (argv, procs) = (argv.to_vec(), procs.cloned());
+    tokio::task::spawn_blocking(move || start_manager(&argv, procs.as_ref()))
+        .await
+        .unwrap_or_else(|e| Err(std::io::Error::other(e)))
+}
+
 /// Where, under a node's cgroup, load managers run (one cgroup per run). A cland starting
 /// kills and removes what a crashed one left there.
 pub const MANAGER_CGROUP: &str = "loadmgr";
@@ -357,7 +370,7 @@ async fn query(m: &LoadManager, line: String, cgroup: Option<&Path>) -> Result<S
     match m {
         LoadManager::Command(argv) => {
             let cg = cgroup.and_then(manager_cgroup);
-            let mut spawned = start_manager(argv, cg.as_ref().map(|(_, p)| p));
+            let mut spawned = start_manager_blocking(argv, cg.as_ref().map(|(_, p)| p)).await;
             if let (Err(e), Some((dir, _))) = (&spawned, &cg) {
                 // The move into its cgroup failed (delegation, a pids limit): run it
                 // without one rather than not at all.
@@ -365,7 +378,7 @@ async fn query(m: &LoadManager, line: String, cgroup: Option<&Path>) -> Result<S
                     "load manager not started in {}: {e}; started without",
                     dir.display()
                 );
-                spawned = start_manager(argv, None);
+                spawned = start_manager_blocking(argv, None).await;
             }
             let dir = cg.map(|(d, _)| d);
             let mut child = match spawned {
