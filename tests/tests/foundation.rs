@@ -1564,25 +1564,43 @@ fn zygote_of(c: &Cluster, n: u32) -> nix::unistd::Pid {
         .iter()
         .filter(|l| l.contains("clan-shepherd zygote"))
         .filter_map(|l| l.split_once(':')?.0.parse().ok())
-        .filter(|pid: &i32| {
-            std::fs::read_link(format!("/proc/{pid}/fd/0"))
-                .is_ok_and(|t| t.to_string_lossy().starts_with("socket:"))
-        })
+        .filter(|&pid| stdin_is_a_socket(pid))
+        .collect();
+    // The zygote's first child, which forks a shepherd and exits, has its socket too for a
+    // moment: the zygote is the one whose parent is not among them.
+    let zygote: Vec<i32> = zygote
+        .iter()
+        .copied()
+        .filter(|&pid| !parent_of(pid).is_some_and(|pp| zygote.contains(&pp)))
         .collect();
     assert_eq!(zygote.len(), 1, "{zygote:?}");
     nix::unistd::Pid::from_raw(zygote[0])
 }
 
+fn stdin_is_a_socket(pid: i32) -> bool {
+    std::fs::read_link(format!("/proc/{pid}/fd/0"))
+        .is_ok_and(|t| t.to_string_lossy().starts_with("socket:"))
+}
+
+fn parent_of(pid: i32) -> Option<i32> {
+    let st = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    st.lines()
+        .find_map(|l| l.strip_prefix("PPid:"))?
+        .trim()
+        .parse()
+        .ok()
+}
+
 /// Node `n`'s shepherds waiting for a spec (its pool): forked by its zygote, not the zygote
-/// itself, and running nothing (no child).
+/// itself nor its child of a moment (both have the zygote's socket as stdin), and running
+/// nothing (no child).
 fn waiting_shepherds(c: &Cluster, n: u32) -> usize {
     let init = std::fs::read_to_string(c.node_dir(n).join("init.pid")).unwrap();
-    let zygote = zygote_of(c, n).as_raw();
     host_processes_mentioning(&format!("--ns-init {} ", init.trim()))
         .iter()
         .filter(|l| l.contains("clan-shepherd zygote"))
         .filter_map(|l| l.split_once(':')?.0.parse::<i32>().ok())
-        .filter(|&pid| pid != zygote)
+        .filter(|&pid| !stdin_is_a_socket(pid))
         .filter(|pid| {
             std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
                 .is_ok_and(|k| k.trim().is_empty())
@@ -1603,6 +1621,81 @@ fn the_shepherd_pool_is_refilled_after_each_start() {
             (waiting_shepherds(&c, 2) == 2).then_some(())
         });
     }
+}
+
+/// Established TCP connections of host process `pid` to port `port` (of 127.0.0.1).
+fn connections_to(pid: i32, port: u16) -> usize {
+    let inodes: std::collections::HashSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let t = std::fs::read_link(e.path()).ok()?;
+            let t = t.to_string_lossy();
+            Some(t.strip_prefix("socket:[")?.strip_suffix(']')?.to_string())
+        })
+        .collect();
+    let tcp = std::fs::read_to_string(format!("/proc/{pid}/net/tcp")).unwrap_or_default();
+    tcp.lines()
+        .skip(1)
+        .filter(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            f.len() > 9
+                && f[3] == "01"
+                && f[2].rsplit(':').next() == Some(&format!("{port:04X}"))
+                && inodes.contains(f[9])
+        })
+        .count()
+}
+
+/// The stub's node keeps two spare session connections to each peer, made again once a
+/// start's stub has its answer, not when its process ends: while a remote process runs,
+/// node 1 holds its peer connection to node 2, the session of that process and two spares.
+#[test]
+fn spare_session_connections_are_made_again_once_a_start_is_answered() {
+    root_or_skip!("spare_session_connections_are_made_again_once_a_start_is_answered");
+    let c = Cluster::up(2);
+    let (cland, port) = (c.cland_pid(1), c.base_port + 2);
+    let o = c.clan(&["run", "--node", "2", "--", "true"]);
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
+    eventually(
+        "a peer connection and two spares",
+        Duration::from_secs(30),
+        || (connections_to(cland, port) == 3).then_some(()),
+    );
+    let mut stub = c
+        .cmd()
+        .args([
+            "run",
+            "--node",
+            "2",
+            "--",
+            "sh",
+            "-c",
+            "echo ready; exec sleep 120",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(stub.stdout.take().unwrap());
+    let mut l = String::new();
+    out.read_line(&mut l).unwrap();
+    assert_eq!(l, "ready\n");
+    // Not `eventually`: the stub is ended whatever is seen.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let mut seen = connections_to(cland, port);
+    while seen != 4 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+        seen = connections_to(cland, port);
+    }
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(stub.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    );
+    let st = stub.wait().unwrap();
+    assert_eq!(seen, 4, "a peer connection, a session and two spares");
+    assert_eq!(st.signal(), Some(libc::SIGTERM), "{st:?}");
 }
 
 /// A process held still (SIGSTOP) until dropped (SIGCONT).

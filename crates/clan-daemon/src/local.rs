@@ -787,6 +787,9 @@ impl Node {
             }
             return;
         }
+        for ep in endpoints.values_mut() {
+            ep.answered();
+        }
         let (in_tx, in_rx) = mpsc::channel(64);
         let (to_stub, mut to_stub_rx) = mpsc::channel::<pb::SessionOutput>(64);
         let reader = tokio::spawn(async move {

@@ -67,6 +67,27 @@ impl Placed {
 /// Jobs suspended as a whole with signals, one id per line (state directory).
 const STOPPING_FILE: &str = "jobs.stopping";
 
+/// Work put off until this is dropped, then spawned on the runtime (dropped outside one,
+/// it is left undone). A start holds the refills of what it took (a waiting shepherd, a
+/// spare session connection) until its answer is out: on a machine with few CPUs, the
+/// forks and handshakes of a refill made at once took them from the very start they were
+/// for.
+pub struct Deferred(Option<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>>);
+
+impl Deferred {
+    pub fn new(work: impl std::future::Future<Output = ()> + Send + 'static) -> Deferred {
+        Deferred(Some(Box::pin(work)))
+    }
+}
+
+impl Drop for Deferred {
+    fn drop(&mut self) {
+        if let (Some(work), Ok(rt)) = (self.0.take(), tokio::runtime::Handle::try_current()) {
+            rt.spawn(work);
+        }
+    }
+}
+
 pub struct Node {
     pub id: NodeId,
     pub cfg: ClusterConfig,

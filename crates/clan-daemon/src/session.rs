@@ -14,7 +14,7 @@
 //! are hung up.
 
 use crate::error::{Error, Result};
-use crate::node::Node;
+use crate::node::{Deferred, Node};
 use crate::peer::{DialError, Peer};
 use crate::process::vproc::{PendingSignals, Refused, SpawnLocal, VProc};
 use clan_core::{Gpid, NodeId};
@@ -32,7 +32,10 @@ use tracing::{debug, info, warn};
 pub enum Endpoint {
     /// On this node: the vproc and the number of the session the stub has of it.
     Local(Arc<VProc>, u64),
-    Remote(mpsc::UnboundedSender<pb::SessionInput>),
+    /// On another node: the session connection's input, and the refill of the spare
+    /// session connections to that node, put off until the stub has its answer
+    /// ([`Endpoint::answered`]).
+    Remote(mpsc::UnboundedSender<pb::SessionInput>, Option<Deferred>),
 }
 
 impl Endpoint {
@@ -43,7 +46,7 @@ impl Endpoint {
                     vp.send_from(*session, m);
                 }
             }
-            Endpoint::Remote(tx) => {
+            Endpoint::Remote(tx, _) => {
                 let _ = tx.send(pb::SessionInput {
                     gpid: gpid.raw(),
                     input: Some(input),
@@ -52,12 +55,19 @@ impl Endpoint {
         }
     }
 
+    /// The stub has the run's answer: what the start put off may go on.
+    pub fn answered(&mut self) {
+        if let Endpoint::Remote(_, refill) = self {
+            drop(refill.take());
+        }
+    }
+
     /// The stub is gone without collecting the status: hang the process up.
     pub fn orphan(self, gpid: Gpid) {
         match self {
             Endpoint::Local(vp, _) => vp.hang_up(),
             // Said before the connection closes, which alone would park the process.
-            Endpoint::Remote(tx) => {
+            Endpoint::Remote(tx, _) => {
                 let _ = tx.send(pb::SessionInput {
                     gpid: gpid.raw(),
                     input: Some(Input::HangUp(true)),
@@ -258,7 +268,7 @@ impl Node {
             }
         };
         let (node, spare) = (self.clone(), peer.clone());
-        tokio::spawn(async move { node.refill_sessions(&spare).await });
+        let refill = Deferred::new(async move { node.refill_sessions(&spare).await });
         let gpid = match reply {
             pb::peer_reply::Reply::Started(st) => st
                 .gpids
@@ -279,7 +289,7 @@ impl Node {
             target,
             deaths,
         ));
-        Ok((gpid, Endpoint::Remote(tx)))
+        Ok((gpid, Endpoint::Remote(tx, Some(refill))))
     }
 
     /// Subscribes `out` to the local attached process `from.gpid` for a stub that
@@ -887,7 +897,8 @@ impl StubRelay {
                 Some((g, r)) = done_rx.recv() => {
                     broken.remove(&g);
                     let o = match r {
-                        Ok(ep) => {
+                        Ok(mut ep) => {
+                            ep.answered();
                             endpoints.insert(g, ep);
                             continue;
                         }

@@ -3,7 +3,7 @@
 //! table from the shepherds' sockets (`recover`).
 
 use crate::error::{Error, Result};
-use crate::node::Node;
+use crate::node::{Deferred, Node};
 use crate::process::wait::Change;
 use clan_core::{Gpid, NamedMutex, NodeId, WaitStatus};
 use clan_proto::pb::{self, shepherd_in::Msg as In, shepherd_out::Msg as Out};
@@ -197,17 +197,6 @@ pub type Waiting = (pipe::Sender, pipe::Receiver);
 
 /// Shepherds kept waiting per node.
 const POOL: usize = 2;
-
-/// Refills the node's shepherd pool when dropped (see `Node::take_shepherd`).
-pub struct Refill(Option<Arc<Node>>);
-
-impl Drop for Refill {
-    fn drop(&mut self) {
-        if let (Some(node), Ok(rt)) = (self.0.take(), tokio::runtime::Handle::try_current()) {
-            rt.spawn(async move { node.refill_pool().await });
-        }
-    }
-}
 
 /// How long a waiting shepherd may take to say it is there (`answered`).
 const SHEPHERD_ANSWER: std::time::Duration = std::time::Duration::from_secs(5);
@@ -777,13 +766,14 @@ impl Node {
     /// shepherd is started on its own instead; nothing has been sent to it, so nothing can
     /// start twice if it wakes up later.
     ///
-    /// The pool is refilled when the returned [`Refill`] is dropped: the spawn holds it
+    /// The pool is refilled when the returned [`Deferred`] is dropped: the spawn holds it
     /// until its process started (or failed to), so that the zygote's forks for the pool
     /// do not take the CPUs from the start they would speed up (on a 2-CPU machine they
     /// did: a replenishing fork preempted the shepherd and then its child before the exec).
-    async fn take_shepherd(self: &Arc<Self>) -> Result<(Waiting, Refill)> {
+    async fn take_shepherd(self: &Arc<Self>) -> Result<(Waiting, Deferred)> {
         let pooled = self.pool.lock().pop();
-        let refill = Refill(Some(self.clone()));
+        let node = self.clone();
+        let refill = Deferred::new(async move { node.refill_pool().await });
         self.take_shepherd_from(pooled).await.map(|w| (w, refill))
     }
 
