@@ -1663,38 +1663,36 @@ fn spare_session_connections_are_made_again_once_a_start_is_answered() {
         Duration::from_secs(30),
         || (connections_to(cland, port) == 3).then_some(()),
     );
-    let mut stub = c
-        .cmd()
-        .args([
-            "run",
-            "--node",
-            "2",
-            "--",
-            "sh",
-            "-c",
-            "echo ready; exec sleep 120",
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = BufReader::new(stub.stdout.take().unwrap());
+    let mut stub = KillOnDrop(
+        c.cmd()
+            .args([
+                "run",
+                "--node",
+                "2",
+                "--",
+                "sh",
+                "-c",
+                "echo ready; exec sleep 120",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut out = BufReader::new(stub.0.stdout.take().unwrap());
     let mut l = String::new();
     out.read_line(&mut l).unwrap();
     assert_eq!(l, "ready\n");
-    // Not `eventually`: the stub is ended whatever is seen.
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    let mut seen = connections_to(cland, port);
-    while seen != 4 && std::time::Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-        seen = connections_to(cland, port);
-    }
+    eventually(
+        "a peer connection, a session and two spares",
+        Duration::from_secs(30),
+        || (connections_to(cland, port) == 4).then_some(()),
+    );
     let _ = nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(stub.id() as i32),
+        nix::unistd::Pid::from_raw(stub.0.id() as i32),
         nix::sys::signal::Signal::SIGTERM,
     );
-    let st = stub.wait().unwrap();
-    assert_eq!(seen, 4, "a peer connection, a session and two spares");
+    let st = stub.0.wait().unwrap();
     assert_eq!(st.signal(), Some(libc::SIGTERM), "{st:?}");
 }
 

@@ -554,10 +554,15 @@ impl Node {
             },
             log_max_bytes: self.cfg.log_max_bytes,
         };
-        let ((mut stdin, mut stdout), _refill) = self.take_shepherd().await?;
+        // The pool is refilled once this spawn is over (its report read, or failed), not
+        // now: on a 2-CPU machine the zygote's forks for the pool preempted the shepherd,
+        // then its child before the exec, of the very start they were for.
+        let node = self.clone();
+        let _refill = Deferred::new(async move { node.refill_pool().await });
+        let (mut stdin, mut stdout) = self.take_shepherd().await?;
         if write_frame(&mut stdin, &spec).await.is_err() {
             // A waiting shepherd was killed from outside: start a fresh one.
-            ((stdin, stdout), _) = self.take_shepherd().await?;
+            (stdin, stdout) = self.take_shepherd().await?;
             write_frame(&mut stdin, &spec)
                 .await
                 .map_err(|e| Error::internal("send spec to shepherd", e))?;
@@ -760,24 +765,13 @@ impl Node {
         Ok(ours)
     }
 
-    /// A waiting shepherd that has said it is there: from the pool (refilled behind us),
-    /// or a fresh one. One that does not answer within `SHEPHERD_ANSWER` (its zygote was
-    /// stopped or is stuck) is given up with the rest of the pool and the zygote, and a
-    /// shepherd is started on its own instead; nothing has been sent to it, so nothing can
-    /// start twice if it wakes up later.
-    ///
-    /// The pool is refilled when the returned [`Deferred`] is dropped: the spawn holds it
-    /// until its process started (or failed to), so that the zygote's forks for the pool
-    /// do not take the CPUs from the start they would speed up (on a 2-CPU machine they
-    /// did: a replenishing fork preempted the shepherd and then its child before the exec).
-    async fn take_shepherd(self: &Arc<Self>) -> Result<(Waiting, Deferred)> {
+    /// A waiting shepherd that has said it is there: from the pool (refilled after the
+    /// spawn, see `spawn`), or a fresh one. One that does not answer within
+    /// `SHEPHERD_ANSWER` (its zygote was stopped or is stuck) is given up with the rest of
+    /// the pool and the zygote, and a shepherd is started on its own instead; nothing has
+    /// been sent to it, so nothing can start twice if it wakes up later.
+    async fn take_shepherd(self: &Arc<Self>) -> Result<Waiting> {
         let pooled = self.pool.lock().pop();
-        let node = self.clone();
-        let refill = Deferred::new(async move { node.refill_pool().await });
-        self.take_shepherd_from(pooled).await.map(|w| (w, refill))
-    }
-
-    async fn take_shepherd_from(self: &Arc<Self>, pooled: Option<Waiting>) -> Result<Waiting> {
         let first = match pooled {
             Some(w) => Ok(w),
             None => self.fresh_shepherd().await,
