@@ -176,19 +176,49 @@ pub fn rewrite_stat(text: &[u8], m: &dyn PidMap) -> Option<Vec<u8>> {
 /// NS lines start with the number in the node's namespace (the one its /proc shows) and go
 /// down nested namespaces; they get that one value: the cluster has one pid namespace.
 pub fn rewrite_status(text: &[u8], m: &dyn PidMap) -> Vec<u8> {
-    by_line(text, |l| {
-        let (key, val) = l.split_once(':')?;
-        let first = || val.split_whitespace().next()?.parse::<i64>().ok();
-        let new = match key {
-            "Tgid" | "Pid" | "NStgid" | "NSpid" => first().map(|v| m.pid(v)),
-            "PPid" => first().map(|v| m.ppid(v)),
-            "TracerPid" => first().map(|v| pid_if_any(m, v)),
-            "NSpgid" => first().map(|v| m.pgrp(v)),
-            "NSsid" => first().map(|v| m.sid(v)),
-            _ => None,
-        }?;
-        Some(format!("{key}:\t{new}\n"))
-    })
+    use std::io::Write;
+    let mut out = Vec::with_capacity(text.len() + 64);
+    let mut rest = text;
+    while !rest.is_empty() {
+        // The ids come before the first memory line (`VmPeak`, or `VmSize`...) and end
+        // with NSsid: what follows them is copied as it is, unparsed.
+        if rest.starts_with(b"Vm") {
+            break;
+        }
+        let end = rest
+            .iter()
+            .position(|&b| b == b'\n')
+            .map_or(rest.len(), |i| i + 1);
+        let (line, next) = rest.split_at(end);
+        rest = next;
+        // Only the key decides (the bytes before the first ':'; keys are ASCII).
+        let colon = line.iter().take(16).position(|&b| b == b':');
+        let new = colon.and_then(|c| {
+            let map: fn(&dyn PidMap, i64) -> i64 = match &line[..c] {
+                b"Tgid" | b"Pid" | b"NStgid" | b"NSpid" => |m, v| m.pid(v),
+                b"PPid" => |m, v| m.ppid(v),
+                b"TracerPid" => pid_if_any,
+                b"NSpgid" => |m, v| m.pgrp(v),
+                b"NSsid" => |m, v| m.sid(v),
+                _ => return None,
+            };
+            let val = std::str::from_utf8(&line[c + 1..]).ok()?;
+            let v = val.split_whitespace().next()?.parse::<i64>().ok()?;
+            Some((c, map(m, v)))
+        });
+        match new {
+            Some((c, v)) => {
+                out.extend_from_slice(&line[..c]);
+                let _ = writeln!(out, ":\t{v}");
+                if &line[..c] == b"NSsid" {
+                    break;
+                }
+            }
+            None => out.extend_from_slice(line),
+        }
+    }
+    out.extend_from_slice(rest);
+    out
 }
 
 /// `text` with each line `f` rewrites (given it as UTF-8) replaced; every other line, one
@@ -1531,6 +1561,13 @@ NSsid:\t7\t1\nThreads:\t1\n";
         // A name that is not UTF-8 stays byte for byte; the ids after it are rewritten.
         let odd = rewrite_status(b"Name:\t\xff\xfe\nPid:\t9\n", &Plus);
         assert_eq!(odd, b"Name:\t\xff\xfe\nPid:\t10000009\n");
+        // What follows the ids (from the first memory line) is copied unparsed.
+        let tail = b"VmPeak:\t  1 kB\nx:\t\xff\nThreads:\t1";
+        let whole = [&b"Pid:\t9\nNSsid:\t7\n"[..], tail].concat();
+        assert_eq!(
+            rewrite_status(&whole, &Plus),
+            [&b"Pid:\t10000009\nNSsid:\t40000007\n"[..], tail].concat()
+        );
     }
 
     #[test]
