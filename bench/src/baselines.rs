@@ -217,6 +217,15 @@ pub fn tcp_rtt(n: usize) -> Samples {
 pub struct TcpPair {
     conn: Option<TcpStream>,
     server: Option<std::thread::JoinHandle<()>>,
+    /// The echo's thread id, or its process id when it is a process of its own.
+    echo: Echo,
+}
+
+/// Where a [`TcpPair`]'s echo runs.
+#[derive(Clone, Copy)]
+pub enum Echo {
+    Thread(i32),
+    Process(i32),
 }
 
 /// The name of the thread-to-thread round trip in reports.
@@ -251,12 +260,14 @@ impl TcpPair {
             .spawn()
             .expect("tcp-echo");
         let (c, _) = l.accept().expect("accept");
+        let pid = i32::try_from(child.id()).expect("a pid");
         // The child ends when the connection closes (dropped with the pair).
         TcpPair::warmed(
             c,
             std::thread::spawn(move || {
                 let _ = child.wait();
             }),
+            Echo::Process(pid),
         )
     }
 
@@ -264,16 +275,31 @@ impl TcpPair {
     pub fn new() -> TcpPair {
         let l = TcpListener::bind("127.0.0.1:0").expect("bind");
         let addr = l.local_addr().expect("addr");
-        let server = std::thread::spawn(move || echo(l.accept().expect("accept").0));
-        TcpPair::warmed(TcpStream::connect(addr).expect("connect"), server)
+        let (tx, rx) = std::sync::mpsc::channel();
+        let server = std::thread::spawn(move || {
+            let _ = tx.send(nix::unistd::gettid().as_raw());
+            echo(l.accept().expect("accept").0)
+        });
+        let tid = rx.recv().expect("the echo thread's id");
+        TcpPair::warmed(
+            TcpStream::connect(addr).expect("connect"),
+            server,
+            Echo::Thread(tid),
+        )
+    }
+
+    /// The echo's thread or process.
+    pub fn echo(&self) -> Echo {
+        self.echo
     }
 
     /// `c`, its echo served until it closes by `server`, after 100 round trips.
-    fn warmed(c: TcpStream, server: std::thread::JoinHandle<()>) -> TcpPair {
+    fn warmed(c: TcpStream, server: std::thread::JoinHandle<()>, echo: Echo) -> TcpPair {
         c.set_nodelay(true).expect("nodelay");
         let mut p = TcpPair {
             conn: Some(c),
             server: Some(server),
+            echo,
         };
         p.sample(100, &mut Samples::default());
         p

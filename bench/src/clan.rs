@@ -3,6 +3,7 @@
 
 use crate::baselines::{self, wait_signals};
 use crate::cluster::Cluster;
+use crate::placement::{Pins, Placement};
 use crate::report::Report;
 use crate::stats::Samples;
 use clan_client::{pb, Client, RunSpec};
@@ -145,13 +146,24 @@ const SIGNAL_TURNS: usize = 10;
 /// pinging process measures the TCP loopback round trip itself, in turns with its pings,
 /// so that both see the same moments of a shared machine.
 pub fn signal_latency(c: &Cluster, r: &mut Report, n: usize) {
-    let g = "signals";
-    println!("{g} (clan and TCP in {SIGNAL_TURNS} turns):");
+    println!("signals (clan and TCP in {SIGNAL_TURNS} turns):");
+    for place in Placement::all() {
+        signal_latency_in(c, r, n, place);
+    }
+}
+
+/// [`signal_latency`] with its processes (and the TCP baselines' echo) placed as `place`
+/// says: node 1's cland and the pinging process on node 1's side, node 2's cland and the
+/// answering process on node 2's side.
+fn signal_latency_in(c: &Cluster, r: &mut Report, n: usize, place: Placement) {
+    let g = &format!("signals ({})", place.label());
     let exe = std::env::current_exe().expect("self");
     let exe = exe.to_str().expect("utf-8 path");
     let peer_file = c.dir.join("ping.peer");
     let out_file = c.dir.join("ping.out");
+    let _ = std::fs::remove_file(&peer_file);
     let iters = n * 10;
+    let echo_cpu = place.sides().map_or(-1, |(_, far)| far as i64);
     let ping = c
         .spawn(
             1,
@@ -164,12 +176,26 @@ pub fn signal_latency(c: &Cluster, r: &mut Report, n: usize) {
                 out_file.to_str().unwrap(),
                 "--iters",
                 &iters.to_string(),
+                "--echo-cpu",
+                &echo_cpu.to_string(),
             ],
         )
         .expect("ping");
     let pong = c
         .spawn(2, &[exe, "sigpong", "--peer", &ping.to_string()])
         .expect("pong");
+    let mut pins = Pins::default();
+    if let Some((near, far)) = place.sides() {
+        for (pid, cpu) in [
+            (c.cland_pid(1), near),
+            (c.host_pid(ping).map(|p| p as i32), near),
+            (c.cland_pid(2), far),
+            (c.host_pid(pong).map(|p| p as i32), far),
+        ] {
+            pins.process(pid.expect("a process to place"), cpu);
+        }
+    }
+    // The pinging process starts once it has its peer: placed by then.
     std::fs::write(&peer_file, pong.to_string()).expect("peer file");
     let st = c
         .cmd()
@@ -177,6 +203,7 @@ pub fn signal_latency(c: &Cluster, r: &mut Report, n: usize) {
         .stdout(Stdio::null())
         .status()
         .expect("wait");
+    drop(pins);
     let _ = c.cmd().args(["kill", &pong.to_string()]).status();
     let _ = c
         .cmd()
@@ -201,12 +228,14 @@ pub fn signal_latency(c: &Cluster, r: &mut Report, n: usize) {
         &tcp_procs,
         Some(baselines::TCP_RTT),
     );
-    r.latency(
-        g,
-        "local kill(2) ping-pong, one way",
-        &baselines::kill_pingpong(n * 10),
-        Some(baselines::TCP_RTT),
-    );
+    if place == Placement::Free {
+        r.latency(
+            g,
+            "local kill(2) ping-pong, one way",
+            &baselines::kill_pingpong(n * 10),
+            Some(baselines::TCP_RTT),
+        );
+    }
     r.latency(
         g,
         "clan kill ping-pong node 1 <-> node 2, one way",
@@ -232,7 +261,12 @@ pub fn signal_latency(c: &Cluster, r: &mut Report, n: usize) {
 /// trip each), as many relayed by the two nodes' clands (SIGUSR2, the clients without
 /// links, lines `r NANOS`), and as many TCP loopback round trips (`t NANOS`, `p NANOS`), in
 /// [`SIGNAL_TURNS`] turns of each.
-pub fn sigping(peer_file: &Path, out: &Path, iters: usize) -> anyhow::Result<()> {
+pub fn sigping(
+    peer_file: &Path,
+    out: &Path,
+    iters: usize,
+    echo_cpu: Option<usize>,
+) -> anyhow::Result<()> {
     let peer: Gpid = loop {
         if let Ok(s) = std::fs::read_to_string(peer_file) {
             if let Ok(g) = s.trim().parse() {
@@ -246,6 +280,11 @@ pub fn sigping(peer_file: &Path, out: &Path, iters: usize) -> anyhow::Result<()>
     let mut lines = String::new();
     let mut tcp = baselines::TcpPair::new();
     let mut tcp_procs = baselines::TcpPair::with_process();
+    let mut pins = Pins::default();
+    if let Some(cpu) = echo_cpu {
+        pins.echo(tcp.echo(), cpu);
+        pins.echo(tcp_procs.echo(), cpu);
+    }
     let per = iters.div_ceil(SIGNAL_TURNS);
     rt1().block_on(async {
         // Warm: connections, and the link to the peer's node (both roles').

@@ -85,6 +85,33 @@ impl Cluster {
         c
     }
 
+    /// The host pid of a process of a local cluster's node (from its node-local number).
+    pub fn host_pid(&self, gpid: clan_core::Gpid) -> Option<u32> {
+        let init: u32 =
+            std::fs::read_to_string(self.dir.join(format!("node{}/init.pid", gpid.node())))
+                .ok()?
+                .trim()
+                .parse()
+                .ok()?;
+        let ns = std::fs::read_link(format!("/proc/{init}/ns/pid")).ok()?;
+        std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+            if std::fs::read_link(format!("/proc/{pid}/ns/pid")).ok()? != ns {
+                return None;
+            }
+            (clan_core::sys::ns_pid_of_host(pid)? == gpid.local()).then_some(pid)
+        })
+    }
+
+    /// The host pid of node `node`'s cland.
+    pub fn cland_pid(&self, node: u32) -> Option<i32> {
+        std::fs::read_to_string(self.dir.join(format!("node{node}/cland.pid")))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    }
+
     pub fn client(&self, node: u32) -> clan_client::Client {
         let n = clan_core::NodeId::new(node).expect("node");
         clan_client::Client::at(clan_client::socket_path(&self.dir, n), n)

@@ -5,6 +5,7 @@ mod baselines;
 mod clan;
 mod cluster;
 mod jobs;
+mod placement;
 mod posix;
 mod procview;
 mod report;
@@ -107,6 +108,9 @@ enum Cmd {
         out: PathBuf,
         #[arg(long)]
         iters: usize,
+        /// The vCPU of the TCP baselines' echo (negative: where the kernel puts it).
+        #[arg(long, default_value_t = -1, allow_negative_numbers = true)]
+        echo_cpu: i64,
     },
     #[command(hide = true)]
     Forkping {
@@ -173,7 +177,8 @@ fn main() -> anyhow::Result<()> {
             peer_file,
             out,
             iters,
-        } => return clan::sigping(&peer_file, &out, iters),
+            echo_cpu,
+        } => return clan::sigping(&peer_file, &out, iters, usize::try_from(echo_cpu).ok()),
         Cmd::Sigpong { peer } => return clan::sigpong(peer),
         Cmd::Forkping { node, out, iters } => return posix::forkping(node, &out, iters),
         Cmd::Tree {

@@ -5,6 +5,7 @@
 
 use crate::baselines;
 use crate::cluster::Cluster;
+use crate::placement::{self, Pins, Placement};
 use crate::report::Report;
 use crate::stats::Samples;
 use clan_client::pb;
@@ -21,23 +22,6 @@ fn read_whole(path: &Path) -> usize {
     buf.len()
 }
 
-/// The host pid of a process of a local cluster's node (from its node-local number).
-fn host_pid(c: &Cluster, gpid: clan_core::Gpid) -> Option<u32> {
-    let init: u32 = std::fs::read_to_string(c.dir.join(format!("node{}/init.pid", gpid.node())))
-        .ok()?
-        .trim()
-        .parse()
-        .ok()?;
-    let ns = std::fs::read_link(format!("/proc/{init}/ns/pid")).ok()?;
-    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
-        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
-        if std::fs::read_link(format!("/proc/{pid}/ns/pid")).ok()? != ns {
-            return None;
-        }
-        (clan_core::sys::ns_pid_of_host(pid)? == gpid.local()).then_some(pid)
-    })
-}
-
 /// Blocks each measurement is split into: the four series take turns, so that each sees
 /// the same moments of a shared, noisy machine.
 const TURNS: usize = 10;
@@ -49,7 +33,7 @@ pub fn status_read(c: &Cluster, r: &mut Report, n: usize) {
     println!("{g} (in {TURNS} turns):");
     let target = c.spawn(2, &["sleep", "3700"]).expect("a process on node 2");
     let near = c.spawn(1, &["sleep", "3700"]).expect("a process on node 1");
-    let host = host_pid(c, target).expect("its host pid");
+    let host = c.host_pid(target).expect("its host pid");
     let native = PathBuf::from(format!("/proc/{host}/status"));
     let mnt = c.dir.join("bench-proc");
     std::fs::create_dir_all(&mnt).expect("mount point");
@@ -83,79 +67,100 @@ pub fn status_read(c: &Cluster, r: &mut Report, n: usize) {
     let mut tcp_procs = baselines::TcpPair::with_process();
     let relayed = c.client(1).without_links();
     rt.block_on(relayed.proc(req.clone())).expect("proc read");
-    let (mut rtt, mut rtt_procs, mut nat, mut api, mut through, mut api_near, mut api_relayed): (
-        Samples,
-        Samples,
-        Samples,
-        Samples,
-        Samples,
-        Samples,
-        Samples,
-    ) = Default::default();
-    let per = n.div_ceil(TURNS);
-    for _ in 0..TURNS {
-        tcp.sample(per, &mut rtt);
-        tcp_procs.sample(per, &mut rtt_procs);
-        nat_block(per, &native, &mut nat);
-        rt.block_on(async {
-            for _ in 0..per {
-                let t = Instant::now();
-                let reply = client.proc(req.clone()).await.expect("proc read");
-                api.push(t.elapsed());
-                assert!(!reply.data.is_empty());
+    let mount_daemons = placement::processes_of("clan-procfs", mnt.to_str().expect("utf-8"));
+    for place in Placement::all() {
+        let mut pins = Pins::default();
+        if let Some((near_cpu, far_cpu)) = place.sides() {
+            pins.process(std::process::id() as i32, near_cpu);
+            for &pid in &mount_daemons {
+                pins.process(pid, near_cpu);
             }
-            for _ in 0..per {
-                let t = Instant::now();
-                let reply = relayed.proc(req.clone()).await.expect("proc read");
-                api_relayed.push(t.elapsed());
-                assert!(!reply.data.is_empty());
+            if let Some(pid) = c.cland_pid(1) {
+                pins.process(pid, near_cpu);
             }
-            for _ in 0..per {
-                let t = Instant::now();
-                let reply = client.proc(near_req.clone()).await.expect("proc read");
-                api_near.push(t.elapsed());
-                assert!(!reply.data.is_empty());
+            if let Some(pid) = c.cland_pid(2) {
+                pins.process(pid, far_cpu);
             }
-        });
-        nat_block(per, &file, &mut through);
+            pins.process(host as i32, far_cpu);
+            pins.echo(tcp.echo(), far_cpu);
+            pins.echo(tcp_procs.echo(), far_cpu);
+        }
+        let (mut rtt, mut rtt_procs, mut nat, mut api, mut through, mut api_near, mut api_relayed): (
+            Samples,
+            Samples,
+            Samples,
+            Samples,
+            Samples,
+            Samples,
+            Samples,
+        ) = Default::default();
+        let per = n.div_ceil(TURNS);
+        for _ in 0..TURNS {
+            tcp.sample(per, &mut rtt);
+            tcp_procs.sample(per, &mut rtt_procs);
+            nat_block(per, &native, &mut nat);
+            rt.block_on(async {
+                for _ in 0..per {
+                    let t = Instant::now();
+                    let reply = client.proc(req.clone()).await.expect("proc read");
+                    api.push(t.elapsed());
+                    assert!(!reply.data.is_empty());
+                }
+                for _ in 0..per {
+                    let t = Instant::now();
+                    let reply = relayed.proc(req.clone()).await.expect("proc read");
+                    api_relayed.push(t.elapsed());
+                    assert!(!reply.data.is_empty());
+                }
+                for _ in 0..per {
+                    let t = Instant::now();
+                    let reply = client.proc(near_req.clone()).await.expect("proc read");
+                    api_near.push(t.elapsed());
+                    assert!(!reply.data.is_empty());
+                }
+            });
+            nat_block(per, &file, &mut through);
+        }
+        drop(pins);
+        let g = &format!("{g} ({})", place.label());
+        let tcp_name = baselines::TCP_RTT;
+        let native_name = "native read of /proc/PID/status";
+        r.latency(g, tcp_name, &rtt, None);
+        r.latency(g, baselines::TCP_PROCS, &rtt_procs, Some(tcp_name));
+        r.latency(g, native_name, &nat, None);
+        r.latency(
+            g,
+            "through the API (client library, node 1)",
+            &api,
+            Some(tcp_name),
+        );
+        r.latency(
+            g,
+            "  the same against the round trip between two processes",
+            &api,
+            Some(baselines::TCP_PROCS),
+        );
+        r.latency(
+            g,
+            "  (for reference) the same relayed by node 1's cland (no link)",
+            &api_relayed,
+            Some(tcp_name),
+        );
+        r.latency(
+            g,
+            "  (for reference) the API read of a process of node 1 itself",
+            &api_near,
+            Some(tcp_name),
+        );
+        r.latency(
+            g,
+            "through the mount (clan proc mount, node 1)",
+            &through,
+            Some(native_name),
+        );
     }
     drop(tcp);
     drop(tcp_procs);
-    let tcp_name = baselines::TCP_RTT;
-    let native_name = "native read of /proc/PID/status";
-    r.latency(g, tcp_name, &rtt, None);
-    r.latency(g, baselines::TCP_PROCS, &rtt_procs, Some(tcp_name));
-    r.latency(g, native_name, &nat, None);
-    r.latency(
-        g,
-        "through the API (client library, node 1)",
-        &api,
-        Some(tcp_name),
-    );
-    r.latency(
-        g,
-        "  the same against the round trip between two processes",
-        &api,
-        Some(baselines::TCP_PROCS),
-    );
-    r.latency(
-        g,
-        "  (for reference) the same relayed by node 1's cland (no link)",
-        &api_relayed,
-        Some(tcp_name),
-    );
-    r.latency(
-        g,
-        "  (for reference) the API read of a process of node 1 itself",
-        &api_near,
-        Some(tcp_name),
-    );
-    r.latency(
-        g,
-        "through the mount (clan proc mount, node 1)",
-        &through,
-        Some(native_name),
-    );
     let _ = c
         .cmd()
         .args(["proc", "umount"])
