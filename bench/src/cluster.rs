@@ -39,6 +39,8 @@ pub fn stop_on_signals() {
                 .arg("down")
                 .stdout(Stdio::null())
                 .status();
+            // The benchmark's own files too, as the cluster's drop does.
+            let _ = std::fs::remove_dir_all(&dir);
         }
         std::process::exit(128 + sig as i32);
     });
