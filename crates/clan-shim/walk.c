@@ -19,8 +19,13 @@
 // walk's first open read (a sealed memfd: reading it again gives the same line; procps
 // opens the file again for a new value).
 //
-// The walk speaks for at most WALK_AGE after the listing and is dropped at the next
-// listing: a walk is never older than the process's last look at /proc. Anything else
+// The walk speaks for WALK_AGE after the listing, and after that for as long as the tool
+// goes on with it (each open within WALK_IDLE of the one before), up to WALK_MAX: one pass
+// of a slow tool over thousands of processes (pstree, through a loaded machine) stays one
+// snapshot instead of falling to a round trip per file halfway, as the view's own walks
+// do (`serves` in crates/clan-procfs/src/view.rs), while a look after a pause is live. It
+// is dropped at the next listing: a walk is never older than the process's last look at
+// /proc. Anything else
 // (another path, a process not in the walk, a write, no walk file because /proc is not the
 // cluster view, a thread already loading) goes to the real open.
 //
@@ -44,6 +49,8 @@
 #include "shim.h"
 
 #define WALK_AGE_NS (2LL * 1000000000LL)
+#define WALK_IDLE_NS (1LL * 1000000000LL)
+#define WALK_MAX_NS (10LL * 1000000000LL)
 #define MAGIC "clanwlk1"
 #define HEADER (8 + 4 + 4 + 4 + 4)
 #define SPAN 10000000ULL
@@ -82,6 +89,7 @@ static struct walk walks[NFILES];
 static dev_t proc_dev;       // the device of /proc (the view's mount), when `listed`
 static int listed;           // the process listed /proc and the walk may speak
 static long long listed_at;  // when (CLOCK_MONOTONIC, ns)
+static long long used_at;    // the walk's last open (CLOCK_MONOTONIC, ns)
 static long long relisted;   // a listing made while another thread held `busy` (0: none)
 static char busy;            // held while the walks change or are read
 static char uptime[64];      // /proc/uptime as read in the walk of `uptime_at`
@@ -303,13 +311,15 @@ static int walk_live(void) {
     if (again > listed_at) {
         drop_all();
         proc_dev = 0;
-        listed_at = again;
+        listed_at = used_at = again;
     }
-    if (now_ns() - listed_at > WALK_AGE_NS) {
+    long long now = now_ns(), age = now - listed_at;
+    if (age > WALK_AGE_NS && (now - used_at > WALK_IDLE_NS || age > WALK_MAX_NS)) {
         __atomic_store_n(&listed, 0, __ATOMIC_RELAXED);
         drop_all();
         return 0;
     }
+    used_at = now;
     return 1;
 }
 
@@ -476,7 +486,7 @@ void shim_walk_listed(const char *dir) {
     }
     drop_all();
     proc_dev = 0;
-    listed_at = now_ns();
+    listed_at = used_at = now_ns();
     __atomic_store_n(&listed, 1, __ATOMIC_RELAXED);
     __atomic_clear(&busy, __ATOMIC_RELEASE);
 }

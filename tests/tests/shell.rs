@@ -617,6 +617,60 @@ PY"#
     c.clan_ok(&["kill", "-s", "KILL", &g.to_string()]);
 }
 
+/// A walk goes on past its first two seconds while its tool keeps using it (a slow pass
+/// over thousands of processes stays one snapshot instead of falling to a round trip per
+/// file halfway), and ends after a pause of more than a second: the look after the pause
+/// is the mount's, as it is now.
+#[test]
+fn a_walk_goes_on_while_it_is_used_and_ends_after_a_pause() {
+    root_or_skip!("a_walk_goes_on_while_it_is_used_and_ends_after_a_pause");
+    let c = Cluster::up(2);
+    let g = run_d(&c, 2, &["sleep", "8402"]);
+    let script = format!(
+        r#"python3 - <<'PY'
+import json, os, time
+g = {g}
+def from_walk():
+    fd = os.open("/proc/%d/stat" % g, os.O_RDONLY)
+    walk = os.readlink("/proc/self/fd/%d" % fd).startswith("/memfd:")
+    os.close(fd)
+    return walk
+result = None
+# A python descheduled for most of a second would look like a pause: such a try is
+# made again.
+for attempt in range(5):
+    os.listdir("/proc")
+    start = last = time.monotonic()
+    steady, used = True, []
+    while last - start < 3.0:
+        time.sleep(0.05)
+        now = time.monotonic()
+        steady = steady and now - last < 0.8
+        last = now
+        used.append([round(now - start, 2), from_walk()])
+    if not steady:
+        continue
+    time.sleep(1.5)
+    result = [used, from_walk()]
+    break
+print(json.dumps(result))
+PY"#
+    );
+    let o = shell(&c, 1, None, &script);
+    assert!(o.status.success(), "{}", text(&o));
+    let v: serde_json::Value =
+        serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&o)));
+    assert!(!v.is_null(), "no try without a pause: {}", text(&o));
+    let used = v[0].as_array().expect("reads");
+    assert!(
+        used.iter().all(|r| r[1] == true),
+        "every read of the pass from the walk, also after two seconds: {used:?}"
+    );
+    assert!(used.last().is_some_and(|r| r[0].as_f64() >= Some(2.5)));
+    assert_eq!(v[1], false, "after a pause, the mount's: {}", text(&o));
+    c.clan_ok(&["kill", "-s", "KILL", &g.to_string()]);
+}
+
 /// The pid of node `n`'s view server, from its pid file.
 fn view_server(c: &Cluster, n: u32) -> Option<i32> {
     let pid: i32 = std::fs::read_to_string(c.node_dir(n).join("procfs.pid"))
