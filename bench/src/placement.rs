@@ -138,3 +138,50 @@ impl Pins {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nix::sched::sched_getaffinity;
+
+    /// A thread's CPUs, as the kernel has them.
+    fn cpus_of(tid: i32) -> Vec<usize> {
+        let set = sched_getaffinity(Pid::from_raw(tid)).expect("sched_getaffinity");
+        (0..CpuSet::count())
+            .filter(|&c| set.is_set(c).unwrap_or(false))
+            .collect()
+    }
+
+    #[test]
+    fn a_pinned_thread_runs_on_its_cpu_until_the_pins_go() {
+        if online_cpus() < 2 {
+            eprintln!("skipped: needs two CPUs");
+            return;
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (done, wait) = std::sync::mpsc::channel::<()>();
+        let t = std::thread::spawn(move || {
+            tx.send(nix::unistd::gettid().as_raw()).expect("send");
+            let _ = wait.recv();
+        });
+        let tid = rx.recv().expect("the thread's id");
+        let before = cpus_of(tid);
+        assert!(before.len() >= 2, "{before:?}");
+        {
+            let mut pins = Pins::default();
+            pins.thread(tid, 1);
+            assert_eq!(cpus_of(tid), vec![1]);
+        }
+        assert!(cpus_of(tid).len() >= before.len(), "{:?}", cpus_of(tid));
+        let _ = done.send(());
+        t.join().expect("join");
+    }
+
+    #[test]
+    fn placements_name_their_sides() {
+        assert_eq!(Placement::Free.sides(), None);
+        assert_eq!(Placement::Together.sides(), Some((0, 0)));
+        assert_eq!(Placement::Apart.sides(), Some((0, 1)));
+        assert_eq!(Placement::all()[0], Placement::Free);
+    }
+}
