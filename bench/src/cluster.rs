@@ -54,6 +54,17 @@ pub struct Cluster {
 
 impl Cluster {
     pub fn up(bin: &Path, name: &str, nodes: u32, base_port: u16) -> anyhow::Result<Cluster> {
+        Cluster::up_with(bin, name, nodes, base_port, &[])
+    }
+
+    /// [`Cluster::up`] with more `clan up` options.
+    pub fn up_with(
+        bin: &Path,
+        name: &str,
+        nodes: u32,
+        base_port: u16,
+        extra: &[&str],
+    ) -> anyhow::Result<Cluster> {
         let dir = std::env::temp_dir().join(format!("clan-bench-{name}-{}", std::process::id()));
         let c = Cluster {
             dir,
@@ -69,6 +80,7 @@ impl Cluster {
                 "--base-port",
                 &base_port.to_string(),
             ])
+            .args(extra)
             .output()?;
         if !out.status.success() {
             anyhow::bail!("clan up: {}", String::from_utf8_lossy(&out.stderr));

@@ -250,14 +250,19 @@ fn main() -> anyhow::Result<()> {
                 posix::group_signal(&c, &mut r, n);
             }
             if all || matches!(cmd, Cmd::Rps) {
+                // Both with two workers per node: the locks matter where requests run in
+                // parallel, which a local cluster's default share of two CPUs (one worker
+                // per node of four) does not do.
+                let two = ["--workers", "2"];
+                let fine = cluster::Cluster::up_with(&bin, "fine2", 4, 8100, &two)?;
                 let giant = match &a.giant_bin_dir {
-                    Some(d) => Some(cluster::Cluster::up(d, "giant", 4, 7950)?),
+                    Some(d) => Some(cluster::Cluster::up_with(d, "giant", 4, 7950, &two)?),
                     None => {
                         println!("  (no --giant-bin-dir: no one-big-lock comparison)");
                         None
                     }
                 };
-                clan::throughput_rows(&c, giant.as_ref(), &mut r, a.seconds);
+                clan::throughput_rows(&fine, giant.as_ref(), &mut r, a.seconds);
             }
             if all || matches!(cmd, Cmd::Ps) {
                 clan::ps_scale(&c, &mut r, a.per_node, (n / 10).max(5));

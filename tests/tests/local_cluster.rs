@@ -489,6 +489,7 @@ fn bad_options_exit_2_and_create_nothing() {
             "--dead-after-ms 100",
         ),
         (&["-n", "4", "--base-port", "65533"], "--base-port 65533"),
+        (&["--workers", "0"], "--workers 0"),
     ];
     for (i, (args, flag)) in cases.iter().enumerate() {
         for dir in [t.0.join(format!("new{i}")), empty.clone()] {
@@ -589,4 +590,42 @@ fn an_interrupted_up_stops_what_it_started() {
             assert!(!cg.exists(), "{} left behind", cg.display());
         }
     }
+}
+
+/// Each node daemon runs the worker threads `clan up --workers` gives it, else its share of
+/// the machine's CPUs (one at least, two at most), written in its entry of the cluster file.
+/// Each cland says at start how many its runtime has.
+#[test]
+fn nodes_run_the_workers_they_are_given() {
+    root_or_skip!("nodes_run_the_workers_they_are_given");
+    let said = |c: &Cluster, n: u32| -> Option<usize> {
+        let log = std::fs::read_to_string(c.node_dir(n).join("cland.log")).ok()?;
+        log.lines().rev().find_map(|l| {
+            let (_, rest) = l.split_once("runtime of ")?;
+            rest.split_whitespace().next()?.parse().ok()
+        })
+    };
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let c = Cluster::up_with(3, &["--heartbeat-ms", "200", "--dead-after-ms", "2000"]);
+    for n in 1..=3 {
+        assert_eq!(said(&c, n), Some((cpus / 3).clamp(1, 2)), "node {n}");
+    }
+    drop(c);
+    let c = Cluster::up_with(
+        2,
+        &[
+            "--heartbeat-ms",
+            "200",
+            "--dead-after-ms",
+            "2000",
+            "--workers",
+            "3",
+        ],
+    );
+    for n in 1..=2 {
+        assert_eq!(said(&c, n), Some(3), "node {n}");
+    }
+    assert!(std::fs::read_to_string(c.dir.join("cluster.toml"))
+        .unwrap()
+        .contains("workers = 3"));
 }

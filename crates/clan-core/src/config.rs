@@ -13,6 +13,7 @@
 //! id = 1
 //! addr = "10.0.0.1:7100"
 //! # freezer = false                  # suspend and kill jobs by signals, not the cgroup freezer
+//! # workers = 2                      # cland's runtime worker threads (CLAN_WORKERS overrides)
 //! ```
 
 use crate::id::NodeId;
@@ -52,7 +53,16 @@ pub struct NodeEntry {
     /// bottom-up, SIGKILL top-down over the task's genealogy), as on kernels without them.
     #[serde(default = "default_freezer")]
     pub freezer: bool,
+    /// Worker threads of the node daemon's runtime [default: [`DEFAULT_WORKERS`]];
+    /// `CLAN_WORKERS` in cland's environment overrides it. A local cluster's nodes share
+    /// one machine: `clan up` gives each its share of the CPUs.
+    #[serde(default)]
+    pub workers: Option<usize>,
 }
+
+/// Worker threads of a node daemon's runtime when neither the cluster file nor
+/// `CLAN_WORKERS` says.
+pub const DEFAULT_WORKERS: usize = 2;
 
 fn default_freezer() -> bool {
     true
@@ -291,11 +301,12 @@ mod tests {
         );
         std::fs::write(
             &p,
-            "name = \"t\"\nkey_file = \"k\"\nproc_view = \"/run/v{node}\"\n[[node]]\nid = 1\naddr = \"127.0.0.1:7001\"\nfreezer = false\n",
+            "name = \"t\"\nkey_file = \"k\"\nproc_view = \"/run/v{node}\"\n[[node]]\nid = 1\naddr = \"127.0.0.1:7001\"\nfreezer = false\nworkers = 3\n",
         )
         .unwrap();
         let c = ClusterConfig::load(&p).unwrap();
         assert!(!c.nodes[0].freezer);
+        assert_eq!(c.nodes[0].workers, Some(3));
         assert_eq!(
             c.proc_view(NodeId::new(1).unwrap()),
             PathBuf::from("/run/v1")

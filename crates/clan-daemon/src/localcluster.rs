@@ -42,6 +42,9 @@ pub struct UpOptions {
     pub bin_dir: PathBuf,
     /// Run node N in the network namespace `PREFIX<N>`, listening on `ip_base` + N.
     pub netns: Option<(String, std::net::Ipv4Addr)>,
+    /// Worker threads of each node's runtime (`workers` in every node's entry); `None`:
+    /// the machine's CPUs shared among the nodes, at least one each.
+    pub workers: Option<usize>,
 }
 
 /// A `clan up` refused before anything was created or changed: a bad option, or a
@@ -149,9 +152,27 @@ impl UpOptions {
                 ));
             }
         }
+        if let Some(w) = self.workers.filter(|w| !(1..=MAX_WORKERS).contains(w)) {
+            return bad(format!("--workers {w}: 1 to {MAX_WORKERS}"));
+        }
         Ok(())
     }
+
+    /// Worker threads of each node's runtime: as given, else the machine's CPUs shared
+    /// among the nodes (every node of a local cluster runs on this machine), at least one.
+    /// On two CPUs a 4-node cluster's nodes take one each: with two each, eight workers
+    /// woke one another across two vCPUs (a remote `clan run` took about 5% longer and
+    /// more CPU; docs/performance.md).
+    pub fn node_workers(&self) -> usize {
+        self.workers.unwrap_or_else(|| {
+            let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+            (cpus / self.nodes.max(1) as usize).clamp(1, clan_core::config::DEFAULT_WORKERS)
+        })
+    }
 }
+
+/// The most worker threads `clan up --workers` gives a node.
+pub const MAX_WORKERS: usize = 256;
 
 /// A live process that a pid file of a node names and that is the one recorded (see
 /// [`pidfile`]).
@@ -378,6 +399,7 @@ fn write_files(
         if !o.freezer {
             toml.push_str("freezer = false\n");
         }
+        toml.push_str(&format!("workers = {}\n", o.node_workers()));
     }
     create(cfg_path, 0o644, &toml)
 }
@@ -629,6 +651,7 @@ mod tests {
             freezer: true,
             bin_dir: PathBuf::from("/nonexistent"),
             netns: None,
+            workers: None,
         }
     }
 
@@ -654,10 +677,29 @@ mod tests {
             &|o| o.netns = Some(("x".into(), std::net::Ipv4Addr::new(255, 255, 255, 254))),
             "--ip-base",
         );
+        bad(&|o| o.workers = Some(0), "--workers 0");
+        bad(&|o| o.workers = Some(MAX_WORKERS + 1), "--workers 257");
         let mut o = opts();
         o.dead_after_ms = 1500;
         assert!(o.check().is_ok());
         assert!(!o.dir.exists());
+    }
+
+    /// Each node gets the workers asked for, else its share of the machine's CPUs: one at
+    /// least, two at most (the daemon's default).
+    #[test]
+    fn nodes_share_the_machine_s_cpus_among_their_workers() {
+        let mut o = opts();
+        o.workers = Some(3);
+        assert_eq!(o.node_workers(), 3);
+        o.workers = None;
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        for nodes in [1, 2, 4, 64] {
+            o.nodes = nodes;
+            let w = o.node_workers();
+            assert!((1..=clan_core::config::DEFAULT_WORKERS).contains(&w), "{w}");
+            assert_eq!(w, (cpus / nodes as usize).clamp(1, 2), "{nodes} nodes");
+        }
     }
 
     /// A cluster whose node ports lie in the kernel's ephemeral range is told so (the

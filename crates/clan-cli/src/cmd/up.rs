@@ -41,6 +41,11 @@ pub struct Args {
     /// With --netns: node N listens on this IPv4 address + N.
     #[arg(long, value_name = "IPV4", requires = "netns")]
     ip_base: Option<std::net::Ipv4Addr>,
+    /// Worker threads of each node daemon's runtime [default: this machine's CPUs shared
+    /// among the nodes, 1 to 2 each] (`workers` in each node's entry of the cluster file;
+    /// `CLAN_WORKERS` in the daemons' environment overrides it).
+    #[arg(long)]
+    workers: Option<usize>,
 }
 
 fn dir_or_default(dir: Option<PathBuf>) -> PathBuf {
@@ -78,6 +83,7 @@ pub async fn run(a: Args, dir: Option<PathBuf>) -> ExitCode {
         freezer: !a.no_freezer,
         bin_dir,
         netns: a.netns.zip(a.ip_base),
+        workers: a.workers,
     };
     if let Some((lo, hi)) = opts.ephemeral_overlap() {
         eprintln!(
