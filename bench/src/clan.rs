@@ -163,24 +163,22 @@ fn signal_latency_in(c: &Cluster, r: &mut Report, n: usize, place: Placement) {
     let out_file = c.dir.join("ping.out");
     let _ = std::fs::remove_file(&peer_file);
     let iters = n * 10;
-    let echo_cpu = place.sides().map_or(-1, |(_, far)| far as i64);
-    let ping = c
-        .spawn(
-            1,
-            &[
-                exe,
-                "sigping",
-                "--peer-file",
-                peer_file.to_str().unwrap(),
-                "--out",
-                out_file.to_str().unwrap(),
-                "--iters",
-                &iters.to_string(),
-                "--echo-cpu",
-                &echo_cpu.to_string(),
-            ],
-        )
-        .expect("ping");
+    let iters = iters.to_string();
+    let mut argv = vec![
+        exe,
+        "sigping",
+        "--peer-file",
+        peer_file.to_str().unwrap(),
+        "--out",
+        out_file.to_str().unwrap(),
+        "--iters",
+        &iters,
+    ];
+    let far = place.sides().map(|(_, far)| far.to_string());
+    if let Some(far) = &far {
+        argv.extend(["--echo-cpu", far]);
+    }
+    let ping = c.spawn(1, &argv).expect("ping");
     let pong = c
         .spawn(2, &[exe, "sigpong", "--peer", &ping.to_string()])
         .expect("pong");

@@ -108,9 +108,9 @@ enum Cmd {
         out: PathBuf,
         #[arg(long)]
         iters: usize,
-        /// The vCPU of the TCP baselines' echo (negative: where the kernel puts it).
-        #[arg(long, default_value_t = -1, allow_negative_numbers = true)]
-        echo_cpu: i64,
+        /// The vCPU of the TCP baselines' echo [default: where the kernel puts it].
+        #[arg(long)]
+        echo_cpu: Option<usize>,
     },
     #[command(hide = true)]
     Forkping {
@@ -178,7 +178,7 @@ fn main() -> anyhow::Result<()> {
             out,
             iters,
             echo_cpu,
-        } => return clan::sigping(&peer_file, &out, iters, usize::try_from(echo_cpu).ok()),
+        } => return clan::sigping(&peer_file, &out, iters, echo_cpu),
         Cmd::Sigpong { peer } => return clan::sigpong(peer),
         Cmd::Forkping { node, out, iters } => return posix::forkping(node, &out, iters),
         Cmd::Tree {

@@ -86,6 +86,14 @@ impl Pins {
             self.threads.push(tid);
         }
     }
+
+    /// A baseline's echo on `cpu`.
+    pub fn echo(&mut self, e: crate::baselines::Echo, cpu: usize) {
+        match e {
+            crate::baselines::Echo::Thread(tid) => self.thread(tid, cpu),
+            crate::baselines::Echo::Process(pid) => self.process(pid, cpu),
+        }
+    }
 }
 
 impl Drop for Pins {
@@ -127,16 +135,6 @@ pub fn processes_of(argv0: &str, last: &str) -> Vec<i32> {
             (name == argv0.as_bytes() && *args.last()? == last.as_bytes()).then_some(pid)
         })
         .collect()
-}
-
-impl Pins {
-    /// A baseline's echo on `cpu`.
-    pub fn echo(&mut self, e: crate::baselines::Echo, cpu: usize) {
-        match e {
-            crate::baselines::Echo::Thread(tid) => self.thread(tid, cpu),
-            crate::baselines::Echo::Process(pid) => self.process(pid, cpu),
-        }
-    }
 }
 
 #[cfg(test)]

@@ -1663,26 +1663,8 @@ fn spare_session_connections_are_made_again_once_a_start_is_answered() {
         Duration::from_secs(30),
         || (connections_to(cland, port) == 3).then_some(()),
     );
-    let mut stub = KillOnDrop(
-        c.cmd()
-            .args([
-                "run",
-                "--node",
-                "2",
-                "--",
-                "sh",
-                "-c",
-                "echo ready; exec sleep 120",
-            ])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
-    let mut out = BufReader::new(stub.0.stdout.take().unwrap());
-    let mut l = String::new();
-    out.read_line(&mut l).unwrap();
-    assert_eq!(l, "ready\n");
+    let (stub, _out) = ready_stub(&c, "echo ready; exec sleep 120");
+    let mut stub = KillOnDrop(stub);
     eventually(
         "a peer connection, a session and two spares",
         Duration::from_secs(30),
@@ -1885,7 +1867,7 @@ fn a_ctrl_c_reaches_a_process_whose_exec_hangs() {
 /// does: a group whose parent is in another group of the session is not orphaned, so a
 /// stop (^Z) stops it however the test runner itself was started (a runner in an orphaned
 /// group, as under `nohup ... &`, would have the kernel discard the stub's SIGTSTP).
-fn short_window_stub(
+fn ready_stub(
     c: &Cluster,
     script: &str,
 ) -> (std::process::Child, BufReader<std::process::ChildStdout>) {
@@ -1926,7 +1908,7 @@ const SHORT_WINDOW: &[&str] = &[
 fn a_stopped_stub_is_waited_for_beyond_the_reattach_window() {
     root_or_skip!("a_stopped_stub_is_waited_for_beyond_the_reattach_window");
     let c = Cluster::up_with(2, SHORT_WINDOW);
-    let (mut stub, mut out) = short_window_stub(&c, "echo ready; read l; echo \"got $l\"; exit 4");
+    let (mut stub, mut out) = ready_stub(&c, "echo ready; read l; echo \"got $l\"; exit 4");
     let stub_pid = stub.id();
     // ^Z: the stub forwards SIGTSTP, the process stops, the stub stops itself.
     nix::sys::signal::kill(
@@ -1974,7 +1956,7 @@ fn a_stop_during_a_break_reaches_the_stub() {
         "echo ready; while [ ! -e {m} ]; do sleep 0.05; done; kill -STOP $$; echo continued; exit 3",
         m = mark.display()
     );
-    let (mut stub, mut out) = short_window_stub(&c, &script);
+    let (mut stub, mut out) = ready_stub(&c, &script);
     let stub_pid = stub.id();
     c.kill_cland(2);
     std::fs::write(&mark, "").unwrap();
@@ -2019,7 +2001,7 @@ fn a_signal_sent_into_a_break_arrives_once() {
     let c = Cluster::up_with(2, SHORT_WINDOW);
     let script = "n=0; trap 'n=$((n+1))' USR1; trap 'echo usr1 $n; exit 0' TERM; \
                   echo ready; while :; do sleep 0.05; done";
-    let (mut stub, mut out) = short_window_stub(&c, script);
+    let (mut stub, mut out) = ready_stub(&c, script);
     let stub_pid = nix::unistd::Pid::from_raw(stub.id() as i32);
     // cland 2 stopped: what node 1 relays to it waits unread in its socket, and is lost
     // when it is killed.
