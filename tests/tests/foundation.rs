@@ -1623,8 +1623,9 @@ fn the_shepherd_pool_is_refilled_after_each_start() {
     }
 }
 
-/// Established TCP connections of host process `pid` to port `port` (of 127.0.0.1).
-fn connections_to(pid: i32, port: u16) -> usize {
+/// Established TCP connections of host process `pid` to port `port` (of 127.0.0.1), by
+/// socket inode.
+fn connections_to(pid: i32, port: u16) -> std::collections::BTreeSet<String> {
     let inodes: std::collections::HashSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
         .into_iter()
         .flatten()
@@ -1638,44 +1639,118 @@ fn connections_to(pid: i32, port: u16) -> usize {
     let tcp = std::fs::read_to_string(format!("/proc/{pid}/net/tcp")).unwrap_or_default();
     tcp.lines()
         .skip(1)
-        .filter(|l| {
+        .filter_map(|l| {
             let f: Vec<&str> = l.split_whitespace().collect();
-            f.len() > 9
+            (f.len() > 9
                 && f[3] == "01"
                 && f[2].rsplit(':').next() == Some(&format!("{port:04X}"))
-                && inodes.contains(f[9])
+                && inodes.contains(f[9]))
+            .then(|| f[9].to_string())
         })
-        .count()
+        .collect()
 }
 
-/// The stub's node keeps two spare session connections to each peer, made again once a
-/// start's stub has its answer, not when its process ends: while a remote process runs,
-/// node 1 holds its peer connection to node 2, the session of that process and two spares.
+/// The spare session connections node `n` keeps (`clan stats tables`).
+fn spare_sessions(c: &Cluster, n: u32) -> u64 {
+    table_of(c, n, "sessions.spare")
+}
+
+/// A session connection carries one start after another: once the stub has released its
+/// process, the process's node says the session is over and the stub's node keeps the
+/// connection as a spare (up to four per peer; two are made ready again whenever a start
+/// takes one, once its stub has the answer). So after a first run, which dials, later runs
+/// and a process that runs on use the connections node 1 already has: the kernel's table of
+/// its sockets shows no new one.
 #[test]
-fn spare_session_connections_are_made_again_once_a_start_is_answered() {
-    root_or_skip!("spare_session_connections_are_made_again_once_a_start_is_answered");
+fn session_connections_carry_one_start_after_another() {
+    root_or_skip!("session_connections_carry_one_start_after_another");
     let c = Cluster::up(2);
     let (cland, port) = (c.cland_pid(1), c.base_port + 2);
-    let o = c.clan(&["run", "--node", "2", "--", "true"]);
-    assert_eq!(o.status.code(), Some(0), "{o:?}");
-    eventually(
-        "a peer connection and two spares",
-        Duration::from_secs(30),
-        || (connections_to(cland, port) == 3).then_some(()),
+    let run = |i: u32| {
+        let o = c.clan(&["run", "--node", "2", "--", "sh", "-c", "exit 3"]);
+        assert_eq!(o.status.code(), Some(3), "run {i}: {o:?}");
+    };
+    let kept = |what: &str| {
+        eventually(what, Duration::from_secs(30), || {
+            (spare_sessions(&c, 1) == 3).then_some(())
+        });
+        connections_to(cland, port)
+    };
+    run(0);
+    let first = kept("two spares made again and the first run's connection given back");
+    assert_eq!(
+        first.len(),
+        4,
+        "the peer connection and three spares: {first:?}"
     );
+    for i in 1..=5 {
+        run(i);
+        let now = kept("the run's connection given back");
+        assert_eq!(now, first, "run {i} dialed instead of using a spare");
+    }
     let (stub, _out) = ready_stub(&c, "echo ready; exec sleep 120");
     let mut stub = KillOnDrop(stub);
-    eventually(
-        "a peer connection, a session and two spares",
-        Duration::from_secs(30),
-        || (connections_to(cland, port) == 4).then_some(()),
-    );
+    // Its session is on a spare; the two left are enough: nothing is dialed.
+    assert_eq!(spare_sessions(&c, 1), 2);
+    assert_eq!(connections_to(cland, port), first);
     let _ = nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(stub.0.id() as i32),
         nix::sys::signal::Signal::SIGTERM,
     );
     let st = stub.0.wait().unwrap();
     assert_eq!(st.signal(), Some(libc::SIGTERM), "{st:?}");
+    assert_eq!(kept("the session given back after a signal"), first);
+}
+
+/// The scheduling policy of host thread `tid` (field 41 of its `stat`).
+fn policy_of(tid: i32) -> i32 {
+    let s = std::fs::read_to_string(format!("/proc/{tid}/stat")).unwrap();
+    let (_, after) = s.rsplit_once(')').unwrap();
+    after.split_whitespace().nth(38).unwrap().parse().unwrap()
+}
+
+/// What every fork and exit wakes (each cland's proc connector thread, the zygote that
+/// refills the shepherd pool) is scheduled `SCHED_BATCH`, whose wakeups do not preempt the
+/// processes and spawns the events are about; the shepherds, and so the processes users
+/// start, are scheduled as usual (`SCHED_OTHER`), not as the zygote they come from.
+#[test]
+fn bookkeeping_does_not_preempt_and_processes_are_scheduled_as_usual() {
+    root_or_skip!("bookkeeping_does_not_preempt_and_processes_are_scheduled_as_usual");
+    let c = Cluster::up(2);
+    let o = c.clan(&["run", "--node", "2", "--", "sh", "-c", "cat /proc/$$/stat"]);
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
+    let stat = String::from_utf8_lossy(&o.stdout).to_string();
+    let policy = stat.rsplit_once(')').unwrap().1.split_whitespace().nth(38);
+    assert_eq!(policy, Some("0"), "the process runs SCHED_OTHER: {stat}");
+    let cland = c.cland_pid(2);
+    let events: Vec<i32> = std::fs::read_dir(format!("/proc/{cland}/task"))
+        .unwrap()
+        .flatten()
+        .filter_map(|t| t.file_name().to_str()?.parse().ok())
+        .filter(|t| {
+            std::fs::read_to_string(format!("/proc/{cland}/task/{t}/comm"))
+                .is_ok_and(|n| n.trim() == "proc-events")
+        })
+        .collect();
+    assert_eq!(events.len(), 1, "one proc-events thread: {events:?}");
+    assert_eq!(policy_of(events[0]), libc::SCHED_BATCH);
+    assert_eq!(policy_of(cland), libc::SCHED_OTHER, "cland's other threads");
+    let zygote = zygote_of(&c, 2).as_raw();
+    assert_eq!(policy_of(zygote), libc::SCHED_BATCH);
+    eventually("two shepherds waiting", Duration::from_secs(30), || {
+        (waiting_shepherds(&c, 2) == 2).then_some(())
+    });
+    let init = std::fs::read_to_string(c.node_dir(2).join("init.pid")).unwrap();
+    let waiting: Vec<i32> = host_processes_mentioning(&format!("--ns-init {} ", init.trim()))
+        .iter()
+        .filter(|l| l.contains("clan-shepherd zygote"))
+        .filter_map(|l| l.split_once(':')?.0.parse().ok())
+        .filter(|&pid| pid != zygote && parent_of(pid) != Some(zygote))
+        .collect();
+    assert!(!waiting.is_empty(), "waiting shepherds");
+    for pid in waiting {
+        assert_eq!(policy_of(pid), libc::SCHED_OTHER, "waiting shepherd {pid}");
+    }
 }
 
 /// A process held still (SIGSTOP) until dropped (SIGCONT).
@@ -2077,13 +2152,18 @@ fn a_closed_stdout_closes_the_remote_one() {
 
 /// The number of direct links node `n` serves (`clan stats tables`).
 fn links_served(c: &Cluster, n: u32) -> u64 {
+    table_of(c, n, "direct.links")
+}
+
+/// The entries of cland's table `name` on node `n` (`clan stats tables`).
+fn table_of(c: &Cluster, n: u32, name: &str) -> u64 {
     let o = c.clan_ok(&["stats", "tables", "--node", &n.to_string()]);
     o.lines()
         .find_map(|l| {
             let f: Vec<&str> = l.split_whitespace().collect();
-            (f.get(1) == Some(&"direct.links")).then(|| f[2].parse().expect("a count"))
+            (f.get(1) == Some(&name)).then(|| f[2].parse().expect("a count"))
         })
-        .unwrap_or_else(|| panic!("no direct.links row:\n{o}"))
+        .unwrap_or_else(|| panic!("no {name} row:\n{o}"))
 }
 
 fn read_req(g: Gpid, file: &str) -> clan_client::pb::ProcRequest {

@@ -284,6 +284,26 @@ pub unsafe fn fork_into(cgroup_dir: &impl AsRawFd) -> io::Result<i32> {
     }
 }
 
+/// Puts the calling thread under `SCHED_BATCH` (`batch`) or back under `SCHED_OTHER`. A
+/// batch thread takes its fair share of the CPU, but its wakeups do not preempt the thread
+/// running (the kernel's wakeup preemption is for `SCHED_OTHER` only), so bookkeeping that
+/// many events wake (the proc connector's every fork and exit, the shepherd pool's refill)
+/// waits for a CPU's next switch instead of delaying the work the event is about. What the
+/// thread forks inherits the policy (`SCHED_RESET_ON_FORK` resets only real-time ones).
+pub fn batch_scheduling(batch: bool) -> io::Result<()> {
+    let param = libc::sched_param { sched_priority: 0 };
+    let policy = if batch {
+        libc::SCHED_BATCH
+    } else {
+        libc::SCHED_OTHER
+    };
+    // SAFETY: sched_setscheduler(2) on the calling thread (pid 0) with a valid param.
+    if unsafe { libc::sched_setscheduler(0, policy, &param) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// The open-file limit of this process before [`raise_open_files`] raised it.
 static FIRST_NOFILE: std::sync::OnceLock<(u64, u64)> = std::sync::OnceLock::new();
 

@@ -466,6 +466,11 @@ impl Node {
         std::thread::Builder::new()
             .name("proc-events".into())
             .spawn(move || {
+                // Every fork and exit of the machine wakes this thread: it must not preempt
+                // the processes (and the spawns) those events are about.
+                if let Err(e) = clan_core::sys::batch_scheduling(true) {
+                    debug!("proc events thread stays SCHED_NORMAL: {e}");
+                }
                 let mut buf = vec![0u8; 64 * 1024];
                 loop {
                     // SAFETY: recv(2) into a buffer we own, within its length.

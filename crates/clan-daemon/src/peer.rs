@@ -947,6 +947,13 @@ impl Node {
                 "direct.links",
                 self.direct_links.lock().values().sum::<usize>(),
             ),
+            (
+                "sessions.spare",
+                self.peers
+                    .values()
+                    .map(|p| p.spare_sessions.lock().len())
+                    .sum(),
+            ),
         ]
         .into_iter()
         .map(|(name, n)| pb::TableSize {

@@ -25,7 +25,7 @@ use std::sync::Arc;
 use tokio::io::BufReader;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, info, warn};
 
 /// One process of a run, seen from the stub's node.
@@ -268,7 +268,9 @@ impl Node {
             }
         };
         let (node, spare) = (self.clone(), peer.clone());
-        let refill = Deferred::new(async move { node.refill_sessions(&spare).await });
+        let refill = Some(Deferred::new(
+            async move { node.refill_sessions(&spare).await },
+        ));
         let gpid = match reply {
             pb::peer_reply::Reply::Started(st) => st
                 .gpids
@@ -280,7 +282,15 @@ impl Node {
             other => return Err(Error::Internal(format!("unexpected reply {other:?}"))),
         };
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(relay_to_remote(wr, rx, deaths.clone()));
+        let (back, reader) = oneshot::channel();
+        tokio::spawn(relay_to_remote(
+            self.clone(),
+            peer.clone(),
+            wr,
+            rx,
+            reader,
+            deaths.clone(),
+        ));
         tokio::spawn(relay_from_remote(
             self.clone(),
             rd,
@@ -288,8 +298,9 @@ impl Node {
             gpid,
             target,
             deaths,
+            back,
         ));
-        Ok((gpid, Endpoint::Remote(tx, Some(refill))))
+        Ok((gpid, Endpoint::Remote(tx, refill)))
     }
 
     /// Subscribes `out` to the local attached process `from.gpid` for a stub that
@@ -404,8 +415,13 @@ pub type SessionConn = (
     PeerWriter<OwnedWriteHalf>,
 );
 
-/// Spare session connections kept per peer.
+/// Spare session connections kept ready per peer: made again, when a start took one, once
+/// its stub has the answer.
 const SPARE_SESSIONS: usize = 2;
+
+/// The most spare session connections kept per peer, counting those that sessions gave
+/// back: sequential starts then find one given back and dial none.
+const KEPT_SESSIONS: usize = 4;
 
 /// Why a session's first request got no reply.
 enum Asked {
@@ -505,6 +521,18 @@ impl Node {
         }
     }
 
+    /// Keeps a session connection whose session ended cleanly as a spare, if `peer` is up
+    /// and has room for it (`KEPT_SESSIONS`; else it is closed).
+    fn keep_session(&self, peer: &Peer, conn: SessionConn) {
+        if peer.state_name(&self.cfg, self.started) != "up" {
+            return;
+        }
+        let mut spares = peer.spare_sessions.lock();
+        if spares.len() < KEPT_SESSIONS {
+            spares.push(conn);
+        }
+    }
+
     /// Keeps `SPARE_SESSIONS` connections ready to `peer` while it is alive.
     async fn refill_sessions(&self, peer: &Peer) {
         while peer.spare_sessions.lock().len() < SPARE_SESSIONS
@@ -523,12 +551,19 @@ impl Node {
     }
 }
 
+/// The stub's inputs to the process's node. After the release (the last thing a session
+/// says) it waits for the reading half, given back once the process's node said the
+/// session is over, and keeps the connection for the next session to that node.
 async fn relay_to_remote(
+    node: Arc<Node>,
+    peer: Arc<Peer>,
     mut wr: PeerWriter<OwnedWriteHalf>,
     mut rx: mpsc::UnboundedReceiver<pb::SessionInput>,
+    reader: oneshot::Receiver<PeerReader<BufReader<OwnedReadHalf>>>,
     mut deaths: tokio::sync::watch::Receiver<u64>,
 ) {
     while let Some(i) = rx.recv().await {
+        let release = matches!(i.input, Some(Input::Release(_)));
         let f = pb::PeerFrame {
             frame: Some(Frame::Input(i)),
         };
@@ -541,6 +576,16 @@ async fn relay_to_remote(
         if !sent {
             break;
         }
+        if release {
+            let rd = tokio::select! {
+                r = reader => r.ok(),
+                _ = deaths.changed() => None,
+            };
+            if let Some(rd) = rd {
+                node.keep_session(&peer, (rd, wr));
+            }
+            return;
+        }
     }
     // Dropping the writer closes our half: the remote side sees the session end.
 }
@@ -552,23 +597,35 @@ async fn relay_from_remote(
     gpid: Gpid,
     node: NodeId,
     mut deaths: tokio::sync::watch::Receiver<u64>,
+    back: oneshot::Sender<PeerReader<BufReader<OwnedReadHalf>>>,
 ) {
     let mut done = false;
     loop {
         // Cancelling rd.read() here is safe only because a death ends the loop: the
         // connection is never read again after a cancelled read.
-        tokio::select! {
-            f = rd.read() => match f {
-                Ok(Some(pb::PeerFrame { frame: Some(Frame::Output(o)) })) => {
-                    done |= matches!(o.output, Some(pb::session_output::Output::Exited(_)));
-                    if out.send(o).await.is_err() {
-                        return;
-                    }
-                }
-                Ok(Some(_)) => {}
-                _ => break,
-            },
+        let f = tokio::select! {
+            f = rd.read() => f,
             _ = deaths.changed() => break,
+        };
+        match f {
+            Ok(Some(pb::PeerFrame {
+                frame: Some(Frame::Output(o)),
+            })) => {
+                done |= matches!(o.output, Some(pb::session_output::Output::Exited(_)));
+                if out.send(o).await.is_err() {
+                    return;
+                }
+            }
+            // The process's node has the release: nothing more comes on this session, and
+            // the connection, read to here, may carry the next one.
+            Ok(Some(pb::PeerFrame {
+                frame: Some(Frame::SessionDone(_)),
+            })) => {
+                let _ = back.send(rd);
+                return;
+            }
+            Ok(Some(_)) => {}
+            _ => break,
         }
     }
     if done {
@@ -593,19 +650,33 @@ async fn relay_from_remote(
         .await;
 }
 
-/// The process's side of a session connection: start the process (or take a running one
-/// over for a stub that reattaches) and relay until it is released.
+/// The process's side of a session connection: one session after another, each a process
+/// started (or a running one taken over for a stub that reattaches) and relayed until it
+/// is released. A released session leaves the connection idle for the stub's node's next
+/// one (`session_done`); any other end closes it.
 pub async fn serve_remote(
     node: Arc<Node>,
     from: NodeId,
     mut rd: PeerReader<BufReader<OwnedReadHalf>>,
     mut wr: PeerWriter<OwnedWriteHalf>,
 ) {
+    while let Some((r, w)) = serve_session(&node, from, rd, wr).await {
+        (rd, wr) = (r, w);
+    }
+}
+
+/// One session of a session connection; the connection back when it may carry another.
+async fn serve_session(
+    node: &Arc<Node>,
+    from: NodeId,
+    mut rd: PeerReader<BufReader<OwnedReadHalf>>,
+    mut wr: PeerWriter<OwnedWriteHalf>,
+) -> Option<SessionConn> {
     let req = match rd.read().await {
         Ok(Some(pb::PeerFrame {
             frame: Some(Frame::Request(r)),
         })) => r,
-        _ => return,
+        _ => return None,
     };
     let id = req.id;
     let reply = |r: pb::peer_reply::Reply| pb::PeerFrame {
@@ -637,7 +708,7 @@ pub async fn serve_remote(
                 match i {
                     Input::Release(_) => {
                         input_vp.send(In::Release(true));
-                        return Ended::Released;
+                        return Ended::Released(rd);
                     }
                     Input::HangUp(_) => return Ended::HungUp,
                     i => {
@@ -685,7 +756,7 @@ pub async fn serve_remote(
             let _ = wr
                 .write(&reply(pb::peer_reply::Reply::Error(e.into())))
                 .await;
-            return;
+            return None;
         }
     };
     pending.started(&vp, session);
@@ -703,17 +774,17 @@ pub async fn serve_remote(
         // The stub's node went away before it knew: it may reattach.
         input.abort();
         node.park(&vp, session);
-        return;
+        return None;
     }
     // The stub's node declared dead (a partition leaves the connection open but silent).
     let mut deaths = match node.peer(from) {
         Ok(p) => p.deaths.subscribe(),
-        Err(_) => return,
+        Err(_) => return None,
     };
     if node.peer_lost(from) {
         input.abort();
         vp.hang_up_if(session);
-        return;
+        return None;
     }
     let ended = loop {
         tokio::select! {
@@ -742,7 +813,7 @@ pub async fn serve_remote(
                     // A newer session took the process over: this one is over.
                     if vp.session() != session {
                         input.abort();
-                        return;
+                        return None;
                     }
                     // The process's link is gone; wait for the stub's side to finish.
                     break (&mut input).await.unwrap_or(Ended::Broken);
@@ -751,8 +822,18 @@ pub async fn serve_remote(
         }
     };
     match ended {
-        Ended::Released => {
+        Ended::Released(rd) => {
             vp.unsubscribe(session);
+            // Said after everything of the session (the exit status came before the
+            // release): the stub's node reads up to it and may keep the connection.
+            let done = pb::PeerFrame {
+                frame: Some(Frame::SessionDone(true)),
+            };
+            let said = tokio::select! {
+                r = wr.write(&done) => r.is_ok(),
+                _ = deaths.changed() => false,
+            };
+            return said.then_some((rd, wr));
         }
         Ended::HungUp => {
             vp.hang_up_if(session);
@@ -764,12 +845,14 @@ pub async fn serve_remote(
         }
         Ended::Broken => node.park(&vp, session),
     }
+    None
 }
 
 /// How the stub's side ended a session, as the process's node saw it.
 enum Ended {
-    /// The stub has the exit status: the process is reaped.
-    Released,
+    /// The stub has the exit status: the process is reaped. The connection's reading half,
+    /// for the next session.
+    Released(PeerReader<BufReader<OwnedReadHalf>>),
     /// The stub is gone for good.
     HungUp,
     /// The connection broke (a cland on the stub's side restarted, or its node died).

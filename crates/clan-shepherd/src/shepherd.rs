@@ -133,6 +133,9 @@ pub fn zygote(args: &[String]) -> ExitCode {
     if let Some(m) = clan_core::sys::ignored_signals() {
         let _ = INHERITED_IGNORED.set(m);
     }
+    // The pool is refilled while spawns go on: the zygote's wakeups must not preempt them.
+    // The shepherds it forks (and so the processes) are scheduled as usual again.
+    let batch = clan_core::sys::batch_scheduling(true).is_ok();
     loop {
         let fds = match receive_pipes() {
             Ok(Some(fds)) => fds,
@@ -153,6 +156,10 @@ pub fn zygote(args: &[String]) -> ExitCode {
             Ok(ForkResult::Child) => match unsafe { fork() } {
                 Ok(ForkResult::Child) => {
                     // The shepherd proper, adopted by the node's init once its parent exits.
+                    if batch && clan_core::sys::batch_scheduling(false).is_err() {
+                        // SAFETY: _exit in a forked child; cland sees the pipes close.
+                        unsafe { libc::_exit(1) }
+                    }
                     let moved = nix::unistd::dup2(spec_in.as_raw_fd(), 0)
                         .and_then(|_| nix::unistd::dup2(report_out.as_raw_fd(), 1));
                     drop((spec_in, report_out));
