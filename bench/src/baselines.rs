@@ -14,6 +14,7 @@ pub fn spawn_sh_true(n: usize) -> Samples {
         let t = Instant::now();
         let st = Command::new("sh")
             .args(["-c", "true"])
+            .stdin(std::process::Stdio::null())
             .status()
             .expect("sh");
         s.push(t.elapsed());
@@ -380,6 +381,7 @@ pub fn srun_once() -> Result<Duration, String> {
     let t = Instant::now();
     let st = Command::new("srun")
         .args(["-N1", "true"])
+        .stdin(std::process::Stdio::null())
         .status()
         .map_err(|e| e.to_string())?;
     let d = t.elapsed();

@@ -32,7 +32,8 @@ pub fn rt() -> tokio::runtime::Runtime {
 }
 
 /// `clan run --node 2 true` from node 1, through the CLI and through the client library,
-/// against a local `sh -c true` and Slurm's `srun -N1 true`.
+/// against a local `sh -c true` and Slurm's `srun -N1 true`; the commands' stdin is
+/// /dev/null for all three, as in a batch script.
 pub fn run_latency(c: &Cluster, r: &mut Report, n: usize) {
     let g = "remote exec";
     println!("{g}:");
@@ -51,6 +52,7 @@ pub fn run_latency(c: &Cluster, r: &mut Report, n: usize) {
         let st = c
             .cmd()
             .args(["--from", "1", "run", "--node", "2", "--", "true"])
+            .stdin(Stdio::null())
             .status()
             .expect("clan run");
         assert!(st.success());

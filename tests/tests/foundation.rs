@@ -190,6 +190,36 @@ fn stdin_streams_to_the_remote_process() {
     assert!(child.wait().unwrap().success());
 }
 
+/// A stub whose stdin is /dev/null gives its processes /dev/null too (as `ssh -n` or
+/// `srun --input=none`), on every node and every copy: reads get end of file at once, and
+/// the process sees the very device (a program that checks what its stdin is sees what it
+/// would see locally); a file or a pipe is still relayed.
+#[test]
+fn a_null_stdin_is_the_processes_stdin() {
+    root_or_skip!("a_null_stdin_is_the_processes_stdin");
+    let c = Cluster::up(3);
+    let script = "readlink /proc/self/fd/0; cat; echo read:$?";
+    // `Cluster::clan` runs clan with stdin from /dev/null.
+    for from in ["1", "2"] {
+        let o = c.clan(&["--from", from, "run", "-N", "2", "--", "sh", "-c", script]);
+        assert_eq!(o.status.code(), Some(0), "{o:?}");
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert_eq!(out.matches("/dev/null\nread:0\n").count(), 2, "{out}");
+    }
+    let input = c.dir.join("input");
+    std::fs::write(&input, "from a file\n").unwrap();
+    let o = c
+        .cmd()
+        .args(["run", "--node", "2", "--", "sh", "-c", script])
+        .stdin(std::fs::File::open(&input).unwrap())
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{o:?}");
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.starts_with("pipe:["), "{out}");
+    assert!(out.ends_with("from a file\nread:0\n"), "{out}");
+}
+
 #[test]
 fn the_stub_forwards_signals() {
     root_or_skip!("the_stub_forwards_signals");

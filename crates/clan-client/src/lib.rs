@@ -126,6 +126,9 @@ pub struct RunSpec {
     /// exec keeps those its caller ignored (`nohup`, a script's background job). `None`:
     /// what this process's caller left ignored ([`clan_core::sys::ignored_by_caller`]).
     pub ignored_signals: Option<u64>,
+    /// An attached process's stdin is /dev/null instead of a pipe the stub feeds (the stub
+    /// sends no input, not even its end).
+    pub stdin_null: bool,
 }
 
 impl RunSpec {
@@ -206,6 +209,7 @@ impl RunSpec {
                 ignored_signals: self
                     .ignored_signals
                     .unwrap_or_else(clan_core::sys::ignored_by_caller),
+                stdin_null: self.stdin_null,
             }),
             node: self.node.map(|n| n.get()).unwrap_or(0),
             policy: self.policy as i32,

@@ -692,13 +692,20 @@ fn start(
             vec![s],
         )
     } else {
-        let (in_r, in_w) = pipe2(OFlag::O_CLOEXEC).map_err(|e| internal("pipe", &e))?;
+        // The stub's stdin is /dev/null: so is the process's, with nothing to relay.
+        let (in_r, in_w) = if ps.stdin_null {
+            let null = File::open("/dev/null").map_err(|e| internal("open /dev/null", &e))?;
+            (OwnedFd::from(null), None)
+        } else {
+            let (r, w) = pipe2(OFlag::O_CLOEXEC).map_err(|e| internal("pipe", &e))?;
+            (r, Some(w))
+        };
         let (out_r, out_w) = pipe2(OFlag::O_CLOEXEC).map_err(|e| internal("pipe", &e))?;
         let (err_r, err_w) = pipe2(OFlag::O_CLOEXEC).map_err(|e| internal("pipe", &e))?;
         (
             [in_r.as_raw_fd(), out_w.as_raw_fd(), err_w.as_raw_fd()],
             Stdio::Pipes {
-                stdin: Some(in_w),
+                stdin: in_w,
                 stdout: Some(out_r),
                 stderr: Some(err_r),
             },

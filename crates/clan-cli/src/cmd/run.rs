@@ -351,6 +351,10 @@ pub async fn run_spec(c: Client, mut spec: RunSpec, label: bool) -> ExitCode {
         .into_iter()
         .filter(|&s| s == libc::SIGCONT || ignored & clan_core::sys::signal_bit(s) == 0)
         .collect();
+    // A stdin that is /dev/null is the process's too: it needs no pipe and no end sent
+    // after the start (one request less through both nodes while the process runs).
+    spec.stdin_null |= !tty && stdin_is_null();
+    let spec_stdin_null = spec.stdin_null;
     if spec.detached {
         return match c.spawn(spec).await {
             Ok(s) => {
@@ -447,12 +451,12 @@ pub async fn run_spec(c: Client, mut spec: RunSpec, label: bool) -> ExitCode {
         // What was sent goes out before the stub exits (its releases, above all).
         wr.close(std::time::Duration::from_secs(1)).await;
     });
-    // stdin goes to the first process (rank 0), like srun; /dev/null needs no reader.
+    // stdin goes to the first process (rank 0), like srun; /dev/null needs no reader, and
+    // the processes have /dev/null of their own (`stdin_null`).
     let (cont_tx, cont_rx) = std::sync::mpsc::channel::<()>();
     let stdin_tty = nix::unistd::isatty(0).unwrap_or(false);
-    if let (Some(&first), true) = (gpids.first(), stdin_is_null()) {
+    if spec_stdin_null {
         drop(piped_tx);
-        let _ = tx.send(Cmd::Input(first, Input::StdinEof(true)));
     } else if let (Some(&first), true) = (gpids.first(), stdin_tty) {
         drop(piped_tx);
         let tx = tx.clone();
