@@ -10,6 +10,12 @@ use std::time::{Duration, Instant};
 /// fork/exec/wait of `sh -c true`.
 pub fn spawn_sh_true(n: usize) -> Samples {
     let mut s = Samples::default();
+    spawn_sh_true_into(n, &mut s);
+    s
+}
+
+/// [`spawn_sh_true`] adding to `s`.
+pub fn spawn_sh_true_into(n: usize, s: &mut Samples) {
     for _ in 0..n {
         let t = Instant::now();
         let st = Command::new("sh")
@@ -20,7 +26,6 @@ pub fn spawn_sh_true(n: usize) -> Samples {
         s.push(t.elapsed());
         assert!(st.success());
     }
-    s
 }
 
 /// spawn+wait of `true` with std's Command (fork/exec/exit/wait; std spawns with
@@ -364,16 +369,6 @@ pub fn slurm_ready() -> Result<(), String> {
         Ok(_) => Err("srun failed: start Slurm with bench/slurm/start.sh".into()),
         Err(_) => Err("srun not installed (scripts/install-deps.sh --bench)".into()),
     }
-}
-
-/// `srun -N1 true` on a running local Slurm, when there is one.
-pub fn srun_true(n: usize) -> Result<Samples, String> {
-    slurm_ready()?;
-    let mut s = Samples::default();
-    for _ in 0..n {
-        s.push(srun_once()?);
-    }
-    Ok(s)
 }
 
 /// One `srun -N1 true`, timed.

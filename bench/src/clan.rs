@@ -33,20 +33,19 @@ pub fn rt() -> tokio::runtime::Runtime {
 
 /// `clan run --node 2 true` from node 1, through the CLI and through the client library,
 /// against a local `sh -c true` and Slurm's `srun -N1 true`; the commands' stdin is
-/// /dev/null for all three, as in a batch script.
+/// /dev/null for all three, as in a batch script. The four are measured in
+/// [`RUN_TURNS`] turns, so that each sees the same phases of a shared machine (whose
+/// process starts vary by half within minutes).
 pub fn run_latency(c: &Cluster, r: &mut Report, n: usize) {
     let g = "remote exec";
-    println!("{g}:");
-    r.latency(
-        g,
-        "local sh -c true (fork/exec/wait)",
-        &baselines::spawn_sh_true(n),
-        None,
-    );
-    match baselines::srun_true(n.min(50)) {
-        Ok(s) => r.latency(g, "slurm srun -N1 true", &s, None),
-        Err(why) => println!("  slurm srun -N1 true: skipped: {why}"),
-    }
+    println!("{g} (in {RUN_TURNS} turns):");
+    let mut have_srun = match baselines::slurm_ready() {
+        Ok(()) => true,
+        Err(why) => {
+            println!("  slurm srun -N1 true: skipped: {why}");
+            false
+        }
+    };
     let clan_run = || {
         let t = Instant::now();
         let st = c
@@ -58,25 +57,72 @@ pub fn run_latency(c: &Cluster, r: &mut Report, n: usize) {
         assert!(st.success());
         t.elapsed()
     };
-    let mut s = Samples::default();
-    for _ in 0..n {
-        s.push(clan_run());
+    let client = c.client(1);
+    let runtime = rt();
+    let library_run = || {
+        runtime.block_on(async {
+            let t = Instant::now();
+            let sess = client
+                .run(RunSpec::command(["true"]).node(2).attached())
+                .await
+                .expect("run");
+            let (started, mut rd, mut wr) = sess.split();
+            let gpid = started.gpids[0];
+            loop {
+                match rd.next().await.expect("session") {
+                    Some(pb::SessionOutput {
+                        output: Some(pb::session_output::Output::Exited(_)),
+                        ..
+                    }) => break,
+                    Some(_) => {}
+                    None => panic!("session closed"),
+                }
+            }
+            let d = t.elapsed();
+            let _ = wr.send(gpid, pb::session_input::Input::Release(true)).await;
+            d
+        })
+    };
+    let per = n.div_ceil(RUN_TURNS);
+    let srun_per = n.min(50).div_ceil(RUN_TURNS);
+    let [mut sh, mut srun, mut cli, mut lib] = std::array::from_fn(|_| Samples::default());
+    for _ in 0..RUN_TURNS {
+        baselines::spawn_sh_true_into(per, &mut sh);
+        if have_srun {
+            for _ in 0..srun_per {
+                match baselines::srun_once() {
+                    Ok(d) => srun.push(d),
+                    Err(why) => {
+                        println!("  slurm srun -N1 true: failed ({why}): no Slurm rows");
+                        have_srun = false;
+                        break;
+                    }
+                }
+            }
+        }
+        for _ in 0..per {
+            cli.push(clan_run());
+        }
+        for _ in 0..per {
+            lib.push(library_run());
+        }
+    }
+    let local = "local sh -c true (fork/exec/wait)";
+    r.latency(g, local, &sh, None);
+    if have_srun {
+        r.latency(g, "slurm srun -N1 true", &srun, None);
     }
     r.latency(
         g,
         "clan run --node 2 true (CLI, from node 1)",
-        &s,
-        Some("local sh -c true (fork/exec/wait)"),
+        &cli,
+        Some(local),
     );
-    let have_srun = r
-        .rows
-        .iter()
-        .any(|x| x.group == g && x.name.starts_with("slurm"));
     if have_srun {
         r.latency(
             g,
             "clan run --node 2 true (CLI) vs srun",
-            &s,
+            &cli,
             Some("slurm srun -N1 true"),
         );
     }
@@ -105,38 +151,16 @@ pub fn run_latency(c: &Cluster, r: &mut Report, n: usize) {
         &cs,
         (!ss.0.is_empty()).then_some(srun_spaced),
     );
-    let client = c.client(1);
-    let mut s = Samples::default();
-    rt().block_on(async {
-        for _ in 0..n {
-            let t = Instant::now();
-            let sess = client
-                .run(RunSpec::command(["true"]).node(2).attached())
-                .await
-                .expect("run");
-            let (started, mut rd, mut wr) = sess.split();
-            let gpid = started.gpids[0];
-            loop {
-                match rd.next().await.expect("session") {
-                    Some(pb::SessionOutput {
-                        output: Some(pb::session_output::Output::Exited(_)),
-                        ..
-                    }) => break,
-                    Some(_) => {}
-                    None => panic!("session closed"),
-                }
-            }
-            s.push(t.elapsed());
-            let _ = wr.send(gpid, pb::session_input::Input::Release(true)).await;
-        }
-    });
     r.latency(
         g,
         "clan run on node 2 (client library, from node 1)",
-        &s,
-        Some("local sh -c true (fork/exec/wait)"),
+        &lib,
+        Some(local),
     );
 }
+
+/// Turns the remote exec figures and their baselines are measured in.
+const RUN_TURNS: usize = 10;
 
 /// The pause before each run of the "after a quiet second" rows.
 const QUIET: Duration = Duration::from_secs(1);
