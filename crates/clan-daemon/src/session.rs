@@ -724,6 +724,7 @@ async fn serve_session(
         }
         Ended::Broken
     });
+    let spawned = matches!(req.op, Some(pb::peer_request::Op::Spawn(_)));
     let taken = match req.op {
         Some(pb::peer_request::Op::Spawn(s)) => node
             .spawn_local_to(
@@ -766,11 +767,34 @@ async fn serve_session(
         nodes: vec![node.id.get()],
         reattach_ms: node.cfg.reattach_ms,
     };
-    if wr
-        .write(&reply(pb::peer_reply::Reply::Started(started)))
-        .await
-        .is_err()
-    {
+    // What a new process says (or its end) within moments of its start goes out with the
+    // answer, in one write: a short command's start and exit then cross the nodes and
+    // wake the stub once, not twice while it runs.
+    let mut first = Vec::new();
+    if spawned {
+        if let Ok(Some(o)) = tokio::time::timeout(SAID_WITH_START, rx.recv()).await {
+            first.push(o);
+            while first.len() < 16 {
+                match rx.try_recv() {
+                    Ok(o) => first.push(o),
+                    Err(_) => break,
+                }
+            }
+        }
+    }
+    let sent = std::iter::once(reply(pb::peer_reply::Reply::Started(started)))
+        .chain(first.into_iter().map(|o| pb::PeerFrame {
+            frame: Some(Frame::Output(o)),
+        }))
+        .try_fold(Vec::new(), |mut bytes, f| {
+            bytes.extend(wr.seal(&f)?);
+            Ok::<_, clan_proto::frame::FrameError>(bytes)
+        });
+    let written = match sent {
+        Ok(bytes) => wr.write_raw(&bytes).await.is_ok(),
+        Err(_) => false,
+    };
+    if !written {
         // The stub's node went away before it knew: it may reattach.
         input.abort();
         node.park(&vp, session);
@@ -847,6 +871,10 @@ async fn serve_session(
     }
     None
 }
+
+/// How long a new process's first output (or its end) may hold back the answer to its
+/// spawn, to go with it: a short command (`true`, `hostname`) has ended by then.
+const SAID_WITH_START: std::time::Duration = std::time::Duration::from_millis(2);
 
 /// How the stub's side ended a session, as the process's node saw it.
 enum Ended {
