@@ -1631,7 +1631,7 @@ fn parent_of(pid: i32) -> Option<i32> {
 /// Node `n`'s shepherds waiting for a spec (its pool): forked by its zygote, not the zygote
 /// itself nor its child of a moment (both have the zygote's socket as stdin), and running
 /// nothing (no child).
-fn waiting_shepherds(c: &Cluster, n: u32) -> usize {
+fn waiting_shepherds(c: &Cluster, n: u32) -> Vec<i32> {
     let init = std::fs::read_to_string(c.node_dir(n).join("init.pid")).unwrap();
     host_processes_mentioning(&format!("--ns-init {} ", init.trim()))
         .iter()
@@ -1642,7 +1642,7 @@ fn waiting_shepherds(c: &Cluster, n: u32) -> usize {
             std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
                 .is_ok_and(|k| k.trim().is_empty())
         })
-        .count()
+        .collect()
 }
 
 /// The shepherd pool is refilled after each start (once that start is over, so that its
@@ -1655,7 +1655,7 @@ fn the_shepherd_pool_is_refilled_after_each_start() {
         let o = c.clan(&["run", "--node", "2", "--", "true"]);
         assert_eq!(o.status.code(), Some(0), "run {i}: {o:?}");
         eventually("two shepherds waiting", Duration::from_secs(30), || {
-            (waiting_shepherds(&c, 2) == 2).then_some(())
+            (waiting_shepherds(&c, 2).len() == 2).then_some(())
         });
     }
 }
@@ -1742,8 +1742,17 @@ fn session_connections_carry_one_start_after_another() {
 /// The scheduling policy of host thread `tid` (field 41 of its `stat`).
 fn policy_of(tid: i32) -> i32 {
     let s = std::fs::read_to_string(format!("/proc/{tid}/stat")).unwrap();
-    let (_, after) = s.rsplit_once(')').unwrap();
-    after.split_whitespace().nth(38).unwrap().parse().unwrap()
+    policy_in(&s).unwrap_or_else(|| panic!("no policy in {s}"))
+}
+
+/// The scheduling policy in a `stat` line (field 41).
+fn policy_in(stat: &str) -> Option<i32> {
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(38)?
+        .parse()
+        .ok()
 }
 
 /// What every fork and exit wakes (each cland's proc connector thread, the zygote that
@@ -1757,8 +1766,11 @@ fn bookkeeping_does_not_preempt_and_processes_are_scheduled_as_usual() {
     let o = c.clan(&["run", "--node", "2", "--", "sh", "-c", "cat /proc/$$/stat"]);
     assert_eq!(o.status.code(), Some(0), "{o:?}");
     let stat = String::from_utf8_lossy(&o.stdout).to_string();
-    let policy = stat.rsplit_once(')').unwrap().1.split_whitespace().nth(38);
-    assert_eq!(policy, Some("0"), "the process runs SCHED_OTHER: {stat}");
+    assert_eq!(
+        policy_in(&stat),
+        Some(libc::SCHED_OTHER),
+        "the process runs SCHED_OTHER: {stat}"
+    );
     let cland = c.cland_pid(2);
     let events: Vec<i32> = std::fs::read_dir(format!("/proc/{cland}/task"))
         .unwrap()
@@ -1774,16 +1786,10 @@ fn bookkeeping_does_not_preempt_and_processes_are_scheduled_as_usual() {
     assert_eq!(policy_of(cland), libc::SCHED_OTHER, "cland's other threads");
     let zygote = zygote_of(&c, 2).as_raw();
     assert_eq!(policy_of(zygote), libc::SCHED_BATCH);
-    eventually("two shepherds waiting", Duration::from_secs(30), || {
-        (waiting_shepherds(&c, 2) == 2).then_some(())
+    let waiting = eventually("two shepherds waiting", Duration::from_secs(30), || {
+        let w = waiting_shepherds(&c, 2);
+        (w.len() == 2).then_some(w)
     });
-    let init = std::fs::read_to_string(c.node_dir(2).join("init.pid")).unwrap();
-    let waiting: Vec<i32> = host_processes_mentioning(&format!("--ns-init {} ", init.trim()))
-        .iter()
-        .filter(|l| l.contains("clan-shepherd zygote"))
-        .filter_map(|l| l.split_once(':')?.0.parse().ok())
-        .filter(|&pid| pid != zygote && parent_of(pid) != Some(zygote))
-        .collect();
     assert!(!waiting.is_empty(), "waiting shepherds");
     for pid in waiting {
         assert_eq!(policy_of(pid), libc::SCHED_OTHER, "waiting shepherd {pid}");
@@ -1812,7 +1818,7 @@ fn stopped_zygote(c: &Cluster, n: u32) -> Stopped {
     let o = c.clan(&["run", "--node", &n.to_string(), "--", "true"]);
     assert_eq!(o.status.code(), Some(0), "{o:?}");
     eventually("two shepherds waiting", Duration::from_secs(30), || {
-        (waiting_shepherds(c, n) == 2).then_some(())
+        (waiting_shepherds(c, n).len() == 2).then_some(())
     });
     Stopped::new(zygote_of(c, n))
 }

@@ -469,7 +469,7 @@ impl Node {
                 // Every fork and exit of the machine wakes this thread: it must not preempt
                 // the processes (and the spawns) those events are about.
                 if let Err(e) = clan_core::sys::batch_scheduling(true) {
-                    debug!("proc events thread stays SCHED_NORMAL: {e}");
+                    debug!("proc events thread stays SCHED_OTHER: {e}");
                 }
                 let mut buf = vec![0u8; 64 * 1024];
                 loop {

@@ -39,7 +39,8 @@ pub use error::{Error, Result};
 /// How cland was asked to run.
 #[derive(Debug, Clone)]
 pub struct Options {
-    pub config: PathBuf,
+    /// The cluster file, read (cland reads it once, before its runtime, whose size it sets).
+    pub config: ClusterConfig,
     pub node: NodeId,
     /// Directory holding `clan-shepherd` (default: next to the running executable).
     pub bin_dir: Option<PathBuf>,
@@ -103,7 +104,7 @@ fn ensure_init(
 
 /// Runs a node until it is told to stop.
 pub async fn run(opts: Options) -> anyhow::Result<()> {
-    let cfg = ClusterConfig::load(&opts.config)?;
+    let cfg = opts.config;
     cfg.node(opts.node)?;
     let state = cfg.state_dir(opts.node);
     std::fs::create_dir_all(state.join("sh"))

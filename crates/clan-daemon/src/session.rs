@@ -268,9 +268,7 @@ impl Node {
             }
         };
         let (node, spare) = (self.clone(), peer.clone());
-        let refill = Some(Deferred::new(
-            async move { node.refill_sessions(&spare).await },
-        ));
+        let refill = Deferred::new(async move { node.refill_sessions(&spare).await });
         let gpid = match reply {
             pb::peer_reply::Reply::Started(st) => st
                 .gpids
@@ -300,7 +298,7 @@ impl Node {
             deaths,
             back,
         ));
-        Ok((gpid, Endpoint::Remote(tx, refill)))
+        Ok((gpid, Endpoint::Remote(tx, Some(refill))))
     }
 
     /// Subscribes `out` to the local attached process `from.gpid` for a stub that
@@ -774,7 +772,7 @@ async fn serve_session(
     if spawned {
         if let Ok(Some(o)) = tokio::time::timeout(SAID_WITH_START, rx.recv()).await {
             first.push(o);
-            while first.len() < 16 {
+            while first.len() < SAID_WITH_START_MAX {
                 match rx.try_recv() {
                     Ok(o) => first.push(o),
                     Err(_) => break,
@@ -875,6 +873,9 @@ async fn serve_session(
 /// How long a new process's first output (or its end) may hold back the answer to its
 /// spawn, to go with it: a short command (`true`, `hostname`) has ended by then.
 const SAID_WITH_START: std::time::Duration = std::time::Duration::from_millis(2);
+
+/// The most outputs that go with the answer to a spawn (what is queued by then).
+const SAID_WITH_START_MAX: usize = 16;
 
 /// How the stub's side ended a session, as the process's node saw it.
 enum Ended {

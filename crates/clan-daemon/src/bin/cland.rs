@@ -27,16 +27,20 @@ fn main() -> ExitCode {
     // Sockets and /proc handles for every peer, session and link: the hard limit, not
     // the usual soft 1,024 (the programs it starts get the limit it started with).
     clan_core::sys::raise_open_files();
+    let config = match clan_core::config::ClusterConfig::load(&args.config) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("cland: node {}: {:#}", args.node, anyhow::Error::from(e));
+            return ExitCode::FAILURE;
+        }
+    };
     // Worker threads of the daemon's runtime: CLAN_WORKERS, else the node's `workers` in
-    // the cluster file, else 2. (A cluster file that can not be read is reported by the
-    // daemon itself, below.)
+    // the cluster file, else 2. (A node the file does not have is reported by the daemon
+    // itself, below.)
     let workers = std::env::var("CLAN_WORKERS")
         .ok()
         .and_then(|w| w.parse().ok())
-        .or_else(|| {
-            let cfg = clan_core::config::ClusterConfig::load(&args.config).ok()?;
-            cfg.node(args.node).ok()?.workers
-        })
+        .or_else(|| config.node(args.node).ok()?.workers)
         .unwrap_or(clan_core::config::DEFAULT_WORKERS)
         .max(1);
     let rt = match tokio::runtime::Builder::new_multi_thread()
@@ -52,7 +56,7 @@ fn main() -> ExitCode {
     };
     tracing::info!(node = %args.node, "runtime of {workers} worker thread(s)");
     match rt.block_on(clan_daemon::run(clan_daemon::Options {
-        config: args.config,
+        config,
         node: args.node,
         bin_dir: None,
     })) {
