@@ -239,6 +239,10 @@ impl Node {
             // restarted between the start and the reply), and a second one would run twice.
             let spare = self.take_fresh_session(&peer);
             let from_spare = spare.is_some();
+            // The last spare taken (or none left): the pool is made again. Otherwise the
+            // connections sessions give back keep it: a refill racing a session's return
+            // would dial a connection only to close it.
+            let last = peer.spare_sessions.lock().is_empty();
             let (mut rd, mut wr) = match spare {
                 Some(c) => c,
                 None => self.open_session(&peer).await?,
@@ -257,9 +261,9 @@ impl Node {
                      not sent again (it may have been done there)"
                 )),
             })?;
-            Ok::<_, Error>((rd, wr, r))
+            Ok::<_, Error>((rd, wr, r, last))
         };
-        let (rd, wr, reply) = tokio::select! {
+        let (rd, wr, reply, last) = tokio::select! {
             r = exchange => r?,
             _ = deaths.changed() => {
                 return Err(Error::NodeDown(format!(
@@ -267,8 +271,10 @@ impl Node {
                 )))
             }
         };
-        let (node, spare) = (self.clone(), peer.clone());
-        let refill = Deferred::new(async move { node.refill_sessions(&spare).await });
+        let refill = last.then(|| {
+            let (node, spare) = (self.clone(), peer.clone());
+            Deferred::new(async move { node.refill_sessions(&spare).await })
+        });
         let gpid = match reply {
             pb::peer_reply::Reply::Started(st) => st
                 .gpids
@@ -298,7 +304,7 @@ impl Node {
             deaths,
             back,
         ));
-        Ok((gpid, Endpoint::Remote(tx, Some(refill))))
+        Ok((gpid, Endpoint::Remote(tx, refill)))
     }
 
     /// Subscribes `out` to the local attached process `from.gpid` for a stub that
@@ -413,8 +419,8 @@ pub type SessionConn = (
     PeerWriter<OwnedWriteHalf>,
 );
 
-/// Spare session connections kept ready per peer: made again, when a start took one, once
-/// its stub has the answer.
+/// Spare session connections made ready per peer when a start took the last one, once its
+/// stub has the answer.
 const SPARE_SESSIONS: usize = 2;
 
 /// The most spare session connections kept per peer, counting those that sessions gave
