@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 export PATH="$HOME/.cargo/bin:$PATH"
-cargo build --release --workspace --bins
+scripts/build-release.sh
 install -m 755 target/release/clan target/release/cland target/release/clan-shepherd target/release/clan-procfs /usr/local/bin/
 export PATH="/usr/local/bin:$PATH"
 unset CLAN_DIR CLAN_NODE

@@ -291,7 +291,8 @@ pub unsafe fn fork_into(cgroup_dir: &impl AsRawFd) -> io::Result<i32> {
 /// waits for a CPU's next switch instead of delaying the work the event is about. What the
 /// thread forks inherits the policy (`SCHED_RESET_ON_FORK` resets only real-time ones).
 pub fn batch_scheduling(batch: bool) -> io::Result<()> {
-    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: sched_param is plain data; all zero is priority 0 (and zero budgets on musl).
+    let param: libc::sched_param = unsafe { std::mem::zeroed() };
     let policy = if batch {
         libc::SCHED_BATCH
     } else {

@@ -387,8 +387,7 @@ impl Node {
         if self.view.ns_init == 0 {
             return Gpid::new(self.id, pid);
         }
-        let ns = |p: u32| std::fs::read_link(format!("/proc/{p}/ns/pid")).ok();
-        if ns(pid)? != ns(self.view.ns_init)? {
+        if !self.view.in_node_pid_ns(pid) {
             return None;
         }
         Gpid::new(self.id, clan_core::sys::ns_pid_of_host(pid)?)

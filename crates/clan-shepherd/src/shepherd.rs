@@ -23,7 +23,7 @@ use std::io::{Read, Write};
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 fn cstr(b: &[u8]) -> Option<CString> {
@@ -219,6 +219,47 @@ struct Settled {
     cgroup: String,
     placed: bool,
     in_node_ns: bool,
+    /// cland's state directory (`--state`), where a waiting shepherd binds its socket.
+    state: Option<PathBuf>,
+}
+
+/// The socket a waiting shepherd binds before its spec comes, as `sh/p<pid>.pre` (not a
+/// `.sock`: no restarted cland takes it for a process's), renamed to `sh/<gpid>.sock` once
+/// the process has its gpid: the start then pays a rename, not a socket's creation.
+struct PreBound {
+    /// `None` once installed.
+    listener: Option<UnixListener>,
+    path: PathBuf,
+}
+
+impl PreBound {
+    fn bind(state: &Path) -> Option<PreBound> {
+        let path = state
+            .join("sh")
+            .join(format!("p{}.pre", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let listener = UnixListener::bind(&path).ok()?;
+        let _ = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600));
+        Some(PreBound {
+            listener: Some(listener),
+            path,
+        })
+    }
+
+    /// The listener, now at `to`; `None` (and its file gone) when it can not be moved.
+    fn install(mut self, to: &Path) -> Option<UnixListener> {
+        std::fs::rename(&self.path, to).ok()?;
+        self.listener.take()
+    }
+}
+
+impl Drop for PreBound {
+    /// Not installed: the file goes with the shepherd that made it.
+    fn drop(&mut self) {
+        if self.listener.is_some() {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
 }
 
 /// Puts this process where a shepherd lives: into the node's pid namespace (`--ns-init`),
@@ -313,6 +354,11 @@ fn settle(args: &[String], out: &mut File) -> Result<Settled, ExitCode> {
         cgroup,
         placed,
         in_node_ns: ns_init.is_some(),
+        state: args
+            .iter()
+            .position(|a| a == "--state")
+            .and_then(|i| args.get(i + 1))
+            .map(PathBuf::from),
     })
 }
 
@@ -322,6 +368,7 @@ fn serve_spec(mut out: File, at: &Settled) -> ExitCode {
     // What does not depend on the spec is done before it is waited for.
     let _ = setsid();
     ignore_signals();
+    let pre = at.state.as_deref().and_then(PreBound::bind);
     if out.write_all(&[clan_proto::SHEPHERD_WAITING]).is_err() {
         return ExitCode::SUCCESS; // cland gave up on us (or went away) before we settled
     }
@@ -349,7 +396,10 @@ fn serve_spec(mut out: File, at: &Settled) -> ExitCode {
         }
     };
     let placed = at.placed && spec.shepherd_cgroup == at.cgroup;
-    match start(&spec, &mut out, &mut from_cland, placed, at.in_node_ns) {
+    // A socket bound for another state directory is not the one cland looks for.
+    let pre =
+        pre.filter(|p| p.path.parent().and_then(Path::parent) == Some(Path::new(&spec.state_dir)));
+    match start(&spec, &mut out, &mut from_cland, placed, at.in_node_ns, pre) {
         Ok(mut sh) => {
             // The pipes of the cland that started us are our first link to it (it need not
             // connect to the socket and ask): an attached process's output and status go out
@@ -608,6 +658,7 @@ fn start(
     from_cland: &mut File,
     placed: bool,
     in_node_ns: bool,
+    pre: Option<PreBound>,
 ) -> Result<Shepherd, pb::ShepherdReady> {
     let internal = |what: &str, e: &dyn std::fmt::Display| {
         error_reply(pb::ErrorCode::Internal, format!("shepherd: {what}: {e}"))
@@ -858,8 +909,31 @@ fn start(
     drop(err_w);
     drop(keep);
     let pidfd = sys::pidfd_open(child).map_err(|e| internal("pidfd_open", &e))?;
+    // The process's gpid and the shepherd's socket are made while the child sets itself up
+    // and execs, not after: once the exec succeeds the shepherd only says so, and does not
+    // take the CPU from the program it just started.
+    // Inside the node's pid namespace fork's answer is already in the node's numbers.
+    let ns_pid = if in_node_ns {
+        child as u32
+    } else {
+        ns_pid_of(&pidfd).unwrap_or(child as u32)
+    };
+    let gpid = Gpid::new(node, ns_pid);
+    let sockdir = state.join("sh");
+    let socket_path = sockdir.join(format!("{}.sock", gpid.map(|g| g.raw()).unwrap_or(0)));
+    let listener = match pre.and_then(|p| p.install(&socket_path)) {
+        Some(l) => Ok(l),
+        None => {
+            let _ = std::fs::create_dir_all(&sockdir);
+            let _ = std::fs::remove_file(&socket_path);
+            let l = UnixListener::bind(&socket_path);
+            let _ = std::fs::set_permissions(&socket_path, std::fs::Permissions::from_mode(0o600));
+            l
+        }
+    };
     let (msg, held) = exec_outcome(File::from(err_r), from_cland, &pidfd);
     if !msg.is_empty() {
+        let _ = std::fs::remove_file(&socket_path);
         let _ = sys::wait_pidfd(&pidfd, false, false);
         let (errno, what) = msg.split_once(':').unwrap_or(("0", msg.as_str()));
         let errno: i32 = errno.parse().unwrap_or(0);
@@ -879,13 +953,14 @@ fn start(
         };
         return Err(error_reply(code, text));
     }
-    let ns_pid = ns_pid_of(&pidfd).unwrap_or(child as u32);
-    let gpid = Gpid::new(node, ns_pid).ok_or_else(|| {
-        error_reply(
+    let Some(gpid) = gpid else {
+        let _ = std::fs::remove_file(&socket_path);
+        return Err(error_reply(
             pb::ErrorCode::Internal,
             format!("pid {ns_pid} outside the gpid range"),
-        )
-    })?;
+        ));
+    };
+    let listener = listener.map_err(|e| internal("bind socket", &e))?;
     let (log, log_pipe) = match detached_log {
         Some((tmp, pipe)) => {
             set_nonblocking(&pipe);
@@ -896,12 +971,6 @@ fn start(
         }
         None => (None, None),
     };
-    let sockdir = state.join("sh");
-    let _ = std::fs::create_dir_all(&sockdir);
-    let socket_path = sockdir.join(format!("{gpid}.sock"));
-    let _ = std::fs::remove_file(&socket_path);
-    let listener = UnixListener::bind(&socket_path).map_err(|e| internal("bind socket", &e))?;
-    let _ = std::fs::set_permissions(&socket_path, std::fs::Permissions::from_mode(0o600));
     report(
         out,
         &pb::ShepherdReady {

@@ -133,11 +133,7 @@ impl Node {
         // The node's own pid namespace is the host's (level 0) on a real node, the first one
         // below it on a local cluster, where the caller must be in that very namespace.
         let level = usize::from(self.view.ns_init != 0);
-        let in_node = level == 0 || {
-            let ns = |p: u32| std::fs::read_link(format!("/proc/{p}/ns/pid")).ok();
-            let mine = ns(host_pid as u32);
-            mine.is_some() && mine == ns(self.view.ns_init)
-        };
+        let in_node = level == 0 || self.view.in_node_pid_ns(host_pid as u32);
         let at = |v: Vec<u32>| {
             if in_node {
                 v.get(level).copied().unwrap_or(0)

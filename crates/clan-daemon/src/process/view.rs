@@ -25,6 +25,9 @@ pub struct ProcView {
     shepherd_exe: PathBuf,
     /// Host pid of the namespace init (0: the host's own pid namespace).
     pub ns_init: u32,
+    /// The node's pid namespace (`/proc/NS_INIT/ns/pid`'s link), read once: the init lives
+    /// as long as the node's namespace does.
+    ns_link: Option<PathBuf>,
     ticks_per_sec: u64,
     page_kb: u64,
     users: clan_core::NamedMutex<HashMap<u32, String>>,
@@ -80,6 +83,9 @@ impl ProcView {
             // As the kernel shows it in `exe`: without symbolic links.
             shepherd_exe: std::fs::canonicalize(&shepherd_exe).unwrap_or(shepherd_exe),
             ns_init,
+            ns_link: (ns_init != 0)
+                .then(|| std::fs::read_link(format!("/proc/{ns_init}/ns/pid")).ok())
+                .flatten(),
             // SAFETY: sysconf has no preconditions.
             ticks_per_sec: unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64,
             // SAFETY: as above.
@@ -89,6 +95,16 @@ impl ProcView {
             files: clan_core::NamedMutex::new("proc.files", HashMap::new()),
             map_reads: MapReads::new("proc.mapreads"),
         })
+    }
+
+    /// Whether host process `pid` is in the node's own pid namespace (any process is on a
+    /// node without one).
+    pub fn in_node_pid_ns(&self, pid: u32) -> bool {
+        if self.ns_init == 0 {
+            return true;
+        }
+        let theirs = std::fs::read_link(format!("/proc/{pid}/ns/pid")).ok();
+        theirs.is_some() && theirs.as_ref() == self.ns_link.as_ref()
     }
 
     fn open_at(&self, rel: &str) -> nix::Result<File> {

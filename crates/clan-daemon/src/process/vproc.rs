@@ -680,6 +680,8 @@ impl Node {
         if let Some(cg) = &self.cgroup {
             cmd.arg("--cgroup").arg(cg.sub("shepherds"));
         }
+        // Where a waiting shepherd makes its socket ahead of its spec (`sh/p<pid>.pre`).
+        cmd.arg("--state").arg(&self.state_dir);
         let mut child = cmd
             .stdin(stdin)
             .stdout(stdout)
