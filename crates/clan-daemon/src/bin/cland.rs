@@ -23,6 +23,8 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| "info".into()),
         )
         .with_writer(std::io::stderr)
+        // Colours for a terminal only, not in cland.log or the journal.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     // Sockets and /proc handles for every peer, session and link: the hard limit, not
     // the usual soft 1,024 (the programs it starts get the limit it started with).

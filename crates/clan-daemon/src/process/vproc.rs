@@ -558,7 +558,12 @@ impl Node {
         // now: on a 2-CPU machine the zygote's forks for the pool preempted the shepherd,
         // then its child before the exec, of the very start they were for.
         let node = self.clone();
-        let _refill = Deferred::new(async move { node.refill_pool().await });
+        // After the answer: the task spawned as this returns would run first on this
+        // worker (tokio's LIFO slot) and delay the answer by its forks' set-up.
+        let _refill = Deferred::new(async move {
+            tokio::task::yield_now().await;
+            node.refill_pool().await
+        });
         let (mut stdin, mut stdout) = self.take_shepherd().await?;
         if write_frame(&mut stdin, &spec).await.is_err() {
             // A waiting shepherd was killed from outside: start a fresh one.
@@ -637,7 +642,8 @@ impl Node {
         );
         let homes = self.alias_insert(gpid.local(), ready.shepherd_pid, &req.creds);
         self.tell_homes(homes).await;
-        info!(gpid = %gpid, job = req.job, cmd = %vp.argv0, "started");
+        // Not at info: a line per process is a log as busy as the node (CLAN_LOG=debug).
+        debug!(gpid = %gpid, job = req.job, cmd = %vp.argv0, "started");
         Ok(vp)
     }
 
