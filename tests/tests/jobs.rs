@@ -1523,3 +1523,79 @@ fn without_the_freezer_switches_and_subtrees_go_by_signals() {
     }
     assert!(host_processes_mentioning("sleep 387").is_empty());
 }
+
+/// Where the pids controller is a v1 hierarchy (hybrid hosts), a node keeps directories
+/// made ahead there (`spare<N>`), and a new task takes one, renamed `job<J>`, instead of
+/// waiting for a mkdir: the process is in that directory from its start, and the node
+/// makes another spare once the start is answered.
+#[test]
+fn a_new_task_takes_v1_directories_made_ahead() {
+    root_or_skip!("a_new_task_takes_v1_directories_made_ahead");
+    let v2_pids = cgroup2().is_some_and(|m| {
+        std::fs::read_to_string(m.join("cgroup.controllers"))
+            .is_ok_and(|t| t.split_whitespace().any(|c| c == "pids"))
+    });
+    let Some(v1) = clan_daemon::cgroup::v1_mount("pids").filter(|_| !v2_pids) else {
+        eprintln!(
+            "SKIP a_new_task_takes_v1_directories_made_ahead: the pids controller is not a \
+             v1 hierarchy here (cgroup v2 serves it: no v1 directories to make ahead)"
+        );
+        return;
+    };
+    let c = Cluster::up(2);
+    let rel = c
+        .cgroup()
+        .expect("cluster cgroup")
+        .strip_prefix(cgroup2().expect("cgroup2"))
+        .expect("under the cgroup2 mount")
+        .to_path_buf();
+    let node1 = v1.join(rel).join("node1");
+    let spares = || -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(&node1)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("spare"))
+            .collect();
+        v.sort();
+        v
+    };
+    let before = eventually(
+        "node 1's spare v1 directories",
+        Duration::from_secs(10),
+        || {
+            let s = spares();
+            (s.len() == 2).then_some(s)
+        },
+    );
+    let o = c.clan(&["run", "--node", "1", "-d", "--", "sleep", "1071"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let job = job_of(&o);
+    let gpid: u64 = String::from_utf8_lossy(&o.stdout).trim().parse().unwrap();
+    // The process is in its task's v1 directory (its `tasks` names it), and that directory
+    // was one of the spares (the pids controller's own `pids.current` counts it).
+    let dir = node1.join(format!("job{job}"));
+    let host_pid = host_processes_mentioning("sleep 1071")
+        .first()
+        .and_then(|l| l.split(':').next().map(str::to_string))
+        .expect("the sleep runs");
+    let tasks = std::fs::read_to_string(dir.join("tasks")).unwrap_or_default();
+    assert!(
+        tasks.lines().any(|l| l.trim() == host_pid),
+        "{} holds {tasks:?}, not {host_pid} (gpid {gpid})",
+        dir.display()
+    );
+    let after = eventually(
+        "node 1's spares made again",
+        Duration::from_secs(10),
+        || {
+            let s = spares();
+            (s.len() == 2).then_some(s)
+        },
+    );
+    let taken: Vec<&String> = before.iter().filter(|s| !after.contains(s)).collect();
+    assert_eq!(taken.len(), 1, "one spare taken: {before:?} then {after:?}");
+    c.clan_ok(&["job", "kill", &job]);
+    assert!(host_processes_mentioning("sleep 1071").is_empty());
+}

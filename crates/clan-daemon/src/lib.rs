@@ -155,6 +155,7 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
                             warn!("cannot move cland into {}: {e}", cg.sub("daemon").display());
                         }
                         cg.setup_controllers();
+                        cg.make_spares(true);
                         info!(controllers = ?cg.ctls, "task cgroups");
                         // Load manager runs a crashed cland left (each in a cgroup of its own).
                         let runs = cg.sub(placement::MANAGER_CGROUP);

@@ -562,7 +562,10 @@ impl Node {
         // worker (tokio's LIFO slot) and delay the answer by its forks' set-up.
         let _refill = Deferred::new(async move {
             tokio::task::yield_now().await;
-            node.refill_pool().await
+            node.refill_pool().await;
+            if let Some(cg) = &node.cgroup {
+                cg.make_spares(false);
+            }
         });
         let (mut stdin, mut stdout) = self.take_shepherd().await?;
         if write_frame(&mut stdin, &spec).await.is_err() {
