@@ -1596,6 +1596,22 @@ fn a_new_task_takes_v1_directories_made_ahead() {
     );
     let taken: Vec<&String> = before.iter().filter(|s| !after.contains(s)).collect();
     assert_eq!(taken.len(), 1, "one spare taken: {before:?} then {after:?}");
+    // A second process of the same job on the node: its task is there, no spare is taken.
+    let o = c.clan(&[
+        "run", "--node", "1", "--job", &job, "-d", "--", "sleep", "1072",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(spares(), after, "a spare taken for a task that was there");
+    assert_eq!(
+        std::fs::read_to_string(dir.join("tasks"))
+            .unwrap_or_default()
+            .lines()
+            .count(),
+        2,
+        "both processes in {}",
+        dir.display()
+    );
     c.clan_ok(&["job", "kill", &job]);
     assert!(host_processes_mentioning("sleep 1071").is_empty());
+    assert!(host_processes_mentioning("sleep 1072").is_empty());
 }

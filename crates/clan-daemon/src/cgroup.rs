@@ -252,22 +252,42 @@ impl NodeCgroup {
         std::fs::create_dir_all(&p)?;
         let v1: Vec<&CtlDir> = self.ctls.iter().filter(|c| c.v1).collect();
         let name = format!("job{job}");
-        if !v1.is_empty() && !v1.iter().all(|c| c.root.join(&name).exists()) {
-            let spare = self.spares.lock().ready.pop();
+        let spare = if v1.is_empty() {
+            None
+        } else {
+            self.spares.lock().ready.pop()
+        };
+        let mut spare_left = false;
+        for c in v1 {
+            let dir = c.root.join(&name);
             if let Some(n) = spare {
-                for c in &v1 {
-                    // Made meanwhile by another start of the job (EEXIST), or the spare
-                    // went: the directory is made below as without spares.
-                    if std::fs::rename(c.root.join(format!("spare{n}")), c.root.join(&name))
-                        .is_err()
-                    {
-                        let _ = std::fs::remove_dir(c.root.join(format!("spare{n}")));
+                let from = c.root.join(format!("spare{n}"));
+                match std::fs::rename(&from, &dir) {
+                    Ok(()) => continue,
+                    // The job's task is here already (another of its processes): the
+                    // spare stays one.
+                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists => spare_left = true,
+                    Err(_) => {
+                        let _ = std::fs::remove_dir(&from);
                     }
                 }
             }
+            std::fs::create_dir_all(&dir)?;
         }
-        for c in v1 {
-            std::fs::create_dir_all(c.root.join(&name))?;
+        if let (Some(n), true) = (spare, spare_left) {
+            // Whole sets only: one renamed in one hierarchy and not the other is given up.
+            let whole = self
+                .ctls
+                .iter()
+                .filter(|c| c.v1)
+                .all(|c| c.root.join(format!("spare{n}")).exists());
+            if whole {
+                self.spares.lock().ready.push(n);
+            } else {
+                for c in self.ctls.iter().filter(|c| c.v1) {
+                    let _ = std::fs::remove_dir(c.root.join(format!("spare{n}")));
+                }
+            }
         }
         Ok(p)
     }

@@ -491,6 +491,8 @@ pub struct JobOwners {
     owners: HashMap<u64, u32>,
     path: PathBuf,
     lines: usize,
+    /// The file, open for appending (each new job adds a line: one write, no open).
+    file: Option<std::fs::File>,
 }
 
 impl JobOwners {
@@ -514,6 +516,7 @@ impl JobOwners {
             owners,
             path,
             lines,
+            file: None,
         }
     }
 
@@ -529,6 +532,7 @@ impl JobOwners {
             self.lines = keep.len();
             let text: String = keep.iter().map(|(j, u)| format!("{j} {u}\n")).collect();
             let tmp = self.path.with_extension("tmp");
+            self.file = None; // the rewritten file is another one
             if std::fs::write(&tmp, text)
                 .and_then(|_| std::fs::rename(&tmp, &self.path))
                 .is_err()
@@ -537,12 +541,21 @@ impl JobOwners {
             }
             return;
         }
-        let res = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.path)
-            .and_then(|mut f| f.write_all(format!("{job} {uid}\n").as_bytes()));
+        if self.file.is_none() {
+            self.file = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&self.path)
+                .map_err(|e| {
+                    tracing::warn!(path = %self.path.display(), error = %e, "could not open the job owners");
+                })
+                .ok();
+        }
+        let Some(f) = self.file.as_mut() else { return };
+        // One write of the whole line (O_APPEND): never half a line, even next to a crash.
+        let res = f.write_all(format!("{job} {uid}\n").as_bytes());
         if let Err(e) = res {
+            self.file = None;
             tracing::warn!(path = %self.path.display(), error = %e, "could not record a job owner");
         }
     }
