@@ -292,7 +292,7 @@ impl NodeCgroup {
         Ok(p)
     }
 
-    /// Makes v1 directory sets ahead, up to [`SPARES`] (off a start's path). Sets left by
+    /// Makes v1 directory sets ahead, up to `SPARES` (two; off a start's path). Sets left by
     /// an earlier cland are removed first, once (`fresh`).
     pub fn make_spares(&self, fresh: bool) {
         let v1: Vec<&CtlDir> = self.ctls.iter().filter(|c| c.v1).collect();
