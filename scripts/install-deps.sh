@@ -87,7 +87,7 @@ if command -v rustup >/dev/null 2>&1; then
   # The deployed CLI is linked against musl (scripts/build-release.sh); without the target
   # it is linked against glibc, which works and starts 0.3 ms slower.
   if [ "$(uname -m)" = x86_64 ] && ! rustup target list --installed 2>/dev/null | grep -qx x86_64-unknown-linux-musl; then
-    rustup target add x86_64-unknown-linux-musl >/dev/null 2>&1 ||
+    timeout 120 rustup target add x86_64-unknown-linux-musl >/dev/null 2>&1 ||
       echo "install-deps: warning: could not add Rust's x86_64-unknown-linux-musl target; clan's CLI will link against glibc" >&2
   fi
 fi
