@@ -1561,14 +1561,14 @@ fn a_new_task_takes_v1_directories_made_ahead() {
         v.sort();
         v
     };
-    let before = eventually(
-        "node 1's spare v1 directories",
-        Duration::from_secs(10),
-        || {
+    // Node 1's two spare sets, once they are made.
+    let two_spares = |what: &str| {
+        eventually(what, Duration::from_secs(10), || {
             let s = spares();
             (s.len() == 2).then_some(s)
-        },
-    );
+        })
+    };
+    let before = two_spares("node 1's spare v1 directories");
     let o = c.clan(&["run", "--node", "1", "-d", "--", "sleep", "1071"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let job = job_of(&o);
@@ -1586,14 +1586,7 @@ fn a_new_task_takes_v1_directories_made_ahead() {
         "{} holds {tasks:?}, not {host_pid} (gpid {gpid})",
         dir.display()
     );
-    let after = eventually(
-        "node 1's spares made again",
-        Duration::from_secs(10),
-        || {
-            let s = spares();
-            (s.len() == 2).then_some(s)
-        },
-    );
+    let after = two_spares("node 1's spares made again");
     let taken: Vec<&String> = before.iter().filter(|s| !after.contains(s)).collect();
     assert_eq!(taken.len(), 1, "one spare taken: {before:?} then {after:?}");
     // A second process of the same job on the node: its task is there, no spare is taken.

@@ -205,9 +205,7 @@ impl NodeCgroup {
     /// The task's directories in v1 hierarchies (the process joins them by writing to their
     /// `tasks`; the v2 one it is born in).
     pub fn v1_job_dirs(&self, job: u64) -> Vec<PathBuf> {
-        self.ctls
-            .iter()
-            .filter(|c| c.v1)
+        self.v1_ctls()
             .map(|c| c.root.join(format!("job{job}")))
             .collect()
     }
@@ -245,62 +243,57 @@ impl NodeCgroup {
         self.root.join(format!("job{job}"))
     }
 
-    /// The task directory of a job, created on first use (with its v1 directories: a spare
-    /// set renamed when there is one).
+    /// The task directory of a job, created on first use (with its v1 directories: for a
+    /// new task, a spare set renamed when there is one).
     pub fn job(&self, job: u64) -> io::Result<PathBuf> {
         let p = self.job_dir(job);
-        std::fs::create_dir_all(&p)?;
-        let v1: Vec<&CtlDir> = self.ctls.iter().filter(|c| c.v1).collect();
-        let name = format!("job{job}");
-        let spare = if v1.is_empty() {
-            None
-        } else {
-            self.spares.lock().ready.pop()
+        // The v2 directory says whether the task is new: only a new one takes a spare.
+        let new = match std::fs::create_dir(&p) {
+            Ok(()) => true,
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => false,
+            Err(_) => {
+                std::fs::create_dir_all(&p)?;
+                true
+            }
         };
-        let mut spare_left = false;
-        for c in v1 {
-            let dir = c.root.join(&name);
+        let spare = if new {
+            self.spares.lock().ready.pop()
+        } else {
+            None
+        };
+        for c in self.v1_ctls() {
+            let dir = c.root.join(format!("job{job}"));
             if let Some(n) = spare {
-                let from = c.root.join(format!("spare{n}"));
-                match std::fs::rename(&from, &dir) {
-                    Ok(()) => continue,
-                    // The job's task is here already (another of its processes): the
-                    // spare stays one.
-                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists => spare_left = true,
-                    Err(_) => {
-                        let _ = std::fs::remove_dir(&from);
-                    }
+                // Made meanwhile by another start of the job (EEXIST), or the spare went:
+                // the directory is made as without spares.
+                if std::fs::rename(Self::spare_dir(c, n), &dir).is_ok() {
+                    continue;
                 }
+                let _ = std::fs::remove_dir(Self::spare_dir(c, n));
             }
             std::fs::create_dir_all(&dir)?;
         }
-        if let (Some(n), true) = (spare, spare_left) {
-            // Whole sets only: one renamed in one hierarchy and not the other is given up.
-            let whole = self
-                .ctls
-                .iter()
-                .filter(|c| c.v1)
-                .all(|c| c.root.join(format!("spare{n}")).exists());
-            if whole {
-                self.spares.lock().ready.push(n);
-            } else {
-                for c in self.ctls.iter().filter(|c| c.v1) {
-                    let _ = std::fs::remove_dir(c.root.join(format!("spare{n}")));
-                }
-            }
-        }
         Ok(p)
+    }
+
+    /// The controllers served from v1 hierarchies.
+    fn v1_ctls(&self) -> impl Iterator<Item = &CtlDir> {
+        self.ctls.iter().filter(|c| c.v1)
+    }
+
+    /// Spare set `n`'s directory in `c`'s hierarchy.
+    fn spare_dir(c: &CtlDir, n: u64) -> PathBuf {
+        c.root.join(format!("spare{n}"))
     }
 
     /// Makes v1 directory sets ahead, up to `SPARES` (two; off a start's path). Sets left by
     /// an earlier cland are removed first, once (`fresh`).
     pub fn make_spares(&self, fresh: bool) {
-        let v1: Vec<&CtlDir> = self.ctls.iter().filter(|c| c.v1).collect();
-        if v1.is_empty() {
+        if self.v1_ctls().next().is_none() {
             return;
         }
         if fresh {
-            for c in &v1 {
+            for c in self.v1_ctls() {
                 for e in std::fs::read_dir(&c.root).into_iter().flatten().flatten() {
                     if e.file_name().to_string_lossy().starts_with("spare") {
                         let _ = std::fs::remove_dir(e.path());
@@ -317,12 +310,12 @@ impl NodeCgroup {
                 sp.next += 1;
                 sp.next
             };
-            let made = v1
-                .iter()
-                .all(|c| std::fs::create_dir(c.root.join(format!("spare{n}"))).is_ok());
-            if !made {
-                for c in &v1 {
-                    let _ = std::fs::remove_dir(c.root.join(format!("spare{n}")));
+            if !self
+                .v1_ctls()
+                .all(|c| std::fs::create_dir(Self::spare_dir(c, n)).is_ok())
+            {
+                for c in self.v1_ctls() {
+                    let _ = std::fs::remove_dir(Self::spare_dir(c, n));
                 }
                 return;
             }

@@ -232,16 +232,21 @@ struct PreBound {
     path: PathBuf,
 }
 
+/// A listening socket at `path` (a stale file there replaced) that only its owner may use.
+fn bind_private(path: &Path) -> std::io::Result<UnixListener> {
+    let _ = std::fs::remove_file(path);
+    let listener = UnixListener::bind(path)?;
+    let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600));
+    Ok(listener)
+}
+
 impl PreBound {
     fn bind(state: &Path) -> Option<PreBound> {
         let path = state
             .join("sh")
             .join(format!("p{}.pre", std::process::id()));
-        let _ = std::fs::remove_file(&path);
-        let listener = UnixListener::bind(&path).ok()?;
-        let _ = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600));
         Some(PreBound {
-            listener: Some(listener),
+            listener: Some(bind_private(&path).ok()?),
             path,
         })
     }
@@ -397,8 +402,7 @@ fn serve_spec(mut out: File, at: &Settled) -> ExitCode {
     };
     let placed = at.placed && spec.shepherd_cgroup == at.cgroup;
     // A socket bound for another state directory is not the one cland looks for.
-    let pre =
-        pre.filter(|p| p.path.parent().and_then(Path::parent) == Some(Path::new(&spec.state_dir)));
+    let pre = pre.filter(|_| at.state.as_deref() == Some(Path::new(&spec.state_dir)));
     match start(&spec, &mut out, &mut from_cland, placed, at.in_node_ns, pre) {
         Ok(mut sh) => {
             // The pipes of the cland that started us are our first link to it (it need not
@@ -925,10 +929,7 @@ fn start(
         Some(l) => Ok(l),
         None => {
             let _ = std::fs::create_dir_all(&sockdir);
-            let _ = std::fs::remove_file(&socket_path);
-            let l = UnixListener::bind(&socket_path);
-            let _ = std::fs::set_permissions(&socket_path, std::fs::Permissions::from_mode(0o600));
-            l
+            bind_private(&socket_path)
         }
     };
     let (msg, held) = exec_outcome(File::from(err_r), from_cland, &pidfd);
