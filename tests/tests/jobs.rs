@@ -364,6 +364,27 @@ fn a_switch_suspends_one_job_and_resumes_the_other() {
     assert_eq!(frozen(&a), vec![Some("0".into()), Some("1".into())]);
     assert_eq!(frozen(&b), vec![Some("1".into()), Some("0".into())]);
     c.clan_ok(&["job", "switch", &b, &a, "--node", "2"]);
+    // A's processes stopped by job control, then frozen by a switch: the switch back (which
+    // reads the new task while it freezes the old one) finds them held and continues them.
+    let mut stop = vec!["kill", "-s", "STOP"];
+    stop.extend(a_gpids.iter().map(String::as_str));
+    c.clan_ok(&stop);
+    let all_t = |job: &str| {
+        let s = job_states(&c, job);
+        !s.is_empty() && s.iter().all(|s| s.starts_with('T'))
+    };
+    eventually("A's processes stopped", Duration::from_secs(10), || {
+        all_t(&a).then_some(())
+    });
+    c.clan_ok(&["job", "switch", &a, &b]);
+    assert_eq!((frozen(&a), frozen(&b)), (yes.clone(), no.clone()));
+    c.clan_ok(&["job", "switch", &b, &a]);
+    assert_eq!((frozen(&a), frozen(&b)), (no.clone(), yes.clone()));
+    let states = job_states(&c, &a);
+    assert!(
+        states.len() == 2 && states.iter().all(|s| !s.starts_with('T')),
+        "{states:?}"
+    );
     // By signals: stopped processes, state T.
     let out = c.clan_ok(&["job", "switch", "--method", "signals", &a, &b]);
     assert_eq!(out.matches("suspended (1 process)").count(), 2, "{out}");

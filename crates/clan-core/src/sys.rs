@@ -624,12 +624,19 @@ pub fn state_and_start(pid: u32) -> Option<(char, u64)> {
 
 /// [`state_and_start`] of process `pid` of the /proc at `proc_root`.
 pub fn state_and_start_in(proc_root: &std::path::Path, pid: u32) -> Option<(char, u64)> {
+    let f = std::fs::File::open(proc_root.join(format!("{pid}/stat"))).ok()?;
+    state_and_start_of(&f)
+}
+
+/// [`state_and_start`] read through `f`, a process's `stat` file kept open: it stays with
+/// that process (once it is gone, reads fail, whoever has its pid since), and reads it
+/// afresh from its start without a path walk.
+pub fn state_and_start_of(f: &std::fs::File) -> Option<(char, u64)> {
     use std::os::unix::fs::FileExt;
     // One read: `stat` is one line, whole in a read that has room for it (a command name
     // of at most 64 bytes and 52 numbers stay under 1.5 KiB), and it is read for every
     // process a job operation or a liveness check looks at.
     let mut buf = [0u8; 2048];
-    let f = std::fs::File::open(proc_root.join(format!("{pid}/stat"))).ok()?;
     let n = f.read_at(&mut buf, 0).ok()?;
     let text = &buf[..n];
     let end = text.iter().rposition(|&b| b == b')')?;

@@ -87,11 +87,28 @@ enum Method {
     Signals,
 }
 
+impl Method {
+    /// The method `req` asks for.
+    fn of(req: &pb::JobRequest) -> Result<Method> {
+        match req.method.as_str() {
+            "" => Ok(Method::Default),
+            "freeze" => Ok(Method::Freeze),
+            "signals" => Ok(Method::Signals),
+            other => Err(Error::Invalid(format!(
+                "unknown method {other:?} (freeze or signals)"
+            ))),
+        }
+    }
+}
+
 /// A task here: its cgroup, descriptors on its control files, its processes.
 pub struct Task {
     pub dir: PathBuf,
     files: Arc<TaskFiles>,
     pub pids: Vec<u32>,
+    /// Whether every process was held by a job-control stop, when read ahead (a switch's
+    /// next task, read while the kernel freezes the old one).
+    held: Option<bool>,
 }
 
 /// Descriptors on a task's `cgroup.freeze`, `cgroup.events` and `cgroup.procs`, kept from
@@ -104,6 +121,10 @@ pub struct TaskFiles {
     freeze: Option<std::fs::File>,
     events: std::fs::File,
     procs: std::fs::File,
+    /// `stat` of the task's first process, with its pid, kept open for the check a resume
+    /// makes on every switch (are all its processes held by a job-control stop?), which
+    /// reads the first process and stops at the first that runs.
+    first: clan_core::lock::NamedMutex<Option<(u32, std::fs::File)>>,
 }
 
 impl TaskFiles {
@@ -129,7 +150,28 @@ impl TaskFiles {
             freeze,
             events: ro("cgroup.events")?,
             procs: ro("cgroup.procs")?,
+            first: clan_core::lock::NamedMutex::new("task.first", None),
         })
+    }
+
+    /// [`all_held`] of `pids`, the task's processes, the first read through the kept
+    /// `stat` of the task's first process.
+    fn all_held(&self, pids: &[u32]) -> bool {
+        let Some((&first, rest)) = pids.split_first() else {
+            return true;
+        };
+        let state = {
+            let mut kept = self.first.lock();
+            if kept.as_ref().map(|(p, _)| *p) != Some(first) {
+                *kept = std::fs::File::open(format!("/proc/{first}/stat"))
+                    .ok()
+                    .map(|f| (first, f));
+            }
+            kept.as_ref()
+                .and_then(|(_, f)| clan_core::sys::state_and_start_of(f))
+                .map(|(s, _)| s)
+        };
+        matches!(state, Some('T' | 't') | None) && all_held(rest)
     }
 
     /// Whether this task has a freezer cland uses.
@@ -177,10 +219,18 @@ impl TaskFiles {
     /// thawed): the suspend failed, so the job must not freeze later behind the caller's
     /// back, nor refuse runs into it, nor stay held by a switch that reported an error.
     fn set_frozen(&self, dir: &Path, on: bool) -> Result<()> {
-        self.set_frozen_within(dir, on, SETTLE)
+        self.set_frozen_within(dir, on, SETTLE, &mut || {})
     }
 
-    fn set_frozen_within(&self, dir: &Path, on: bool, limit: Duration) -> Result<()> {
+    /// [`Self::set_frozen`] within `limit`, calling `meanwhile` once the kernel has been
+    /// asked and before it is waited for (work that overlaps the freeze).
+    fn set_frozen_within(
+        &self,
+        dir: &Path,
+        on: bool,
+        limit: Duration,
+        meanwhile: &mut dyn FnMut(),
+    ) -> Result<()> {
         use std::os::unix::fs::FileExt;
         let Some(freeze) = &self.freeze else {
             return Err(Error::Internal(format!(
@@ -191,6 +241,7 @@ impl TaskFiles {
         freeze
             .write_at(if on { b"1" } else { b"0" }, 0)
             .map_err(|e| Error::internal("cgroup.freeze", e))?;
+        meanwhile();
         let res = self.wait(dir, "frozen", on, limit);
         if on && res.is_err() {
             let _ = freeze.write_at(b"0", 0);
@@ -924,7 +975,12 @@ impl Node {
         let kept = self.task_files.lock().get(&job).cloned();
         if let Some(files) = kept {
             if let Ok(pids) = files.procs() {
-                return (!pids.is_empty()).then_some(Task { dir, files, pids });
+                return (!pids.is_empty()).then_some(Task {
+                    dir,
+                    files,
+                    pids,
+                    held: None,
+                });
             }
             self.task_files.lock().remove(&job);
         }
@@ -935,7 +991,12 @@ impl Node {
             kept.clear();
         }
         kept.insert(job, files.clone());
-        (!pids.is_empty()).then_some(Task { dir, files, pids })
+        (!pids.is_empty()).then_some(Task {
+            dir,
+            files,
+            pids,
+            held: None,
+        })
     }
 
     /// Every task of this node (or only `job`'s), with what the kernel says of it.
@@ -1096,67 +1157,107 @@ impl Node {
             }
             return Ok(tasks);
         }
-        let method = match req.method.as_str() {
-            "" => Method::Default,
-            "freeze" => Method::Freeze,
-            "signals" => Method::Signals,
-            other => {
-                return Err(Error::Invalid(format!(
-                    "unknown method {other:?} (freeze or signals)"
-                )))
-            }
-        };
+        Method::of(req)?;
         // One operation on a task at a time: a resume that ran while a (slow) signals
         // suspend of the same task was stopping processes would leave some of them stopped
         // behind it. A kill of the whole task is not held behind a suspend (the kernel's
         // `cgroup.kill` and the rounds of SIGKILL reach every process whatever its state).
         // Each is timed from the moment it asks for the task's lock (`took_ns`).
-        let act = |action: A, job: u64| -> Result<Option<pb::TaskInfo>> {
-            let start = Instant::now();
-            let run = || match self.task(job) {
-                Some(t) => self
-                    .act_on_task(action, req, job, &t, method, creds)
-                    .map(Some),
-                None => Ok(None), // no task of the job here
-            };
-            let mut info = if action == A::JobKill && req.subtree == 0 {
-                run()?
-            } else {
-                self.one_at_a_time(job, run)?
-            };
-            if let Some(i) = &mut info {
-                i.took_ns = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
-            }
-            Ok(info)
-        };
+        let since = |start: Instant| u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
         if action == A::JobSwitch {
-            // A gang scheduler's row switch: the old row stops before the new one runs.
-            let mut out = Vec::with_capacity(2);
-            out.extend(act(A::JobSuspend, req.job)?);
-            out.extend(act(A::JobResume, req.resume)?);
-            return Ok(out);
+            return self.switch(req, creds);
         }
-        Ok(act(action, req.job)?.into_iter().collect())
+        let start = Instant::now();
+        let run = || match self.task(req.job) {
+            Some(t) => self
+                .act_on_task(action, req, req.job, &t, creds, &mut || {})
+                .map(Some),
+            None => Ok(None), // no task of the job here
+        };
+        let mut info = if action == A::JobKill && req.subtree == 0 {
+            run()?
+        } else {
+            self.one_at_a_time(&[req.job], run)?
+        };
+        if let Some(i) = &mut info {
+            i.took_ns = since(start);
+        }
+        Ok(info.into_iter().collect())
     }
 
-    /// Runs `f` (an operation on job `job`'s task) while no other operation on that task
-    /// runs on this node. The task's lock (`task.op` in `clan stats locks`) is made on
-    /// first use and dropped once no operation holds or waits for it.
-    fn one_at_a_time<T>(&self, job: u64, f: impl FnOnce() -> T) -> T {
-        let lock = self
-            .task_ops
-            .lock()
-            .entry(job)
-            .or_insert_with(|| Arc::new(clan_core::lock::NamedMutex::new("task.op", ())))
-            .clone();
+    /// A gang scheduler's row switch: job `req.job`'s task stops before job `req.resume`'s
+    /// runs. Both tasks are held for the whole switch, and what the resume reads of the
+    /// new task (its processes, whether they are all held by a job-control stop) it reads
+    /// while the kernel freezes the old one, which leaves the switch little more than the
+    /// kernel's freeze and thaw. `took_ns` of the suspend runs from the request for the
+    /// tasks' locks to the old task's verified freeze, that of the resume from there on.
+    fn switch(&self, req: &pb::JobRequest, creds: &pb::Creds) -> Result<Vec<pb::TaskInfo>> {
+        use pb::JobAction as A;
+        let since = |start: Instant| u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        let (old, new) = (req.job, req.resume);
+        // The new task, with whether its processes are held: a process stopped by job
+        // control reads `T` while the freezer holds it too, so this is what a read after
+        // the thaw would find.
+        let ready = |job: u64| {
+            self.task(job).map(|mut t| {
+                t.held = Some(t.files.all_held(&t.pids));
+                t
+            })
+        };
+        let start = Instant::now();
+        self.one_at_a_time(&[old, new], || {
+            let mut out = Vec::with_capacity(2);
+            let mut next = None;
+            if let Some(t) = self.task(old) {
+                let mut ahead = || {
+                    if old != new {
+                        next = Some(ready(new));
+                    }
+                };
+                let mut i = self.act_on_task(A::JobSuspend, req, old, &t, creds, &mut ahead)?;
+                i.took_ns = since(start);
+                out.push(i);
+            }
+            let start = Instant::now();
+            if let Some(t) = next.unwrap_or_else(|| self.task(new)) {
+                let mut i = self.act_on_task(A::JobResume, req, new, &t, creds, &mut || {})?;
+                i.took_ns = since(start);
+                out.push(i);
+            }
+            Ok(out)
+        })
+    }
+
+    /// Runs `f` (an operation on the tasks of `jobs`) while no other operation on those
+    /// tasks runs on this node. A task's lock (`task.op` in `clan stats locks`) is made on
+    /// first use and dropped once no operation holds or waits for it; several are taken in
+    /// the order of their jobs, so that two operations on the same two never deadlock.
+    fn one_at_a_time<T>(&self, jobs: &[u64], f: impl FnOnce() -> T) -> T {
+        let mut jobs = jobs.to_vec();
+        jobs.sort_unstable();
+        jobs.dedup();
+        let locks: Vec<_> = {
+            let mut map = self.task_ops.lock();
+            jobs.iter()
+                .map(|j| {
+                    map.entry(*j)
+                        .or_insert_with(|| {
+                            Arc::new(clan_core::lock::NamedMutex::new("task.op", ()))
+                        })
+                        .clone()
+                })
+                .collect()
+        };
         let out = {
-            let _held = lock.lock();
+            let _held: Vec<_> = locks.iter().map(|l| l.lock()).collect();
             f()
         };
         let mut map = self.task_ops.lock();
-        // The table's reference and ours: nobody else waits for it.
-        if Arc::strong_count(&lock) == 2 {
-            map.remove(&job);
+        for (job, lock) in jobs.iter().zip(&locks) {
+            // The table's reference and ours: nobody else waits for it.
+            if Arc::strong_count(lock) == 2 {
+                map.remove(job);
+            }
         }
         out
     }
@@ -1172,10 +1273,11 @@ impl Node {
         req: &pb::JobRequest,
         job: u64,
         task: &Task,
-        method: Method,
         creds: &pb::Creds,
+        meanwhile: &mut dyn FnMut(),
     ) -> Result<pb::TaskInfo> {
         use pb::JobAction as A;
+        let method = Method::of(req)?;
         let (dir, files) = (&task.dir, &*task.files);
         let subtree = match Gpid::from_raw(req.subtree) {
             None if req.subtree == 0 => None,
@@ -1292,17 +1394,20 @@ impl Node {
             A::JobSuspend => {
                 // Already suspended by clan: frozen, or stopped as a whole by signals (a
                 // task's processes are not read on a gang scheduler's every time slice).
-                changed = !(files.frozen() || marked && all_held(&members));
-                files.set_frozen(dir, true)?;
+                changed = !(files.frozen() || marked && files.all_held(&members));
+                files.set_frozen_within(dir, true, SETTLE, meanwhile)?;
                 // The kernel has just said `frozen 1`: not read again below.
                 known = Some("suspended");
             }
             A::JobResume => {
                 changed = state_before() != "running";
+                // Read before the thaw (a process stopped by job control reads `T` while
+                // frozen too), or by a switch while it froze the other task.
+                let held = task.held.unwrap_or_else(|| files.all_held(&members));
                 files.set_frozen(dir, false)?;
                 // Thawed (the kernel has just said `frozen 0`, and nothing asks for a
                 // freeze): stopped only if every process is held by a job-control stop.
-                known = Some(if all_held(&members) {
+                known = Some(if held {
                     "suspended"
                 } else if marked {
                     "suspending"
@@ -1584,7 +1689,7 @@ mod tests {
             std::fs::write(dir.path().join(name), text).unwrap();
         }
         let files = TaskFiles::open(dir.path(), true).unwrap();
-        let res = files.set_frozen_within(dir.path(), true, Duration::from_millis(20));
+        let res = files.set_frozen_within(dir.path(), true, Duration::from_millis(20), &mut || {});
         assert!(res.is_err(), "{res:?}");
         let freeze = std::fs::read_to_string(dir.path().join("cgroup.freeze")).unwrap();
         assert_eq!(freeze.trim_end_matches('\n').chars().next(), Some('0'));
@@ -1666,9 +1771,38 @@ mod tests {
         assert_eq!(proc_state(pid), Some('T'));
         assert!(all_held(&[pid]));
         assert!(!all_held(&[pid, me]));
+        // The same through a task's kept `stat` of its first process.
+        let dir = tempfile::tempdir().unwrap();
+        for name in ["cgroup.events", "cgroup.procs"] {
+            std::fs::write(dir.path().join(name), "").unwrap();
+        }
+        let files = TaskFiles::open(dir.path(), false).unwrap();
+        assert!(files.all_held(&[pid]));
+        assert!(!files.all_held(&[pid, me]));
+        assert!(!files.all_held(&[me, pid]));
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGCONT,
+        )
+        .unwrap();
+        let st = nix::sys::wait::waitpid(
+            nix::unistd::Pid::from_raw(pid as i32),
+            Some(nix::sys::wait::WaitPidFlag::WCONTINUED),
+        )
+        .unwrap();
+        assert!(
+            matches!(st, nix::sys::wait::WaitStatus::Continued(..)),
+            "{st:?}"
+        );
+        assert!(
+            !files.all_held(&[pid]),
+            "read afresh through the kept descriptor"
+        );
         child.kill().unwrap();
         child.wait().unwrap();
         assert_eq!(proc_state(pid), None);
+        // Gone: its kept descriptor reads nothing, and a gone process counts as held.
+        assert!(files.all_held(&[pid]));
     }
 
     /// Processes the genealogy does not know (no proc connector, or forks not handled yet)
