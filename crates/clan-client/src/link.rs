@@ -334,6 +334,9 @@ pub enum Unanswered {
     Broken,
 }
 
+/// How long a [`BlockingLink::call`] polls for its answer before it sleeps for it.
+const SPIN: Duration = Duration::from_micros(300);
+
 impl BlockingLink {
     /// Asks cland at `path` for a link to `node` whose calls wait at most `limit` (for
     /// the request to be taken, and again for its answer).
@@ -399,6 +402,13 @@ impl BlockingLink {
             if left + Duration::from_millis(1) < self.timeout && self.receive_within(left).is_err()
             {
                 return Err(Unanswered::Broken);
+            }
+            if self.rd.get_ref().buffer().is_empty() {
+                use std::os::fd::AsFd;
+                clan_core::sys::spin_until_readable(
+                    self.rd.get_ref().get_ref().as_fd(),
+                    SPIN.min(left),
+                );
             }
             match self.rd.read_max_sync(clan_proto::MAX_FRAME) {
                 Ok(Some(pb::PeerFrame {

@@ -177,6 +177,34 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_spin_ends_when_data_comes_or_at_its_limit() {
+        use std::io::Write;
+        use std::os::fd::AsFd;
+        use std::time::{Duration, Instant};
+        let (mut a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+        // Nothing comes: false, not before the limit (unless another thread took the CPU,
+        // which ends it sooner, also false).
+        assert!(!spin_until_readable(b.as_fd(), Duration::from_millis(2)));
+        // Written before: at once.
+        a.write_all(b"x").unwrap();
+        assert!(spin_until_readable(b.as_fd(), Duration::from_secs(5)));
+        // Written by another thread while it polls: true, long before the limit.
+        let (mut c, d) = std::os::unix::net::UnixStream::pair().unwrap();
+        let t = Instant::now();
+        let writer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(1));
+            c.write_all(b"y").unwrap();
+        });
+        let mut ready = false;
+        while !ready && t.elapsed() < Duration::from_secs(5) {
+            ready = spin_until_readable(d.as_fd(), Duration::from_secs(5));
+        }
+        writer.join().unwrap();
+        assert!(ready);
+        assert!(t.elapsed() < Duration::from_secs(5));
+    }
+
+    #[test]
     fn programs_started_get_the_open_file_limit_this_process_started_with() {
         use nix::sys::resource::{getrlimit, setrlimit, Resource};
         let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
@@ -650,6 +678,38 @@ pub fn state_and_start_of(f: &std::fs::File) -> Option<(char, u64)> {
 pub fn lives(pid: u32, start: u64) -> bool {
     matches!(state_and_start(pid), Some((st, t)) if t == start && !matches!(st, 'Z' | 'X'))
 }
+
+/// Waits up to `limit` for `fd` to become readable while keeping a CPU no other thread
+/// wants: polls it without blocking, and offers the CPU between polls; once another
+/// thread takes it (the offer took more than 5 us), it stops and returns, so it
+/// never holds up the threads it waits for when they share its CPU. For a call whose
+/// answer comes from another CPU within a few tens of microseconds: on a virtual machine
+/// whose idle CPUs halt, a thread that sleeps for it has its CPU halted and woken again by
+/// an interrupt from the answering one (about 50 us on the VMs clan is measured on), and
+/// one that polls does not. Returns whether `fd` is readable.
+pub fn spin_until_readable(fd: std::os::fd::BorrowedFd<'_>, limit: std::time::Duration) -> bool {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    use std::time::Instant;
+    let until = Instant::now() + limit;
+    loop {
+        let mut fds = [PollFd::new(fd, PollFlags::POLLIN)];
+        if poll(&mut fds, PollTimeout::ZERO).is_ok_and(|n| n > 0) {
+            return true;
+        }
+        let now = Instant::now();
+        if now >= until {
+            return false;
+        }
+        std::thread::yield_now();
+        if now.elapsed() > YIELDED {
+            return false;
+        }
+    }
+}
+
+/// How long an offer of the CPU ([`std::thread::yield_now`]) takes when no other thread
+/// takes it, at most (a system call, about a microsecond on a VM); longer, another ran.
+const YIELDED: std::time::Duration = std::time::Duration::from_micros(5);
 
 /// The calling thread (only) acting as another user until dropped: its effective uid and
 /// gid and its groups become the user's, with raw syscalls (glibc's wrappers would change
