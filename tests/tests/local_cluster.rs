@@ -629,3 +629,51 @@ fn nodes_run_the_workers_they_are_given() {
         .unwrap()
         .contains("workers = 3"));
 }
+
+/// `clan down` takes the cluster /proc mounts of its cluster away (their servers asked to
+/// stop, each unmounting its view) and leaves another cluster's mount alone.
+#[test]
+fn down_takes_the_clusters_proc_mounts_away() {
+    root_or_skip!("down_takes_the_clusters_proc_mounts_away");
+    let t = Tmp::new("views");
+    let (a, b) = (t.0.join("a"), t.0.join("b"));
+    up_ok(None, &a, 2);
+    let _ga = Guard::new(&a);
+    up_ok(None, &b, 1);
+    let _gb = Guard::new(&b);
+    let (pa, pb) = (t.0.join("view-a"), t.0.join("view-b"));
+    for (dir, point) in [(&a, &pa), (&b, &pb)] {
+        std::fs::create_dir_all(point).unwrap();
+        let out = clan(
+            None,
+            &[
+                "--dir",
+                &dir.display().to_string(),
+                "proc",
+                "mount",
+                &point.display().to_string(),
+            ],
+        );
+        assert!(out.status.success(), "{}", text(&out.stderr));
+    }
+    let mounted = |p: &Path| {
+        let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        let want = p.display().to_string();
+        info.lines()
+            .any(|l| l.split(' ').nth(4) == Some(want.as_str()))
+    };
+    assert!(mounted(&pa) && mounted(&pb));
+    let out = clan(None, &["--dir", &a.display().to_string(), "down"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(!mounted(&pa), "a's view is still mounted after a's down");
+    assert!(
+        host_processes_mentioning(&format!("-- {}", pa.display())).is_empty(),
+        "a's view server still runs"
+    );
+    // b's view still serves b.
+    assert!(mounted(&pb));
+    assert!(std::fs::read_to_string(pb.join("loadavg")).is_ok_and(|l| !l.is_empty()));
+    let out = clan(None, &["--dir", &b.display().to_string(), "down"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(!mounted(&pb));
+}

@@ -185,6 +185,47 @@ fn recorded(state: &Path, file: &str) -> Option<pidfile::Recorded> {
     pidfile::read(&state.join(file), comm)
 }
 
+/// The servers (and their watchers) of the cluster /proc mounts made for the cluster in
+/// `dir` (`clan proc mount`, whose `clan-procfs` names the cluster's directory after
+/// `--cluster-dir`), found among this machine's processes. A node's own view servers
+/// (`--node`) are not among them: they live in the node's namespaces and end with it.
+fn view_servers(dir: &Path) -> Vec<pidfile::Recorded> {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(want) = std::fs::canonicalize(dir) else {
+        return Vec::new();
+    };
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    procs
+        .flatten()
+        .filter_map(|e| {
+            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+            let comm = clan_core::sys::read_small(format!("/proc/{pid}/comm")).ok()?;
+            if comm.trim_end() != "clan-procfs" {
+                return None;
+            }
+            let (state, start) = clan_core::sys::state_and_start(pid)?;
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+            // Its own options, before the mount point's `--`.
+            let own = &args[..args.iter().position(|a| *a == b"--").unwrap_or(args.len())];
+            let at = own.iter().position(|a| *a == b"--cluster-dir")?;
+            let named = Path::new(std::ffi::OsStr::from_bytes(own.get(at + 1)?));
+            // A relative directory is the server's working directory's.
+            let named = Path::new(&format!("/proc/{pid}/cwd")).join(named);
+            let ours = !own.contains(&&b"--node"[..])
+                && std::fs::canonicalize(named).is_ok_and(|d| d == want)
+                && !matches!(state, 'Z' | 'X');
+            ours.then_some(pidfile::Recorded {
+                pid: pid as i32,
+                start,
+                verified: false,
+            })
+        })
+        .collect()
+}
+
 /// A name for the cluster's cgroup, unique per directory (give it the canonical path: a
 /// relative one names different directories from different working directories).
 fn cluster_name(dir: &Path) -> String {
@@ -563,6 +604,19 @@ fn teardown(
     children: &mut [std::process::Child],
 ) -> anyhow::Result<DownReport> {
     let mut report = DownReport::default();
+    // The cluster /proc mounts of this cluster (`clan proc mount`): each server unmounts
+    // its view when asked to stop; one that does not is killed, and its watcher takes the
+    // mount away.
+    let servers = view_servers(dir);
+    for v in &servers {
+        v.signal(libc::SIGTERM);
+    }
+    for v in &servers {
+        if !v.wait_gone(Duration::from_secs(5)) {
+            v.signal(libc::SIGKILL);
+            v.wait_gone(Duration::from_secs(5));
+        }
+    }
     for n in cfg.node_ids() {
         let state = cfg.state_dir(n);
         // Only the cland recorded there, never a process that got its pid since.
