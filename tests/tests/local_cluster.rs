@@ -642,13 +642,26 @@ fn down_takes_the_clusters_proc_mounts_away() {
     up_ok(None, &b, 1);
     let _gb = Guard::new(&b);
     let (pa, pb) = (t.0.join("view-a"), t.0.join("view-b"));
-    for (dir, point) in [(&a, &pa), (&b, &pb)] {
+    // Whatever happens, nothing stays mounted under the test's directory.
+    struct Unmount(Vec<PathBuf>);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            for p in &self.0 {
+                let _ = nix::mount::umount2(p, nix::mount::MntFlags::MNT_DETACH);
+            }
+        }
+    }
+    let _unmount = Unmount(vec![pa.clone(), pb.clone()]);
+    // a's view served by its node 2 (`--from`: the server gets `--node 2`).
+    for (dir, point, from) in [(&a, &pa, "2"), (&b, &pb, "1")] {
         std::fs::create_dir_all(point).unwrap();
         let out = clan(
             None,
             &[
                 "--dir",
                 &dir.display().to_string(),
+                "--from",
+                from,
                 "proc",
                 "mount",
                 &point.display().to_string(),

@@ -162,14 +162,28 @@ impl TaskFiles {
         };
         let state = {
             let mut kept = self.first.lock();
-            if kept.as_ref().map(|(p, _)| *p) != Some(first) {
-                *kept = std::fs::File::open(format!("/proc/{first}/stat"))
+            let open = || {
+                std::fs::File::open(format!("/proc/{first}/stat"))
                     .ok()
-                    .map(|f| (first, f));
+                    .map(|f| (first, f))
+            };
+            if kept.as_ref().map(|(p, _)| *p) != Some(first) {
+                *kept = open();
             }
-            kept.as_ref()
-                .and_then(|(_, f)| clan_core::sys::state_and_start_of(f))
-                .map(|(s, _)| s)
+            let read = |k: &Option<(u32, std::fs::File)>| {
+                k.as_ref()
+                    .and_then(|(_, f)| clan_core::sys::state_and_start_of(f))
+                    .map(|(s, _)| s)
+            };
+            match read(&kept) {
+                Some(s) => Some(s),
+                // The kept one's process is gone: the pid may be another process's now
+                // (its number taken again, and in the task), read afresh.
+                None => {
+                    *kept = open();
+                    read(&kept)
+                }
+            }
         };
         matches!(state, Some('T' | 't') | None) && all_held(rest)
     }
@@ -486,6 +500,11 @@ fn common_ancestor(a: &Path, b: &Path) -> PathBuf {
         .take_while(|(x, y)| x == y)
         .map(|(x, _)| x)
         .collect()
+}
+
+/// Nanoseconds since `start` (a task's `took_ns`).
+fn nanos_since(start: Instant) -> u64 {
+    u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// How long the signal method may go without progress for a task of `n` processes (each
@@ -1158,42 +1177,52 @@ impl Node {
             return Ok(tasks);
         }
         Method::of(req)?;
-        // One operation on a task at a time: a resume that ran while a (slow) signals
-        // suspend of the same task was stopping processes would leave some of them stopped
-        // behind it. A kill of the whole task is not held behind a suspend (the kernel's
-        // `cgroup.kill` and the rounds of SIGKILL reach every process whatever its state).
-        // Each is timed from the moment it asks for the task's lock (`took_ns`).
-        let since = |start: Instant| u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
         if action == A::JobSwitch {
             return self.switch(req, creds);
         }
+        Ok(self.act(action, req, req.job, creds)?.into_iter().collect())
+    }
+
+    /// `action` on job `job`'s task here (`None`: the job has no task here). One operation
+    /// on a task at a time: a resume that ran while a (slow) signals suspend of the same
+    /// task was stopping processes would leave some of them stopped behind it. A kill of
+    /// the whole task is not held behind a suspend (the kernel's `cgroup.kill` and the
+    /// rounds of SIGKILL reach every process whatever its state). Timed from the moment it
+    /// asks for the task's lock (`took_ns`).
+    fn act(
+        &self,
+        action: pb::JobAction,
+        req: &pb::JobRequest,
+        job: u64,
+        creds: &pb::Creds,
+    ) -> Result<Option<pb::TaskInfo>> {
         let start = Instant::now();
-        let run = || match self.task(req.job) {
+        let run = || match self.task(job) {
             Some(t) => self
-                .act_on_task(action, req, req.job, &t, creds, &mut || {})
+                .act_on_task(action, req, job, &t, creds, &mut || {})
                 .map(Some),
-            None => Ok(None), // no task of the job here
+            None => Ok(None),
         };
-        let mut info = if action == A::JobKill && req.subtree == 0 {
+        let mut info = if action == pb::JobAction::JobKill && req.subtree == 0 {
             run()?
         } else {
-            self.one_at_a_time(&[req.job], run)?
+            self.one_at_a_time(&[job], run)?
         };
         if let Some(i) = &mut info {
-            i.took_ns = since(start);
+            i.took_ns = nanos_since(start);
         }
-        Ok(info.into_iter().collect())
+        Ok(info)
     }
 
     /// A gang scheduler's row switch: job `req.job`'s task stops before job `req.resume`'s
-    /// runs. Both tasks are held for the whole switch, and what the resume reads of the
-    /// new task (its processes, whether they are all held by a job-control stop) it reads
-    /// while the kernel freezes the old one, which leaves the switch little more than the
-    /// kernel's freeze and thaw. `took_ns` of the suspend runs from the request for the
-    /// tasks' locks to the old task's verified freeze, that of the resume from there on.
+    /// runs. With the freezer, both tasks are held for the whole switch, and what the
+    /// resume reads of the new task (its processes, whether they are all held by a
+    /// job-control stop) it reads while the kernel freezes the old one, which leaves the
+    /// switch little more than the kernel's freeze and thaw; `took_ns` of the suspend then
+    /// runs from the request for both tasks' locks to the old task's verified freeze, that
+    /// of the resume from there on. By signals, one task after the other.
     fn switch(&self, req: &pb::JobRequest, creds: &pb::Creds) -> Result<Vec<pb::TaskInfo>> {
         use pb::JobAction as A;
-        let since = |start: Instant| u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
         let (old, new) = (req.job, req.resume);
         // The new task, with whether its processes are held: a process stopped by job
         // control reads `T` while the freezer holds it too, so this is what a read after
@@ -1204,6 +1233,14 @@ impl Node {
                 t
             })
         };
+        // Without the freezer (the signal method's suspend, which may take long), the tasks
+        // are taken one after the other, as two requests would: nothing is read meanwhile.
+        if Method::of(req)? == Method::Signals || req.subtree != 0 || !self.freezer_allowed() {
+            let mut out = Vec::with_capacity(2);
+            out.extend(self.act(A::JobSuspend, req, old, creds)?);
+            out.extend(self.act(A::JobResume, req, new, creds)?);
+            return Ok(out);
+        }
         let start = Instant::now();
         self.one_at_a_time(&[old, new], || {
             let mut out = Vec::with_capacity(2);
@@ -1215,13 +1252,13 @@ impl Node {
                     }
                 };
                 let mut i = self.act_on_task(A::JobSuspend, req, old, &t, creds, &mut ahead)?;
-                i.took_ns = since(start);
+                i.took_ns = nanos_since(start);
                 out.push(i);
             }
             let start = Instant::now();
             if let Some(t) = next.unwrap_or_else(|| self.task(new)) {
                 let mut i = self.act_on_task(A::JobResume, req, new, &t, creds, &mut || {})?;
-                i.took_ns = since(start);
+                i.took_ns = nanos_since(start);
                 out.push(i);
             }
             Ok(out)

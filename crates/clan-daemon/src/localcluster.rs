@@ -185,45 +185,75 @@ fn recorded(state: &Path, file: &str) -> Option<pidfile::Recorded> {
     pidfile::read(&state.join(file), comm)
 }
 
-/// The servers (and their watchers) of the cluster /proc mounts made for the cluster in
-/// `dir` (`clan proc mount`, whose `clan-procfs` names the cluster's directory after
-/// `--cluster-dir`), found among this machine's processes. A node's own view servers
-/// (`--node`) are not among them: they live in the node's namespaces and end with it.
-fn view_servers(dir: &Path) -> Vec<pidfile::Recorded> {
+/// The servers of the cluster /proc mounts made for the cluster in `dir` (`clan proc
+/// mount`), and their watchers (`clan-procfs-w`, which ignore SIGTERM and end with their
+/// server's mount), found among the processes of this machine's mount namespace: a
+/// `clan-procfs` whose cluster directory (its `--cluster-dir`, else `CLAN_DIR` in its
+/// environment, else `/run/clan`, as it chose) is `dir`. A node's own view servers
+/// (`--for-shells`) are not among them: they live in the node's namespaces and end with
+/// it.
+fn view_servers(dir: &Path) -> (Vec<pidfile::Recorded>, Vec<pidfile::Recorded>) {
     use std::os::unix::ffi::OsStrExt;
-    let Ok(want) = std::fs::canonicalize(dir) else {
-        return Vec::new();
+    let mut found = (Vec::new(), Vec::new());
+    let (Ok(want), Ok(procs)) = (std::fs::canonicalize(dir), std::fs::read_dir("/proc")) else {
+        return found;
     };
-    let Ok(procs) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    procs
-        .flatten()
-        .filter_map(|e| {
-            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
-            let comm = clan_core::sys::read_small(format!("/proc/{pid}/comm")).ok()?;
-            if comm.trim_end() != "clan-procfs" {
-                return None;
-            }
-            let (state, start) = clan_core::sys::state_and_start(pid)?;
-            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-            let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
-            // Its own options, before the mount point's `--`.
-            let own = &args[..args.iter().position(|a| *a == b"--").unwrap_or(args.len())];
-            let at = own.iter().position(|a| *a == b"--cluster-dir")?;
-            let named = Path::new(std::ffi::OsStr::from_bytes(own.get(at + 1)?));
-            // A relative directory is the server's working directory's.
-            let named = Path::new(&format!("/proc/{pid}/cwd")).join(named);
-            let ours = !own.contains(&&b"--node"[..])
-                && std::fs::canonicalize(named).is_ok_and(|d| d == want)
-                && !matches!(state, 'Z' | 'X');
-            ours.then_some(pidfile::Recorded {
+    let our_ns = std::fs::read_link("/proc/self/ns/mnt").ok();
+    for e in procs.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(comm) = clan_core::sys::read_small(format!("/proc/{pid}/comm")) else {
+            continue;
+        };
+        let watcher = match comm.trim_end() {
+            "clan-procfs" => false,
+            "clan-procfs-w" => true,
+            _ => continue,
+        };
+        // Another mount namespace's paths are not ours (a container's /run/clan).
+        if std::fs::read_link(format!("/proc/{pid}/ns/mnt")).ok() != our_ns {
+            continue;
+        }
+        let Some((state, start)) = clan_core::sys::state_and_start(pid) else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+            continue;
+        };
+        let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+        // Its own options, before the mount point's `--`.
+        let own = &args[..args.iter().position(|a| *a == b"--").unwrap_or(args.len())];
+        if own.contains(&&b"--for-shells"[..]) || matches!(state, 'Z' | 'X') {
+            continue;
+        }
+        let from_env = || {
+            let env = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+            env.split(|b| *b == 0)
+                .find_map(|v| v.strip_prefix(b"CLAN_DIR=").map(<[u8]>::to_vec))
+        };
+        let named = match own.iter().position(|a| *a == b"--cluster-dir") {
+            Some(at) => own.get(at + 1).map(|d| d.to_vec()),
+            None => from_env(),
+        }
+        .unwrap_or_else(|| b"/run/clan".to_vec());
+        // A relative directory is the server's working directory's.
+        let named =
+            Path::new(&format!("/proc/{pid}/cwd")).join(std::ffi::OsStr::from_bytes(&named));
+        if std::fs::canonicalize(named).is_ok_and(|d| d == want) {
+            let r = pidfile::Recorded {
                 pid: pid as i32,
                 start,
                 verified: false,
-            })
-        })
-        .collect()
+            };
+            if watcher {
+                found.1.push(r);
+            } else {
+                found.0.push(r);
+            }
+        }
+    }
+    found
 }
 
 /// A name for the cluster's cgroup, unique per directory (give it the canonical path: a
@@ -607,7 +637,7 @@ fn teardown(
     // The cluster /proc mounts of this cluster (`clan proc mount`): each server unmounts
     // its view when asked to stop; one that does not is killed, and its watcher takes the
     // mount away.
-    let servers = view_servers(dir);
+    let (servers, watchers) = view_servers(dir);
     for v in &servers {
         v.signal(libc::SIGTERM);
     }
@@ -615,6 +645,13 @@ fn teardown(
         if !v.wait_gone(Duration::from_secs(5)) {
             v.signal(libc::SIGKILL);
             v.wait_gone(Duration::from_secs(5));
+        }
+    }
+    // A watcher ends once its server's mount is gone (taking it away itself when its
+    // server was killed).
+    for w in &watchers {
+        if !w.wait_gone(Duration::from_secs(5)) {
+            w.signal(libc::SIGKILL);
         }
     }
     for n in cfg.node_ids() {
