@@ -33,8 +33,7 @@ use tokio::sync::Mutex;
 
 pub use clan_proto::pb;
 
-/// Where clan keeps its sockets when nothing else is said.
-pub const DEFAULT_DIR: &str = "/run/clan";
+pub use clan_core::DEFAULT_DIR;
 
 /// Why a request failed.
 #[derive(Debug, thiserror::Error)]

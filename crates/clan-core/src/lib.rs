@@ -17,3 +17,6 @@ pub use exit::{ExitCode, WaitStatus};
 pub use id::{Gpid, IdError, JobId, NodeId, CLUSTER_INIT, GPID_SPAN, MAX_NODE};
 pub use lock::{NamedAsyncMutex, NamedMutex, NamedRwLock};
 pub use signal::{parse_signal, signal_name};
+
+/// Where clan keeps its sockets when nothing else is said.
+pub const DEFAULT_DIR: &str = "/run/clan";

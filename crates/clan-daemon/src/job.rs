@@ -185,7 +185,7 @@ impl TaskFiles {
                 }
             }
         };
-        matches!(state, Some('T' | 't') | None) && all_held(rest)
+        held_or_gone(state) && all_held(rest)
     }
 
     /// Whether this task has a freezer cland uses.
@@ -317,8 +317,12 @@ fn held(pid: u32) -> bool {
 
 /// Whether every one of `pids` is stopped or gone (read until the first that runs).
 fn all_held(pids: &[u32]) -> bool {
-    pids.iter()
-        .all(|p| matches!(proc_state(*p), Some('T' | 't') | None))
+    pids.iter().all(|p| held_or_gone(proc_state(*p)))
+}
+
+/// Whether a process in state `state` (`None`: gone) counts as held for [`all_held`].
+fn held_or_gone(state: Option<char>) -> bool {
+    matches!(state, Some('T' | 't') | None)
 }
 
 fn send(pid: u32, sig: nix::sys::signal::Signal) {
@@ -1224,6 +1228,14 @@ impl Node {
     fn switch(&self, req: &pb::JobRequest, creds: &pb::Creds) -> Result<Vec<pb::TaskInfo>> {
         use pb::JobAction as A;
         let (old, new) = (req.job, req.resume);
+        // Without the freezer (the signal method's suspend, which may take long), the tasks
+        // are taken one after the other, as two requests would: nothing is read meanwhile.
+        if Method::of(req)? == Method::Signals || req.subtree != 0 || !self.freezer_allowed() {
+            let mut out = Vec::with_capacity(2);
+            out.extend(self.act(A::JobSuspend, req, old, creds)?);
+            out.extend(self.act(A::JobResume, req, new, creds)?);
+            return Ok(out);
+        }
         // The new task, with whether its processes are held: a process stopped by job
         // control reads `T` while the freezer holds it too, so this is what a read after
         // the thaw would find.
@@ -1233,14 +1245,6 @@ impl Node {
                 t
             })
         };
-        // Without the freezer (the signal method's suspend, which may take long), the tasks
-        // are taken one after the other, as two requests would: nothing is read meanwhile.
-        if Method::of(req)? == Method::Signals || req.subtree != 0 || !self.freezer_allowed() {
-            let mut out = Vec::with_capacity(2);
-            out.extend(self.act(A::JobSuspend, req, old, creds)?);
-            out.extend(self.act(A::JobResume, req, new, creds)?);
-            return Ok(out);
-        }
         let start = Instant::now();
         self.one_at_a_time(&[old, new], || {
             let mut out = Vec::with_capacity(2);
@@ -1790,17 +1794,16 @@ mod tests {
             .spawn()
             .unwrap();
         let pid = child.id();
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(pid as i32),
-            nix::sys::signal::Signal::SIGSTOP,
-        )
-        .unwrap();
-        // The stop is asynchronous: waitpid(WUNTRACED) reports it once it happened.
-        let st = nix::sys::wait::waitpid(
-            nix::unistd::Pid::from_raw(pid as i32),
-            Some(nix::sys::wait::WaitPidFlag::WUNTRACED),
-        )
-        .unwrap();
+        // A signal to the child, and waitpid(2) with `flag` until it reports its effect
+        // (a stop or a continue is asynchronous).
+        let signal_and_wait = |sig, flag| {
+            let child = nix::unistd::Pid::from_raw(pid as i32);
+            nix::sys::signal::kill(child, sig).unwrap();
+            nix::sys::wait::waitpid(child, Some(flag)).unwrap()
+        };
+        use nix::sys::signal::Signal::{SIGCONT, SIGSTOP};
+        use nix::sys::wait::WaitPidFlag;
+        let st = signal_and_wait(SIGSTOP, WaitPidFlag::WUNTRACED);
         assert!(
             matches!(st, nix::sys::wait::WaitStatus::Stopped(..)),
             "{st:?}"
@@ -1817,16 +1820,7 @@ mod tests {
         assert!(files.all_held(&[pid]));
         assert!(!files.all_held(&[pid, me]));
         assert!(!files.all_held(&[me, pid]));
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(pid as i32),
-            nix::sys::signal::Signal::SIGCONT,
-        )
-        .unwrap();
-        let st = nix::sys::wait::waitpid(
-            nix::unistd::Pid::from_raw(pid as i32),
-            Some(nix::sys::wait::WaitPidFlag::WCONTINUED),
-        )
-        .unwrap();
+        let st = signal_and_wait(SIGCONT, WaitPidFlag::WCONTINUED);
         assert!(
             matches!(st, nix::sys::wait::WaitStatus::Continued(..)),
             "{st:?}"

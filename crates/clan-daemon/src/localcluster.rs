@@ -236,7 +236,7 @@ fn view_servers(dir: &Path) -> (Vec<pidfile::Recorded>, Vec<pidfile::Recorded>) 
             Some(at) => own.get(at + 1).map(|d| d.to_vec()),
             None => from_env(),
         }
-        .unwrap_or_else(|| b"/run/clan".to_vec());
+        .unwrap_or_else(|| clan_core::DEFAULT_DIR.as_bytes().to_vec());
         // A relative directory is the server's working directory's.
         let named =
             Path::new(&format!("/proc/{pid}/cwd")).join(std::ffi::OsStr::from_bytes(&named));
