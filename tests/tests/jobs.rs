@@ -160,9 +160,20 @@ fn job_operations_report_bad_input_and_dead_nodes() {
     c.power_cut(3);
     let o = c.clan(&["job", "suspend", &job]);
     assert_eq!(o.status.code(), Some(5), "{o:?}");
-    assert!(String::from_utf8_lossy(&o.stderr).contains("node 3"));
+    // One line naming the node once ("node 3 is dead", not "node 3: node 3 is dead").
+    let named_once = |o: &std::process::Output| {
+        let err = String::from_utf8_lossy(&o.stderr);
+        let lines: Vec<&str> = err.lines().filter(|l| l.contains("node 3")).collect();
+        assert_eq!(lines.len(), 1, "{err}");
+        assert_eq!(lines[0].matches("node 3").count(), 1, "{err}");
+    };
+    named_once(&o);
     let out = String::from_utf8_lossy(&o.stdout);
     assert_eq!(out.matches("suspended").count(), 2, "{out}");
+    let o = c.clan(&["job", "ls"]);
+    assert_eq!(o.status.code(), Some(5), "{o:?}");
+    named_once(&o);
+    assert!(String::from_utf8_lossy(&o.stdout).contains(&job), "{o:?}");
     c.clan_ok(&["job", "kill", &job, "--node", "1", "--node", "2"]);
     assert!(host_processes_mentioning("sleep 1050").is_empty());
 }

@@ -92,6 +92,16 @@ pub(crate) fn fail(e: &dyn std::fmt::Display) {
     eprintln!("clan: {e}");
 }
 
+/// Prints what node `node` answered as an error, named once ("node 3 is dead", not
+/// "node 3: node 3 is dead").
+pub(crate) fn fail_node(node: u32, e: &str) {
+    if e.starts_with(&format!("node {node} ")) {
+        fail(&e);
+    } else {
+        fail(&format!("node {node}: {e}"));
+    }
+}
+
 /// Prints a client error and returns its exit code.
 pub(crate) fn client_error(e: &ClientError) -> ExitCode {
     fail(e);

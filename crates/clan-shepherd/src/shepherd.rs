@@ -112,7 +112,7 @@ pub fn run(args: &[String]) -> ExitCode {
 /// `clan-shepherd zygote [--cgroup DIR] [--ns-init PID]`: settles where a shepherd lives
 /// (as `run`), then forks one waiting shepherd for each pair of pipes cland sends on its
 /// stdin, a Unix socket (SCM_RIGHTS: the end the shepherd reads its spec and messages
-/// from, the end it reports on). A shepherd made this way costs two forks of a small
+/// from, the end it reports on). A shepherd made this way costs one fork of a small
 /// process instead of an exec, whose start (the dynamic loader, libc probing the CPU's
 /// caches through `cpuid`, which traps in a virtual machine) took most of a spawn's CPU.
 /// It ends at the end of its stdin: when its cland is gone.
@@ -136,7 +136,45 @@ pub fn zygote(args: &[String]) -> ExitCode {
     // The pool is refilled while spawns go on: the zygote's wakeups must not preempt them.
     // The shepherds it forks (and so the processes) are scheduled as usual again.
     let batch = clan_core::sys::batch_scheduling(true).is_ok();
+    // The shepherds are the zygote's own children (one fork each, not a double fork whose
+    // middle process forks and exits: on two CPUs that delayed the answer of the spawn the
+    // refill follows). It reaps them as they end, woken by SIGCHLD through a signalfd, so
+    // none stays a zombie in the node's process list; once the zygote is gone, the node's
+    // init adopts and reaps them.
+    let mut chld = SigSet::empty();
+    chld.add(Signal::SIGCHLD);
+    let mut mask = SigSet::empty();
+    let ended = sigprocmask(SigmaskHow::SIG_BLOCK, Some(&chld), Some(&mut mask))
+        .and_then(|_| SignalFd::with_flags(&chld, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK));
+    let ended = match ended {
+        Ok(fd) => fd,
+        Err(e) => {
+            eprintln!("clan-shepherd zygote: signalfd: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    // SAFETY: fd 0 is the zygote's socket to cland for the zygote's whole life.
+    let socket = unsafe { std::os::fd::BorrowedFd::borrow_raw(0) };
     loop {
+        let mut fds = [
+            PollFd::new(socket, PollFlags::POLLIN),
+            PollFd::new(ended.as_fd(), PollFlags::POLLIN),
+        ];
+        match poll(&mut fds, PollTimeout::NONE) {
+            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+            Err(e) => {
+                eprintln!("clan-shepherd zygote: poll: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+        let (asked, reap) = (fds[0].any().unwrap_or(false), fds[1].any().unwrap_or(false));
+        if reap {
+            while let Ok(Some(_)) = ended.read_signal() {}
+            reap_children();
+        }
+        if !asked {
+            continue;
+        }
         let fds = match receive_pipes() {
             Ok(Some(fds)) => fds,
             Ok(None) => return ExitCode::SUCCESS,
@@ -149,38 +187,43 @@ pub fn zygote(args: &[String]) -> ExitCode {
             Ok(pair) => pair,
             Err(_) => continue, // not a pair: dropped (closed)
         };
-        // SAFETY: the zygote is single-threaded; each child below only forks, moves
-        // descriptors and exits, or becomes a shepherd as `run` does after its forks.
+        // SAFETY: the zygote is single-threaded; the child becomes a shepherd as `run` does
+        // after its forks.
         match unsafe { fork() } {
-            // SAFETY: as above: the child is single-threaded too.
-            Ok(ForkResult::Child) => match unsafe { fork() } {
-                Ok(ForkResult::Child) => {
-                    // The shepherd proper, adopted by the node's init once its parent exits.
-                    if batch && clan_core::sys::batch_scheduling(false).is_err() {
-                        // SAFETY: _exit in a forked child; cland sees the pipes close.
-                        unsafe { libc::_exit(1) }
-                    }
-                    let moved = nix::unistd::dup2(spec_in.as_raw_fd(), 0)
-                        .and_then(|_| nix::unistd::dup2(report_out.as_raw_fd(), 1));
-                    drop((spec_in, report_out));
-                    if moved.is_err() {
-                        // SAFETY: _exit in a forked child; cland sees the pipes close.
-                        unsafe { libc::_exit(1) }
-                    }
-                    // SAFETY: fd 1 is now the report pipe; we take ownership of it once.
-                    return serve_spec(unsafe { File::from_raw_fd(1) }, &at);
+            Ok(ForkResult::Child) => {
+                drop(ended);
+                let restored = sigprocmask(SigmaskHow::SIG_SETMASK, Some(&mask), None);
+                if restored.is_err() || (batch && clan_core::sys::batch_scheduling(false).is_err())
+                {
+                    // SAFETY: _exit in a forked child; cland sees the pipes close.
+                    unsafe { libc::_exit(1) }
                 }
-                // SAFETY: _exit in a forked child skips destructors shared with the zygote.
-                _ => unsafe { libc::_exit(0) },
-            },
-            Ok(ForkResult::Parent { child }) => {
+                let moved = nix::unistd::dup2(spec_in.as_raw_fd(), 0)
+                    .and_then(|_| nix::unistd::dup2(report_out.as_raw_fd(), 1));
                 drop((spec_in, report_out));
-                let _ = nix::sys::wait::waitpid(child, None);
+                if moved.is_err() {
+                    // SAFETY: _exit in a forked child; cland sees the pipes close.
+                    unsafe { libc::_exit(1) }
+                }
+                // SAFETY: fd 1 is now the report pipe; we take ownership of it once.
+                return serve_spec(unsafe { File::from_raw_fd(1) }, &at);
             }
+            Ok(ForkResult::Parent { .. }) => drop((spec_in, report_out)),
             Err(e) => {
                 // The pipes close with the pair: the spawn that takes them starts another.
                 eprintln!("clan-shepherd zygote: fork: {e}");
             }
+        }
+    }
+}
+
+/// Reaps every child that has ended, without waiting for the others.
+fn reap_children() {
+    use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+    loop {
+        match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::StillAlive) | Err(_) => return,
+            Ok(_) => {}
         }
     }
 }

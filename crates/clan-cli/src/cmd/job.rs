@@ -102,7 +102,7 @@ fn node_errors(nodes: &[pb::NodeJobs]) -> u8 {
     let mut code = X::OK;
     for n in nodes {
         if let Some(e) = &n.error {
-            crate::fail(&format!("node {}: {}", n.node, e.message));
+            crate::fail_node(n.node, &e.message);
             code = code.max(ClientError::Remote(e.clone()).exit_code());
         }
     }

@@ -56,11 +56,7 @@ pub async fn run(c: Client, a: Args) -> ExitCode {
     let mut procs = Vec::new();
     for n in nodes {
         if !n.error.is_empty() {
-            if n.error.starts_with(&format!("node {} ", n.node)) {
-                crate::fail(&n.error);
-            } else {
-                crate::fail(&format!("node {}: {}", n.node, n.error));
-            }
+            crate::fail_node(n.node, &n.error);
             code = X::NODE_DOWN;
         }
         procs.extend(n.procs);

@@ -38,7 +38,7 @@ pub async fn run(c: Client, a: Args) -> ExitCode {
             );
             for n in stats {
                 if !n.error.is_empty() {
-                    crate::fail(&format!("node {}: {}", n.node, n.error));
+                    crate::fail_node(n.node, &n.error);
                     code = ExitCode::from(clan_core::ExitCode::NODE_DOWN);
                 }
                 for l in n.locks {
@@ -66,7 +66,7 @@ async fn tables(c: Client, nodes: &[NodeId]) -> ExitCode {
             println!("{:<5} {:<18} {:>10}", "NODE", "TABLE", "ENTRIES");
             for n in stats {
                 if !n.error.is_empty() {
-                    crate::fail(&format!("node {}: {}", n.node, n.error));
+                    crate::fail_node(n.node, &n.error);
                     code = ExitCode::from(clan_core::ExitCode::NODE_DOWN);
                 }
                 for t in n.tables {
