@@ -312,6 +312,20 @@ pub unsafe fn fork_into(cgroup_dir: &impl AsRawFd) -> io::Result<i32> {
     }
 }
 
+/// Turns glibc's fast bins off, for a daemon that serves many small requests (cland, the
+/// view server): with them, the first allocation of 1 KiB or more after many small frees
+/// (a connection's read buffer, a file's contents, after a request's many small messages
+/// and tasks) merged every freed small chunk first (`malloc_consolidate`), about 120 us on
+/// the path of a request (traced: docs/performance.md). Small allocations still come from
+/// each thread's cache (tcache) first. Call it first thing in `main`, before any thread.
+pub fn no_fast_bins() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: mallopt only sets a parameter of glibc's allocator; no other thread runs yet.
+    unsafe {
+        libc::mallopt(libc::M_MXFAST, 0);
+    }
+}
+
 /// Puts the calling thread under `SCHED_BATCH` (`batch`) or back under `SCHED_OTHER`. A
 /// batch thread takes its fair share of the CPU, but its wakeups do not preempt the thread
 /// running (the kernel's wakeup preemption is for `SCHED_OTHER` only), so bookkeeping that

@@ -16,6 +16,7 @@ struct Args {
 }
 
 fn main() -> ExitCode {
+    clan_core::sys::no_fast_bins();
     let args = Args::parse();
     tracing_subscriber::fmt()
         .with_env_filter(

@@ -55,6 +55,7 @@ fn fail(e: &dyn std::fmt::Display) {
 }
 
 fn main() -> ExitCode {
+    clan_core::sys::no_fast_bins();
     let a = Args::parse();
     tracing_subscriber::fmt()
         .with_env_filter(
