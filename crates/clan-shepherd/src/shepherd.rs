@@ -138,43 +138,15 @@ pub fn zygote(args: &[String]) -> ExitCode {
     let batch = clan_core::sys::batch_scheduling(true).is_ok();
     // The shepherds are the zygote's own children (one fork each, not a double fork whose
     // middle process forks and exits: on two CPUs that delayed the answer of the spawn the
-    // refill follows). It reaps them as they end, woken by SIGCHLD through a signalfd, so
-    // none stays a zombie in the node's process list; once the zygote is gone, the node's
-    // init adopts and reaps them.
-    let mut chld = SigSet::empty();
-    chld.add(Signal::SIGCHLD);
-    let mut mask = SigSet::empty();
-    let ended = sigprocmask(SigmaskHow::SIG_BLOCK, Some(&chld), Some(&mut mask))
-        .and_then(|_| SignalFd::with_flags(&chld, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK));
-    let ended = match ended {
-        Ok(fd) => fd,
-        Err(e) => {
-            eprintln!("clan-shepherd zygote: signalfd: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    // SAFETY: fd 0 is the zygote's socket to cland for the zygote's whole life.
-    let socket = unsafe { std::os::fd::BorrowedFd::borrow_raw(0) };
+    // refill follows). The kernel reaps them as they end (SIGCHLD ignored, as in the
+    // node's init), so none stays a zombie in the node's process list; once the zygote is
+    // gone, the node's init adopts them. Each shepherd sets SIGCHLD back to its default.
+    // SAFETY: SIG_IGN runs no handler code.
+    if let Err(e) = unsafe { signal(Signal::SIGCHLD, SigHandler::SigIgn) } {
+        eprintln!("clan-shepherd zygote: ignore SIGCHLD: {e}");
+        return ExitCode::FAILURE;
+    }
     loop {
-        let mut fds = [
-            PollFd::new(socket, PollFlags::POLLIN),
-            PollFd::new(ended.as_fd(), PollFlags::POLLIN),
-        ];
-        match poll(&mut fds, PollTimeout::NONE) {
-            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
-            Err(e) => {
-                eprintln!("clan-shepherd zygote: poll: {e}");
-                return ExitCode::FAILURE;
-            }
-        }
-        let (asked, reap) = (fds[0].any().unwrap_or(false), fds[1].any().unwrap_or(false));
-        if reap {
-            while let Ok(Some(_)) = ended.read_signal() {}
-            reap_children();
-        }
-        if !asked {
-            continue;
-        }
         let fds = match receive_pipes() {
             Ok(Some(fds)) => fds,
             Ok(None) => return ExitCode::SUCCESS,
@@ -191,10 +163,9 @@ pub fn zygote(args: &[String]) -> ExitCode {
         // after its forks.
         match unsafe { fork() } {
             Ok(ForkResult::Child) => {
-                drop(ended);
-                let restored = sigprocmask(SigmaskHow::SIG_SETMASK, Some(&mask), None);
-                if restored.is_err() || (batch && clan_core::sys::batch_scheduling(false).is_err())
-                {
+                // SAFETY: SIG_DFL runs no handler code.
+                let waits = unsafe { signal(Signal::SIGCHLD, SigHandler::SigDfl) };
+                if waits.is_err() || (batch && clan_core::sys::batch_scheduling(false).is_err()) {
                     // SAFETY: _exit in a forked child; cland sees the pipes close.
                     unsafe { libc::_exit(1) }
                 }
@@ -213,17 +184,6 @@ pub fn zygote(args: &[String]) -> ExitCode {
                 // The pipes close with the pair: the spawn that takes them starts another.
                 eprintln!("clan-shepherd zygote: fork: {e}");
             }
-        }
-    }
-}
-
-/// Reaps every child that has ended, without waiting for the others.
-fn reap_children() {
-    use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
-    loop {
-        match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
-            Ok(WaitStatus::StillAlive) | Err(_) => return,
-            Ok(_) => {}
         }
     }
 }
