@@ -12,9 +12,9 @@
 // answers, as the view would, stat(2) of /proc/GPID (a directory owned by the process's
 // owner, inode gpid << 24), opens of names a process directory of that node does not
 // have (ENOENT: ps tries `ctty`), and stat(2) that follows /proc/GPID/ns/NAME (pstree asks
-// for eight per process): ENOENT for root (the view can not follow the kernel's magic
-// links), EACCES for a reader who is neither root nor the directory's owner (the kernel's
-// ptrace check fails: the directory of a process that is not dumpable is root's).
+// for eight per process): the namespace's number as inode, from the walk file `ns` (the
+// targets of every process's links, read on the process's node as the reader: EACCES
+// where the kernel's ptrace check refuses them).
 // Opens of /proc/uptime (pstree and pgrep read it once per process) get the contents the
 // walk's first open read (a sealed memfd: reading it again gives the same line; procps
 // opens the file again for a new value).
@@ -55,8 +55,12 @@
 #define HEADER (8 + 4 + 4 + 4 + 4)
 #define SPAN 10000000ULL
 
-static const char *const walk_files[] = {"stat", "status", "cmdline", "statm", "environ", "cgroup"};
+// `ns` is no file of /proc: the targets of each process's namespace links, a line
+// "NAME TARGET" each (crates/clan-procfs/src/walk.rs), for stat(2)s that follow them.
+static const char *const walk_files[] = {"stat",    "status", "cmdline", "statm",
+                                         "environ", "cgroup", "ns"};
 #define NFILES (sizeof walk_files / sizeof walk_files[0])
+#define NS_WALK 6
 
 #define MAX_NODES 64
 
@@ -270,17 +274,53 @@ static const char *parse(const char *path, uint64_t *gpid) {
 static const char *const ns_names[] = {"cgroup", "ipc", "mnt", "net", "pid", "pid_for_children",
                                        "time", "time_for_children", "user", "uts"};
 
-// "/proc/GPID/ns/NAME" for one of `ns_names`: 1 with the gpid; 0 if the path is not one.
-static int parse_ns(const char *path, uint64_t *gpid) {
+// "/proc/GPID/ns/NAME" for one of `ns_names`: NAME, with the gpid; NULL if the path is not
+// one.
+static const char *parse_ns(const char *path, uint64_t *gpid) {
     uint64_t g;
     const char *p = after_gpid(path, &g);
     if (!p || strncmp(p, "/ns/", 4) != 0)
-        return 0;
+        return NULL;
     for (size_t i = 0; i < sizeof ns_names / sizeof ns_names[0]; i++)
         if (strcmp(p + 4, ns_names[i]) == 0) {
             *gpid = g;
+            return p + 4;
+        }
+    return NULL;
+}
+
+// What stat(2) following the namespace link `name` gives, from a record of the `ns` walk
+// ("NAME TARGET" lines, TARGET as "net:[4026531840]"), as the view answers it: a regular
+// file of root, read-only, numbered as the namespace, on the view's device. 0 if the
+// record has no such link (a kernel without that namespace: the view says ENOENT).
+static int ns_stat(const struct rec *r, const char *name, struct stat *st) {
+    size_t nlen = strlen(name);
+    for (const char *p = r->data, *end = r->data + r->len; p < end;) {
+        const char *eol = memchr(p, '\n', (size_t)(end - p));
+        if (!eol)
+            eol = end;
+        const char *br = memchr(p, '[', (size_t)(eol - p));
+        if ((size_t)(eol - p) > nlen && memcmp(p, name, nlen) == 0 && p[nlen] == ' ' && br &&
+            eol[-1] == ']') {
+            uint64_t ino = 0;
+            const char *d = br + 1;
+            for (; d < eol - 1 && *d >= '0' && *d <= '9'; d++)
+                ino = ino * 10 + (uint64_t)(*d - '0');
+            if (d != eol - 1 || d == br + 1)
+                return 0;
+            struct timespec now;
+            clock_gettime(CLOCK_REALTIME, &now);
+            memset(st, 0, sizeof *st);
+            st->st_dev = proc_dev;
+            st->st_ino = (ino_t)ino;
+            st->st_mode = S_IFREG | 0444;
+            st->st_nlink = 1;
+            st->st_blksize = 4096;
+            st->st_atim = st->st_mtim = st->st_ctim = now;
             return 1;
         }
+        p = eol + 1;
+    }
     return 0;
 }
 
@@ -405,6 +445,8 @@ int shim_walk_open(const char *path, int flags, int *fd) {
     if (__atomic_test_and_set(&busy, __ATOMIC_ACQUIRE))
         return 0;
     int saved = errno, served = 0, err = 0, i = walk_file(name);
+    if (i == NS_WALK)
+        i = -1; // the directory `ns`, not a walk's file
     struct walk *w = walk_of(i >= 0 ? (size_t)i : 0);
     const struct rec *r = w ? find(w, gpid) : NULL;
     if (r && i < 0) {
@@ -430,12 +472,10 @@ int shim_walk_stat(const char *path, struct stat *st, int follow) {
     if (!__atomic_load_n(&listed, __ATOMIC_RELAXED))
         return 0;
     uint64_t gpid;
-    const char *name = parse(path, &gpid);
-    int ns = 0;
+    const char *name = parse(path, &gpid), *ns = NULL;
     if (!name) {
-        if (!follow || !parse_ns(path, &gpid))
+        if (!follow || !(ns = parse_ns(path, &gpid)))
             return 0;
-        ns = 1;
     } else if (*name) {
         return 0;
     }
@@ -446,15 +486,15 @@ int shim_walk_stat(const char *path, struct stat *st, int follow) {
     const struct rec *r = w && proc_dev ? find(w, gpid) : NULL;
     // Not the cluster's init (gpid 1), which has no `ns` in the view.
     if (r && ns && gpid >= SPAN) {
-        // The file system user id, by which the view's server knows the reader (an invalid
-        // id changes nothing and returns the current one).
-        long me = shim_raw(SYS_setfsuid, -1, 0, 0, 0);
-        if (me == 0) {
+        // The targets, read as the view's server knows the reader (by its file system user
+        // id): the kernel's EACCES where the reader may not follow the process's links.
+        struct walk *nw = walk_of(NS_WALK);
+        const struct rec *n = nw ? find(nw, gpid) : NULL;
+        if (n && n->err) {
             served = -1;
-            saved = ENOENT;
-        } else if ((uint32_t)me != r->uid) {
-            served = -1;
-            saved = EACCES;
+            saved = (int)n->err;
+        } else if (n && ns_stat(n, ns, st)) {
+            served = 1;
         }
     } else if (r && !ns) {
         struct timespec now;

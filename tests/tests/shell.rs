@@ -470,8 +470,12 @@ def look():
     for ns in ["cgroup", "pid", "nosuch"]:
         for follow in [True, False]:
             try:
-                st = os.stat("/proc/%d/ns/%s" % (g, ns), follow_symlinks=follow)
+                path = "/proc/%d/ns/%s" % (g, ns)
+                st = os.stat(path, follow_symlinks=follow)
                 r = ["ok", st.st_mode & 0o170000]
+                if follow:
+                    # The namespace's own number, as the link reads it ("pid:[N]").
+                    r.append(st.st_ino == int(os.readlink(path).split("[")[1][:-1]))
             except OSError as e:
                 r = ["err", e.errno]
             out["ns/%s %s" % (ns, follow)] = r
@@ -553,9 +557,10 @@ PY"#
         assert_eq!(mount["dir"][1], g << 24, "the view's inode for /proc/{g}");
         assert_eq!(mount["missing"], libc::ENOENT);
         assert_eq!(walk["missing"], libc::ENOENT);
-        // The namespace links answer as through the mount: root can not follow them
-        // (ENOENT), another user may not (EACCES); lstat sees the links; a name that is
-        // no namespace is not there.
+        // The namespace links answer as through the mount: root follows them to the
+        // namespace (a regular file numbered as the namespace, as the kernel gives it),
+        // another user may not (EACCES); lstat sees the links; a name that is no
+        // namespace is not there.
         for ns in ["cgroup", "pid", "nosuch"] {
             for follow in [true, false] {
                 let k = format!("ns/{ns} {}", if follow { "True" } else { "False" });
@@ -564,7 +569,7 @@ PY"#
                     // Not a namespace (the walk leaves it to the view): not there, as
                     // the kernel says to anyone.
                     (_, _, "nosuch") => serde_json::json!(["err", libc::ENOENT]),
-                    (None, true, _) => serde_json::json!(["err", libc::ENOENT]),
+                    (None, true, _) => serde_json::json!(["ok", libc::S_IFREG, true]),
                     (_, false, _) => serde_json::json!(["ok", libc::S_IFLNK]),
                     (Some(_), true, _) => serde_json::json!(["err", libc::EACCES]),
                 };

@@ -729,12 +729,6 @@ fn check_path(path: &str) -> Result<Vec<&str>> {
     Ok(parts)
 }
 
-/// Whether `parts` is a directory of a process's descriptors (`fd`, `task/TID/fd`), whose
-/// links the kernel follows to what the descriptor has open.
-pub fn is_fd_dir(parts: &[&str]) -> bool {
-    matches!(parts, ["fd"] | ["task", _, "fd"])
-}
-
 /// The attributes stat() gave, for the asker; `name`: the link followed.
 // `st_nlink` and `st_blksize` are of other types on other architectures (u32, i32 on arm64).
 #[allow(clippy::useless_conversion)]
@@ -882,42 +876,43 @@ impl Node {
         Ok(is_link)
     }
 
-    /// What stat() following a link of the descriptor directory `rel` gives, of the first
-    /// link (by number, `hint` tried before the others) whose target reads `link`: the
-    /// pipe, socket or anonymous inode a descriptor has open (every descriptor on one pipe
-    /// leads to the same inode). Read as the reader, so the kernel's own check decides
-    /// whether the reader may follow the process's links. `NotFound` when no descriptor
-    /// has that target (any more).
+    /// What stat() following a link of the directory `rel` (of descriptors or namespaces)
+    /// gives, of the first link (`hint` tried before the others, then descriptors by
+    /// number, namespaces by name) whose target reads `link`: the pipe, socket, anonymous
+    /// inode or namespace it leads to (every descriptor on one pipe leads to the same
+    /// inode). Read as the reader, so the kernel's own check decides whether the reader may
+    /// follow the process's links. `NotFound` when no link has that target (any more).
     fn stat_link(&self, rel: &str, link: &str, hint: &str) -> Result<pb::LinkStat> {
-        let hint = hint.parse::<u64>().ok();
-        if let Some(n) = hint {
-            if let Some(st) = self.follow_if(rel, n, link)? {
+        if !hint.is_empty() {
+            if let Some(st) = self.follow_if(rel, hint, link)? {
                 return Ok(st);
             }
         }
-        let mut fds: Vec<u64> = self
+        let mut names: Vec<String> = self
             .view
             .list_entry(rel)
             .map_err(|e| io_err(e, rel))?
-            .iter()
-            .filter_map(|n| n.parse::<u64>().ok())
-            .filter(|n| Some(*n) != hint)
+            .into_iter()
+            .filter(|n| n != hint)
             .collect();
-        fds.sort_unstable();
-        for n in fds {
-            if let Some(st) = self.follow_if(rel, n, link)? {
+        names.sort_unstable_by_key(|n| (n.parse::<u64>().unwrap_or(u64::MAX), n.clone()));
+        for n in names {
+            if let Some(st) = self.follow_if(rel, &n, link)? {
                 return Ok(st);
             }
         }
         Err(Error::NotFound(format!(
-            "no such file: /proc/{rel}/{link} (no descriptor links there)"
+            "no such file: /proc/{rel}/{link} (no link there leads to it)"
         )))
     }
 
-    /// [`Node::stat_link`] of descriptor `n` if its link reads `link`; `None` if it does
-    /// not, or is closed (meanwhile).
-    fn follow_if(&self, rel: &str, n: u64, link: &str) -> Result<Option<pb::LinkStat>> {
-        let path = format!("{rel}/{n}");
+    /// [`Node::stat_link`] of the link `name` if it reads `link`; `None` if it does not,
+    /// or is gone (a descriptor closed meanwhile).
+    fn follow_if(&self, rel: &str, name: &str, link: &str) -> Result<Option<pb::LinkStat>> {
+        if name.is_empty() || name.contains('/') || name == "." || name == ".." {
+            return Ok(None);
+        }
+        let path = format!("{rel}/{name}");
         let closed = |e: &std::io::Error| e.raw_os_error() == Some(libc::ENOENT);
         match self.view.readlink_entry(&path) {
             Ok(t) if t == link.as_bytes() => {}
@@ -926,7 +921,7 @@ impl Node {
             Err(e) => return Err(io_err(e, &path)),
         }
         match self.view.stat_link_to(&path, link.as_bytes()) {
-            Ok(st) => Ok(st.map(|st| link_stat(&st, n.to_string()))),
+            Ok(st) => Ok(st.map(|st| link_stat(&st, name.to_string()))),
             Err(e) if closed(&e) => Ok(None),
             Err(e) => Err(io_err(e, &path)),
         }
@@ -1007,6 +1002,30 @@ impl Node {
             _ => parts.last().copied().unwrap_or(""),
         };
         Ok(self.rewrite(pid, file, data, shepherds))
+    }
+
+    /// The targets of the namespace links of process `pid` (`ns/*`), a line `NAME TARGET`
+    /// each, by name: what a snapshot's file `ns` holds, so that a walk (a `clan shell`'s
+    /// pstree) answers a `stat` that follows them without a round trip each. Read as the
+    /// reader: EACCES where the kernel refuses the reader the listing or a link.
+    fn ns_links(&self, reader: &Reader, pid: u32) -> Result<Vec<u8>> {
+        let rel = self.local_path(pid, &["ns"])?;
+        self.check_read(reader, pid, &["ns"], &rel)?;
+        let mut names = self.view.list_entry(&rel).map_err(|e| io_err(e, &rel))?;
+        names.sort_unstable();
+        let mut out = Vec::with_capacity(names.len() * 32);
+        for n in names {
+            let path = format!("{rel}/{n}");
+            let target = self
+                .view
+                .readlink_entry(&path)
+                .map_err(|e| io_err(e, &path))?;
+            out.extend_from_slice(n.as_bytes());
+            out.push(b' ');
+            out.extend_from_slice(&target);
+            out.push(b'\n');
+        }
+        Ok(out)
     }
 
     /// The start time of process `pid`, read after an answer about it was made: when it
@@ -1147,7 +1166,11 @@ impl Node {
                     };
                     for f in &req.files {
                         let parts: Vec<&str> = f.split('/').collect();
-                        let file = proc_file(f, self.read_one(&reader, pid, &parts, &cache));
+                        let read = match parts[..] {
+                            ["ns"] => self.ns_links(&reader, pid),
+                            _ => self.read_one(&reader, pid, &parts, &cache),
+                        };
+                        let file = proc_file(f, read);
                         let size = file.data.len() + 64;
                         if size <= budget {
                             budget -= size;
@@ -1182,21 +1205,13 @@ impl Node {
             }
             P::ProcStatLink => {
                 let parts = check_path(&req.path)?;
-                if !is_fd_dir(&parts) {
-                    return Err(Error::Invalid(format!(
-                        "{:?} is not a directory of descriptors (fd, task/TID/fd)",
-                        req.path
-                    )));
-                }
                 // Only what has no path to follow: a descriptor's link to a file is not
                 // followed (into a file system that may hang: NFS, another FUSE mount).
-                if !["pipe:[", "socket:[", "anon_inode:"]
-                    .iter()
-                    .any(|p| req.link.starts_with(p))
-                {
+                if !clan_proto::followed_link(&req.path, &req.link) {
                     return Err(Error::Invalid(format!(
-                        "{:?} is not a pipe, socket or anonymous inode",
-                        req.link
+                        "{:?} is not a pipe, socket, anonymous inode or namespace that a \
+                         link of {:?} (fd, ns, task/TID/fd, task/TID/ns) reads",
+                        req.link, req.path
                     )));
                 }
                 let pid = self.proc_pid(req.gpid)?;
@@ -1704,22 +1719,6 @@ NSsid:\t7\t1\nThreads:\t1\n";
         assert_eq!(ci.matches("processor").count(), 3);
         assert!(ci.contains("processor\t: 2\nmodel name\t: Y\n"), "{ci}");
         assert!(merge("nope", &[]).is_err());
-    }
-
-    #[test]
-    fn descriptor_directories_are_fd_and_a_threads_fd() {
-        assert!(is_fd_dir(&["fd"]));
-        assert!(is_fd_dir(&["task", "20000006", "fd"]));
-        for no in [
-            &[][..],
-            &["fdinfo"],
-            &["task"],
-            &["task", "fd"],
-            &["fd", "3"],
-            &["ns"],
-        ] {
-            assert!(!is_fd_dir(no), "{no:?}");
-        }
     }
 
     #[test]

@@ -20,7 +20,7 @@ use crate::pass;
 use crate::source::{Failure, Source};
 use crate::walk;
 use clan_core::{Gpid, CLUSTER_INIT, GPID_SPAN};
-use clan_proto::pb;
+use clan_proto::{followed_link, pb};
 use fuser::{FileAttr, FileType, INodeNo};
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -250,21 +250,11 @@ fn is_fd_dir(dir: &str) -> bool {
     matches!(parts[..], ["fd"] | ["task", _, "fd"])
 }
 
-/// Whether `name`, looked up in a descriptor directory, is what a link there reads rather
-/// than a descriptor: the kernel follows a link to a pipe, socket or anonymous inode
-/// (`pipe:[123]`, `socket:[456]`, `anon_inode:[eventfd]`) as a name relative to the link's
-/// directory, while the directory's own names are numbers.
-fn is_link_target(name: &str) -> bool {
-    ["pipe:[", "socket:[", "anon_inode:"]
-        .iter()
-        .any(|p| name.starts_with(p))
-}
-
 /// The directory and the name of `path` (inside a process directory) when it is what a
-/// descriptor's link reads ([`is_link_target`]).
+/// descriptor's or a namespace's link reads ([`clan_proto::followed_link`]).
 fn link_target_of(path: &str) -> Option<(&str, &str)> {
     let (dir, name) = path.rsplit_once('/')?;
-    (is_fd_dir(dir) && is_link_target(name)).then_some((dir, name))
+    followed_link(dir, name).then_some((dir, name))
 }
 
 /// A time of a node's stat() as the kernel's FUSE takes it (never a panic on what a node
@@ -368,9 +358,7 @@ impl<S: Source> View<S> {
         match self.node(parent) {
             Ok(Node::Root) if name.to_str().is_some_and(is_number) => Duration::ZERO,
             Ok(Node::Proc(_)) => PROC_NAMES_TTL,
-            Ok(Node::ProcPath(_, dir))
-                if is_fd_dir(&dir) && name.to_str().is_some_and(is_link_target) =>
-            {
+            Ok(Node::ProcPath(_, dir)) if name.to_str().is_some_and(|n| followed_link(&dir, n)) => {
                 Duration::ZERO
             }
             _ => self.opts.ttl,
@@ -672,7 +660,7 @@ impl<S: Source> View<S> {
                 return Ok(known);
             }
         }
-        if is_fd_dir(dir) && is_link_target(name) {
+        if followed_link(dir, name) {
             let st = self.link_stat(who, gpid, start, dir, name).await?;
             let ino = self.ino(&Node::ProcPath(gpid, path))?;
             return Ok(Some(link_attr(ino, &st)));
@@ -1336,7 +1324,7 @@ impl<S: Source> View<S> {
                 // The kernel follows a link to a pipe by looking its target up next to it.
                 if let Some((dir, fd)) = p.rsplit_once('/') {
                     let name = std::str::from_utf8(&target).unwrap_or("");
-                    if is_fd_dir(dir) && is_link_target(name) {
+                    if followed_link(dir, name) {
                         self.hint_link((g, dir.to_string(), target.clone()), fd.to_string());
                     }
                 }
@@ -1886,8 +1874,8 @@ mod tests {
         let s = setup();
         assert_eq!(
             walk::FILES.to_vec(),
-            [SNAPSHOT_FILES.as_slice(), BATCH_FILES.as_slice()].concat(),
-            "a walk carries the snapshot's files and the batched ones"
+            [SNAPSHOT_FILES.as_slice(), BATCH_FILES.as_slice(), &["ns"]].concat(),
+            "a walk carries the snapshot's files, the batched ones and the namespace links"
         );
         let root = names(&s.view.readdir(&ME, crate::inode::ROOT).await.unwrap());
         assert!(!root.contains(&walk::DIR.to_string()), "hidden: {root:?}");

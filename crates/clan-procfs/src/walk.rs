@@ -23,8 +23,12 @@ pub const MAGIC: &[u8; 8] = b"clanwlk1";
 /// The hidden directory of the view's root that holds the walk files (not listed).
 pub const DIR: &str = ".clan-walk";
 
-/// The files a walk can carry: the snapshot's, then the ones fetched per walk.
-pub const FILES: [&str; 6] = ["stat", "status", "cmdline", "statm", "environ", "cgroup"];
+/// The files a walk can carry: the snapshot's, then the ones fetched per walk. `ns` is no
+/// file of /proc: the targets of a process's namespace links, a line `NAME TARGET` each,
+/// for the `stat(2)`s that follow them (pstree makes eight per process).
+pub const FILES: [&str; 7] = [
+    "stat", "status", "cmdline", "statm", "environ", "cgroup", "ns",
+];
 
 /// Bytes before each record's contents.
 const HEADER: usize = 8 + 4 + 4 + 4 + 4;

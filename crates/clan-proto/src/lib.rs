@@ -38,3 +38,51 @@ pub const MAX_FRAME: usize = 16 << 20;
 pub const MAX_LOCAL_FRAME: usize = window::WINDOW + (64 << 10);
 
 pub use frame::{read_frame, read_frame_sync, write_frame, write_frame_sync, FrameError};
+
+/// Whether `name`, looked up in the directory `dir` of a process's /proc (`fd`, `ns`,
+/// `task/TID/fd`, `task/TID/ns`), is what one of its links reads rather than one of its
+/// own names: the kernel follows a link to a pipe, socket, anonymous inode or namespace
+/// (`pipe:[123]`, `socket:[456]`, `anon_inode:[eventfd]`, `net:[4026531840]`) by looking
+/// its target up as a name next to it. These are the targets `PROC_STAT_LINK` follows;
+/// a descriptor's link to a file is not among them (a path, followed by the kernel).
+pub fn followed_link(dir: &str, name: &str) -> bool {
+    let parts: Vec<&str> = dir.split('/').collect();
+    match parts[..] {
+        ["fd"] | ["task", _, "fd"] => ["pipe:[", "socket:[", "anon_inode:"]
+            .iter()
+            .any(|p| name.starts_with(p)),
+        ["ns"] | ["task", _, "ns"] => name
+            .strip_suffix(']')
+            .and_then(|n| n.split_once(":["))
+            .is_some_and(|(kind, id)| {
+                !kind.is_empty()
+                    && kind.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')
+                    && !id.is_empty()
+                    && id.bytes().all(|b| b.is_ascii_digit())
+            }),
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::followed_link;
+
+    #[test]
+    fn followed_links_are_the_targets_of_descriptors_and_namespaces() {
+        assert!(followed_link("fd", "pipe:[123]"));
+        assert!(followed_link("task/7/fd", "anon_inode:[eventfd]"));
+        assert!(followed_link("ns", "net:[4026531840]"));
+        assert!(followed_link("task/7/ns", "pid_for_children:[4026531836]"));
+        assert!(!followed_link("ns", "net"));
+        assert!(!followed_link("ns", "net:[]"));
+        assert!(!followed_link("ns", "net:[12a]"));
+        assert!(!followed_link("ns", "pipe:[1"));
+        assert!(!followed_link("ns", ":[1]"));
+        assert!(!followed_link("fd", "net:[4026531840]"));
+        assert!(!followed_link("fd", "3"));
+        assert!(!followed_link("ns", "pipe:[123]/x"));
+        assert!(!followed_link("fdinfo", "pipe:[123]"));
+        assert!(!followed_link("", "pipe:[123]"));
+    }
+}
