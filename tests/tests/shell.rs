@@ -425,6 +425,60 @@ fn sigqueue_carries_its_value_across_nodes() {
     );
 }
 
+/// A user follows the namespace links of their own process on another node, through the
+/// mount and through a walk (after a listing): the namespace's number, as the kernel's
+/// stat gives it on that node; root does too, and another user may not (EACCES, the
+/// kernel's ptrace check made on that node as the reader).
+#[test]
+fn a_user_follows_the_namespace_links_of_their_own_processes() {
+    root_or_skip!("a_user_follows_the_namespace_links_of_their_own_processes");
+    let c = Cluster::up(2);
+    let user = test_user("clanshellns");
+    let other = test_user("clanshellns2");
+    let o = as_uid(user, "clan")
+        .args(["run", "-d", "--node", "2", "--", "sleep", "8403"])
+        .env("CLAN_DIR", &c.dir)
+        .env_remove("CLAN_NODE")
+        .output()
+        .expect("clan run -d");
+    assert!(o.status.success(), "{}", text(&o));
+    let g: u64 = String::from_utf8_lossy(&o.stdout)
+        .trim()
+        .parse()
+        .expect("a gpid");
+    // Node 2's pid namespace: its init's, pid 1 there, as the kernel numbers it.
+    let init = std::fs::read_to_string(c.node_dir(2).join("init.pid")).expect("init.pid");
+    let native: u64 = std::fs::metadata(format!("/proc/{}/ns/pid", init.trim()))
+        .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
+        .expect("the native namespace");
+    let script = format!(
+        r#"python3 - <<'PY'
+import json, os
+def look():
+    try:
+        st = os.stat("/proc/{g}/ns/pid")
+        return [st.st_ino, st.st_mode & 0o170000]
+    except OSError as e:
+        return e.errno
+mount = look()
+os.listdir("/proc")
+print(json.dumps([mount, look()]))
+PY"#
+    );
+    for (who, want) in [
+        (Some(user), serde_json::json!([native, libc::S_IFREG])),
+        (None, serde_json::json!([native, libc::S_IFREG])),
+        (Some(other), serde_json::json!(libc::EACCES)),
+    ] {
+        let o = shell(&c, 1, who, &script);
+        assert!(o.status.success(), "{}", text(&o));
+        let v: serde_json::Value =
+            serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&o)));
+        assert_eq!(v[0], want, "through the mount, as {who:?}");
+        assert_eq!(v[1], want, "through a walk, as {who:?}");
+    }
+}
+
 /// What a process of a clan shell reads of every process after listing /proc (a walk:
 /// one read of `/proc/.clan-walk/FILE` for every process, served from memory by the
 /// preloaded library) is what the mount gives it file by file: the same bytes, the same
