@@ -1,7 +1,7 @@
 #!/bin/bash
 # usage: bench.sh RUNS N   -- alternates mode a/b, 3 placements, fresh server per measurement
-cd /tmp/furing
-RUNS=${1:-3}; N=${2:-20000}; M=/tmp/furing/mnt
+cd "$(dirname "$0")"
+RUNS=${1:-3}; N=${2:-20000}; M=$PWD/mnt; mkdir -p $M
 orig=$(cat /sys/module/fuse/parameters/enable_uring)
 cleanup() { umount -l $M 2>/dev/null; [ -n "$SP" ] && kill $SP 2>/dev/null; wait $SP 2>/dev/null; SP=; }
 trap 'cleanup; echo $orig > /sys/module/fuse/parameters/enable_uring' EXIT
