@@ -289,6 +289,22 @@ static const char *parse_ns(const char *path, uint64_t *gpid) {
     return NULL;
 }
 
+// What the view's stat(2) gives of one of its files: on the view's device, timed now.
+static void view_stat(struct stat *st, uint64_t ino, mode_t mode, nlink_t nlink, uid_t uid,
+                      gid_t gid) {
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    memset(st, 0, sizeof *st);
+    st->st_dev = proc_dev;
+    st->st_ino = (ino_t)ino;
+    st->st_mode = mode;
+    st->st_nlink = nlink;
+    st->st_uid = uid;
+    st->st_gid = gid;
+    st->st_blksize = 4096;
+    st->st_atim = st->st_mtim = st->st_ctim = now;
+}
+
 // What stat(2) following the namespace link `name` gives, from a record of the `ns` walk
 // ("NAME TARGET" lines, TARGET as "net:[4026531840]"), as the view answers it: a regular
 // file of root, read-only, numbered as the namespace, on the view's device. 0 if the
@@ -308,15 +324,7 @@ static int ns_stat(const struct rec *r, const char *name, struct stat *st) {
                 ino = ino * 10 + (uint64_t)(*d - '0');
             if (d != eol - 1 || d == br + 1)
                 return 0;
-            struct timespec now;
-            clock_gettime(CLOCK_REALTIME, &now);
-            memset(st, 0, sizeof *st);
-            st->st_dev = proc_dev;
-            st->st_ino = (ino_t)ino;
-            st->st_mode = S_IFREG | 0444;
-            st->st_nlink = 1;
-            st->st_blksize = 4096;
-            st->st_atim = st->st_mtim = st->st_ctim = now;
+            view_stat(st, ino, S_IFREG | 0444, 1, 0, 0);
             return 1;
         }
         p = eol + 1;
@@ -497,17 +505,7 @@ int shim_walk_stat(const char *path, struct stat *st, int follow) {
             served = 1;
         }
     } else if (r && !ns) {
-        struct timespec now;
-        clock_gettime(CLOCK_REALTIME, &now);
-        memset(st, 0, sizeof *st);
-        st->st_dev = proc_dev;
-        st->st_ino = (ino_t)(gpid << 24);
-        st->st_mode = S_IFDIR | 0555;
-        st->st_nlink = 2;
-        st->st_uid = r->uid;
-        st->st_gid = r->gid;
-        st->st_blksize = 4096;
-        st->st_atim = st->st_mtim = st->st_ctim = now;
+        view_stat(st, gpid << 24, S_IFDIR | 0555, 2, r->uid, r->gid);
         served = 1;
     }
     __atomic_clear(&busy, __ATOMIC_RELEASE);

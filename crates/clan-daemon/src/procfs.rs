@@ -895,7 +895,8 @@ impl Node {
             .into_iter()
             .filter(|n| n != hint)
             .collect();
-        names.sort_unstable_by_key(|n| (n.parse::<u64>().unwrap_or(u64::MAX), n.clone()));
+        let number = |n: &str| n.parse::<u64>().unwrap_or(u64::MAX);
+        names.sort_unstable_by(|a, b| number(a).cmp(&number(b)).then_with(|| a.cmp(b)));
         for n in names {
             if let Some(st) = self.follow_if(rel, &n, link)? {
                 return Ok(st);

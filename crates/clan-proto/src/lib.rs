@@ -46,12 +46,19 @@ pub use frame::{read_frame, read_frame_sync, write_frame, write_frame_sync, Fram
 /// its target up as a name next to it. These are the targets `PROC_STAT_LINK` follows;
 /// a descriptor's link to a file is not among them (a path, followed by the kernel).
 pub fn followed_link(dir: &str, name: &str) -> bool {
-    let parts: Vec<&str> = dir.split('/').collect();
-    match parts[..] {
-        ["fd"] | ["task", _, "fd"] => ["pipe:[", "socket:[", "anon_inode:"]
+    // `fd`, `ns`, or the same under `task/TID/` (no allocation: a lookup's path).
+    let last = match dir.rsplit_once('/') {
+        None => dir,
+        Some((pre, last)) => match pre.strip_prefix("task/") {
+            Some(tid) if !tid.contains('/') => last,
+            _ => return false,
+        },
+    };
+    match last {
+        "fd" => ["pipe:[", "socket:[", "anon_inode:"]
             .iter()
             .any(|p| name.starts_with(p)),
-        ["ns"] | ["task", _, "ns"] => name
+        "ns" => name
             .strip_suffix(']')
             .and_then(|n| n.split_once(":["))
             .is_some_and(|(kind, id)| {
@@ -84,5 +91,8 @@ mod tests {
         assert!(!followed_link("ns", "pipe:[123]/x"));
         assert!(!followed_link("fdinfo", "pipe:[123]"));
         assert!(!followed_link("", "pipe:[123]"));
+        assert!(!followed_link("task/fd", "pipe:[123]"));
+        assert!(!followed_link("task/7/8/fd", "pipe:[123]"));
+        assert!(!followed_link("x/7/fd", "pipe:[123]"));
     }
 }
