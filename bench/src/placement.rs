@@ -59,22 +59,18 @@ fn online_cpus() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
-/// Processes and threads whose CPU affinity was set: every CPU again when dropped.
+/// Threads whose CPU affinity was set, with what it was: given back when dropped (a
+/// server's threads pinned to their CPUs stay so).
 #[derive(Default)]
 pub struct Pins {
-    processes: Vec<i32>,
-    threads: Vec<i32>,
+    threads: Vec<(i32, Option<CpuSet>)>,
 }
 
 impl Pins {
-    /// Every thread of process `pid` (and those it makes later) on `cpu`.
+    /// Every thread of process `pid` on `cpu`.
     pub fn process(&mut self, pid: i32, cpu: usize) {
-        let mut set = CpuSet::new();
-        if set.set(cpu).is_ok() {
-            for tid in tasks(pid) {
-                let _ = sched_setaffinity(Pid::from_raw(tid), &set);
-            }
-            self.processes.push(pid);
+        for tid in tasks(pid) {
+            self.thread(tid, cpu);
         }
     }
 
@@ -82,8 +78,10 @@ impl Pins {
     pub fn thread(&mut self, tid: i32, cpu: usize) {
         let mut set = CpuSet::new();
         if set.set(cpu).is_ok() {
-            let _ = sched_setaffinity(Pid::from_raw(tid), &set);
-            self.threads.push(tid);
+            let was = nix::sched::sched_getaffinity(Pid::from_raw(tid)).ok();
+            if sched_setaffinity(Pid::from_raw(tid), &set).is_ok() {
+                self.threads.push((tid, was));
+            }
         }
     }
 
@@ -102,11 +100,19 @@ impl Drop for Pins {
         for cpu in 0..CpuSet::count() {
             let _ = all.set(cpu);
         }
-        let tids = self.processes.iter().flat_map(|&p| tasks(p));
-        for tid in tids.chain(self.threads.iter().copied()) {
-            let _ = sched_setaffinity(Pid::from_raw(tid), &all);
+        for (tid, was) in self.threads.drain(..).rev() {
+            let _ = sched_setaffinity(Pid::from_raw(tid), &was.unwrap_or(all));
         }
     }
+}
+
+/// The names (`comm`) of the threads of process `pid` now.
+pub fn thread_names(pid: i32) -> Vec<String> {
+    tasks(pid)
+        .into_iter()
+        .filter_map(|t| std::fs::read_to_string(format!("/proc/{pid}/task/{t}/comm")).ok())
+        .map(|n| n.trim().to_string())
+        .collect()
 }
 
 /// The threads of process `pid` now (none once it is gone).
@@ -170,7 +176,15 @@ mod tests {
             pins.thread(tid, 1);
             assert_eq!(cpus_of(tid), vec![1]);
         }
-        assert!(cpus_of(tid).len() >= before.len(), "{:?}", cpus_of(tid));
+        // Given back as it was (a thread its program pinned stays pinned).
+        assert_eq!(cpus_of(tid), before);
+        {
+            let mut pins = Pins::default();
+            pins.thread(tid, 1);
+            pins.thread(tid, 0);
+            assert_eq!(cpus_of(tid), vec![0]);
+        }
+        assert_eq!(cpus_of(tid), before);
         let _ = done.send(());
         t.join().expect("join");
     }

@@ -35,18 +35,19 @@ pub fn status_read(c: &Cluster, r: &mut Report, n: usize) {
     let near = c.spawn(1, &["sleep", "3700"]).expect("a process on node 1");
     let host = c.host_pid(target).expect("its host pid");
     let native = PathBuf::from(format!("/proc/{host}/status"));
+    // The view served on /dev/fuse, and (where the kernel has it) over io_uring.
     let mnt = c.dir.join("bench-proc");
-    std::fs::create_dir_all(&mnt).expect("mount point");
-    let st = c
-        .cmd()
-        .args(["proc", "mount"])
-        .arg(&mnt)
-        .stdout(Stdio::null())
-        .status()
-        .expect("clan proc mount");
-    assert!(st.success(), "clan proc mount failed");
+    mount_view(c, &mnt, false);
     let file = mnt.join(format!("{target}/status"));
     read_whole(&file);
+    let ring_mnt = c.dir.join("bench-proc-uring");
+    let ring_file = mount_view(c, &ring_mnt, true)
+        .then(|| {
+            let f = ring_mnt.join(format!("{target}/status"));
+            read_whole(&f);
+            f
+        })
+        .filter(|_| served_over_io_uring(&ring_mnt));
     let client = c.client(1);
     let rt = crate::clan::rt1();
     let req = pb::ProcRequest {
@@ -67,7 +68,11 @@ pub fn status_read(c: &Cluster, r: &mut Report, n: usize) {
     let mut tcp_procs = baselines::TcpPair::with_process();
     let relayed = c.client(1).without_links();
     rt.block_on(relayed.proc(req.clone())).expect("proc read");
-    let mount_daemons = placement::processes_of("clan-procfs", mnt.to_str().expect("utf-8"));
+    let mut mount_daemons = placement::processes_of("clan-procfs", mnt.to_str().expect("utf-8"));
+    mount_daemons.extend(placement::processes_of(
+        "clan-procfs",
+        ring_mnt.to_str().expect("utf-8"),
+    ));
     for place in Placement::all() {
         let mut pins = Pins::default();
         if let Some((near_cpu, far_cpu)) = place.sides() {
@@ -94,6 +99,7 @@ pub fn status_read(c: &Cluster, r: &mut Report, n: usize) {
             Samples,
             Samples,
         ) = Default::default();
+        let mut through_ring = Samples::default();
         let per = n.div_ceil(TURNS);
         for _ in 0..TURNS {
             tcp.sample(per, &mut rtt);
@@ -120,6 +126,9 @@ pub fn status_read(c: &Cluster, r: &mut Report, n: usize) {
                 }
             });
             nat_block(per, &file, &mut through);
+            if let Some(f) = &ring_file {
+                nat_block(per, f, &mut through_ring);
+            }
         }
         drop(pins);
         let g = &format!("{g} ({})", place.label());
@@ -158,17 +167,77 @@ pub fn status_read(c: &Cluster, r: &mut Report, n: usize) {
             &through,
             Some(native_name),
         );
+        if ring_file.is_some() {
+            r.latency(
+                g,
+                "through the mount over io_uring (node 1)",
+                &through_ring,
+                Some(native_name),
+            );
+        }
     }
     drop(tcp);
     drop(tcp_procs);
-    let _ = c
-        .cmd()
-        .args(["proc", "umount"])
-        .arg(&mnt)
-        .stdout(Stdio::null())
-        .status();
+    for m in [&mnt, &ring_mnt] {
+        let _ = c
+            .cmd()
+            .args(["proc", "umount"])
+            .arg(m)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
     c.kill_and_wait(target, false);
     c.kill_and_wait(near, false);
+}
+
+/// The kernel's switch for FUSE over io_uring (Linux 6.14 and later).
+const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
+
+/// Mounts the cluster /proc at `mnt`, served on /dev/fuse or, with `ring`, over io_uring:
+/// the kernel's switch is turned on for the mount's handshake (the only moment it is
+/// read) and given back as it was. False (with a line saying why) when the kernel has no
+/// FUSE over io_uring.
+fn mount_view(c: &Cluster, mnt: &Path, ring: bool) -> bool {
+    std::fs::create_dir_all(mnt).expect("mount point");
+    let was = std::fs::read_to_string(ENABLE_URING).ok();
+    if ring {
+        if was.is_none() {
+            println!("  (no FUSE over io_uring in this kernel: {ENABLE_URING} is missing)");
+            return false;
+        }
+        if let Err(e) = std::fs::write(ENABLE_URING, "Y") {
+            println!("  (FUSE over io_uring not measured: {ENABLE_URING}: {e})");
+            return false;
+        }
+    }
+    let st = c
+        .cmd()
+        .args(["proc", "mount"])
+        .arg(mnt)
+        .env("CLAN_PROC_URING_THREADS", if ring { "2" } else { "0" })
+        .stdout(Stdio::null())
+        .status()
+        .expect("clan proc mount");
+    if ring {
+        let _ = std::fs::write(ENABLE_URING, was.as_deref().unwrap_or("N").trim());
+    }
+    assert!(st.success(), "clan proc mount failed");
+    true
+}
+
+/// Whether the view at `mnt` serves over io_uring: its rings' threads are there (once a
+/// read came back: the kernel holds every request until each queue has an entry).
+fn served_over_io_uring(mnt: &Path) -> bool {
+    let rings = placement::processes_of("clan-procfs", mnt.to_str().expect("utf-8"))
+        .into_iter()
+        .flat_map(placement::thread_names)
+        .filter(|n| n.starts_with("fuser-ring"))
+        .count();
+    if rings == 0 {
+        println!("  (the kernel did not offer FUSE over io_uring to the view: not measured)");
+    }
+    rings > 0
 }
 
 /// `n` whole reads of `path`, timed into `s`.

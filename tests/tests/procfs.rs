@@ -1946,3 +1946,145 @@ fn stat_follows_a_descriptors_link_to_its_pipe_or_socket() {
     c.clan_ok(&["kill", "-s", "KILL", &own.to_string()]);
     c.clan_ok(&["kill", "-s", "KILL", &g.to_string()]);
 }
+
+/// The kernel's switch for FUSE over io_uring (Linux 6.14 and later).
+const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
+
+/// The kernel's FUSE over io_uring switched on while this lives, then given back as it
+/// was (also when the test panicked).
+struct UringOn(String);
+
+impl UringOn {
+    fn new() -> UringOn {
+        let was = std::fs::read_to_string(ENABLE_URING).expect("the switch");
+        std::fs::write(ENABLE_URING, "Y").expect("switch FUSE over io_uring on");
+        UringOn(was.trim().to_string())
+    }
+}
+
+impl Drop for UringOn {
+    fn drop(&mut self) {
+        let _ = std::fs::write(ENABLE_URING, &self.0);
+    }
+}
+
+/// Voluntary context switches of each of `pid`'s threads whose name starts with
+/// `prefix`, by name (`fuser-ring-Q` for queue Q).
+fn switches_of_threads(pid: i32, prefix: &str) -> Vec<(String, u64)> {
+    let mut out = Vec::new();
+    for t in std::fs::read_dir(format!("/proc/{pid}/task")).expect("the server's threads") {
+        let t = t.expect("a thread").path();
+        let name = std::fs::read_to_string(t.join("comm")).unwrap_or_default();
+        let name = name.trim();
+        if !name.starts_with(prefix) {
+            continue;
+        }
+        let status = std::fs::read_to_string(t.join("status")).unwrap_or_default();
+        let n = status_field(&status, "voluntary_ctxt_switches")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        out.push((name.to_string(), n));
+    }
+    out.sort();
+    out
+}
+
+/// Per queue (thread name), the switches of its threads added up.
+fn per_queue(threads: &[(String, u64)]) -> std::collections::BTreeMap<String, u64> {
+    let mut m = std::collections::BTreeMap::new();
+    for (name, n) in threads {
+        *m.entry(name.clone()).or_insert(0) += n;
+    }
+    m
+}
+
+/// With the kernel's FUSE over io_uring on, the view is served over it: a ring thread per
+/// CPU and queue (two each), each CPU's readers served by its own queue's threads, reads
+/// the same as on /dev/fuse; the switch back off does not stop a mount that took it, and
+/// the server ends at its unmount.
+#[test]
+fn the_view_serves_over_io_uring_when_the_kernel_offers_it() {
+    root_or_skip!("the_view_serves_over_io_uring_when_the_kernel_offers_it");
+    if !Path::new(ENABLE_URING).exists() {
+        eprintln!(
+            "skipped the_view_serves_over_io_uring_when_the_kernel_offers_it: \
+             this kernel has no FUSE over io_uring ({ENABLE_URING} is missing)"
+        );
+        return;
+    }
+    let c = Cluster::up(3);
+    let g = c.spawn(2, &["sleep", "600"]);
+    let m = {
+        let _on = UringOn::new();
+        Mounted::new(&c)
+    };
+    let possible = std::fs::read_to_string("/sys/devices/system/cpu/possible").unwrap();
+    let cpus: usize = possible
+        .trim()
+        .rsplit('-')
+        .next()
+        .and_then(|n| n.parse::<usize>().ok())
+        .map_or(1, |n| n + 1);
+    let file = m.path(&format!("{g}/status"));
+    let status = std::fs::read_to_string(&file).expect("status through the ring");
+    assert_eq!(
+        status_field(&status, "Pid"),
+        Some(g.to_string()),
+        "{status}"
+    );
+    // Two ring threads per possible CPU, once a read came back (the kernel holds every
+    // request until each queue has an entry, and the threads start after INIT's reply).
+    let before = switches_of_threads(m.server, "fuser-ring-");
+    assert_eq!(before.len(), 2 * cpus, "ring threads: {before:?}");
+    let online = std::thread::available_parallelism().map_or(1, |n| n.get());
+    for cpu in 0..cpus.min(online) {
+        // Readers on this CPU: served by this CPU's queue, whose threads wake for them.
+        let start = per_queue(&switches_of_threads(m.server, "fuser-ring-"));
+        let out = Command::new("taskset")
+            .args(["-c", &cpu.to_string(), "sh", "-c"])
+            .arg(format!(
+                "for i in $(seq 50); do cat {} > /dev/null || exit 1; done",
+                file.display()
+            ))
+            .output()
+            .expect("taskset");
+        assert!(out.status.success(), "reads on CPU {cpu}: {out:?}");
+        let end = per_queue(&switches_of_threads(m.server, "fuser-ring-"));
+        let queue = format!("fuser-ring-{cpu}");
+        let woke = end[&queue] - start[&queue];
+        assert!(
+            woke >= 50,
+            "queue {cpu}'s threads woke {woke} times for 50 reads on CPU {cpu}: {start:?} -> {end:?}"
+        );
+    }
+    // What it serves is what /dev/fuse serves: listings, links, another node's files.
+    let listed: Vec<String> = std::fs::read_dir(&m.dir)
+        .expect("a listing over the ring")
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().map(String::from))
+        .collect();
+    assert!(listed.contains(&g.to_string()), "{listed:?}");
+    let stat = m.read(&format!("{g}/stat"));
+    assert_eq!(parse_stat(&stat).0, g.raw(), "{stat}");
+    assert!(m.read("loadavg").split(' ').count() >= 5);
+    // An exited process is ENOENT over the ring too (once reaped: a zombie is listed).
+    c.clan_ok(&["kill", "-s", "KILL", &g.to_string()]);
+    c.clan(&["wait", &g.to_string()]);
+    eventually(
+        "the process to leave the view",
+        Duration::from_secs(10),
+        || {
+            matches!(
+                std::fs::read_to_string(&file),
+                Err(e) if e.kind() == ErrorKind::NotFound
+            )
+            .then_some(())
+        },
+    );
+    // The unmount ends the server, rings and all.
+    let server = m.server;
+    c.clan_ok(&["proc", "umount", m.dir.to_str().unwrap()]);
+    eventually("the server to end", Duration::from_secs(10), || {
+        (!alive(server)).then_some(())
+    });
+}

@@ -117,6 +117,9 @@ impl<S: Source> Filesystem for ProcFs<S> {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         // A kernel without it (before 4.7) keeps serializing: slower, still correct.
         let _ = config.add_capabilities(InitFlags::FUSE_PARALLEL_DIROPS);
+        // The view takes no writes; over io_uring every entry's payload buffer is as big
+        // as the largest write (fuser's default is 16 MiB).
+        let _ = config.set_max_write(128 << 10);
         Ok(())
     }
 

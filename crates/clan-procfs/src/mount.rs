@@ -31,6 +31,10 @@ pub struct ServeOptions {
     pub timeout: Duration,
     /// FUSE event-loop threads.
     pub threads: usize,
+    /// Threads per CPU serving FUSE over io_uring when the kernel offers it
+    /// (`/sys/module/fuse/parameters/enable_uring`), each pinned to its CPU with a ring
+    /// of its own; 0: `/dev/fuse` only.
+    pub uring_threads: usize,
     /// Mount in the mount namespace of this process (a local-cluster node's init) rather
     /// than ours; the server itself stays in the host's namespaces, where FUSE reports its
     /// callers' pids and its /proc shows them.
@@ -490,6 +494,7 @@ fn serve_inner(o: &mut ServeOptions) -> Result<(), MountError> {
         SessionACL::Owner
     };
     config.n_threads = Some(o.threads.max(1));
+    config.uring_threads_per_cpu = o.uring_threads;
     // The watcher of a mount made in another namespace (`--mount-ns`): the session has
     // no mount of its own to unmount there (`Session::from_fd`), so a stop ends the
     // server and its watcher detaches the view in that namespace.

@@ -46,6 +46,17 @@ struct Args {
     /// server reaches the shells already running.
     #[arg(long)]
     for_shells: bool,
+    /// Threads per CPU that serve the view over io_uring, when the kernel offers it
+    /// (Linux 6.14 and later, with `/sys/module/fuse/parameters/enable_uring` set to Y):
+    /// each pinned to its CPU, so that a read is served on the reader's CPU; 0 serves it
+    /// on /dev/fuse only.
+    #[arg(
+        long,
+        env = "CLAN_PROC_URING_THREADS",
+        value_name = "N",
+        default_value_t = 2
+    )]
+    uring_threads: usize,
     /// Where to mount.
     mountpoint: PathBuf,
 }
@@ -112,6 +123,7 @@ fn main() -> ExitCode {
         // the kernel wakes the thread idle longest, more often on the other CPU (reads of
         // 40 µs instead of 15 with four threads, performance.md, 2026-11-26).
         threads: clan_procfs::source::BLOCKING_LINKS,
+        uring_threads: a.uring_threads,
         mount_ns: a.mount_ns,
         node_proc: a.node_proc,
         for_shells: a.for_shells,
