@@ -996,14 +996,60 @@ fn a_power_cut_node_does_not_hang_a_listing() {
 #[test]
 fn readers_of_a_silent_node_do_not_hold_up_the_others() {
     root_or_skip!("readers_of_a_silent_node_do_not_hold_up_the_others");
+    readers_of_a_silent_node(false);
+}
+
+/// The same over io_uring, every reader on one CPU: the readers of the silent node hold
+/// their requests' entries (answered later, on other threads), and the queue of that CPU
+/// still takes node 2's read at once.
+#[test]
+fn over_io_uring_readers_of_a_silent_node_do_not_hold_up_their_cpu() {
+    root_or_skip!("over_io_uring_readers_of_a_silent_node_do_not_hold_up_their_cpu");
+    if !Path::new(ENABLE_URING).exists() {
+        eprintln!(
+            "skipped over_io_uring_readers_of_a_silent_node_do_not_hold_up_their_cpu: \
+             this kernel has no FUSE over io_uring ({ENABLE_URING} is missing)"
+        );
+        return;
+    }
+    readers_of_a_silent_node(true);
+}
+
+/// Readers of eight processes of a stopped node wait in their opens; a process of node 2
+/// reads meanwhile. With `ring`, the view is served over io_uring and every reader (six)
+/// runs on CPU 0 (one queue): node 2's read must come back before any of theirs ends.
+fn readers_of_a_silent_node(ring: bool) {
     // Node 3 is not declared dead while the test runs.
     let c = Cluster::up_with(3, &["--heartbeat-ms", "200", "--dead-after-ms", "120000"]);
     let (seen, two) = (c.spawn(2, &["sleep", "600"]), c.spawn(2, &["sleep", "600"]));
     // More processes of node 3 than a lane lets through at once, each read by its own
     // reader (the kernel would make readers of one name wait for one lookup).
-    let threes: Vec<Gpid> = (0..8).map(|_| c.spawn(3, &["sleep", "600"])).collect();
-    let m = Mounted::new(&c);
+    // Over io_uring, fewer than the entries of CPU 0's queue (two rings of four): a
+    // queue serves as many requests at once as it has entries (proc.md).
+    let readers = if ring { 6 } else { 8 };
+    let threes: Vec<Gpid> = (0..readers)
+        .map(|_| c.spawn(3, &["sleep", "600"]))
+        .collect();
+    let m = if ring {
+        let _on = UringOn::new();
+        Mounted::new(&c)
+    } else {
+        Mounted::new(&c)
+    };
+    let on_cpu0 = move || {
+        if ring {
+            let mut set = nix::sched::CpuSet::new();
+            set.set(0).unwrap();
+            nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set).unwrap();
+        }
+    };
     assert!(m.read(&format!("{seen}/status")).contains("Name:\tsleep"));
+    if ring {
+        assert!(
+            !switches_of_threads(m.server, "fuser-ring-").is_empty(),
+            "the view is not served over io_uring"
+        );
+    }
 
     /// Stops a cland until dropped, also when the test fails.
     struct Stopped(nix::unistd::Pid);
@@ -1016,13 +1062,17 @@ fn readers_of_a_silent_node_do_not_hold_up_the_others() {
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
     let stopped = Stopped(pid);
 
+    // Readers that got their file, and readers that ended either way.
     let done = std::sync::Arc::new(AtomicU32::new(0));
+    let ended = std::sync::Arc::new(AtomicU32::new(0));
     let (tx, rx) = std::sync::mpsc::channel();
     let readers: Vec<_> = threes
         .iter()
         .map(|g| {
-            let (path, done, tx) = (m.path(&format!("{g}/status")), done.clone(), tx.clone());
+            let path = m.path(&format!("{g}/status"));
+            let (done, ended, tx) = (done.clone(), ended.clone(), tx.clone());
             std::thread::spawn(move || {
+                on_cpu0();
                 tx.send(nix::unistd::gettid().as_raw()).unwrap();
                 let r = std::fs::read_to_string(path);
                 // Those that got their file (an EIO is the view giving up on node 3 after
@@ -1030,6 +1080,7 @@ fn readers_of_a_silent_node_do_not_hold_up_the_others() {
                 if r.is_ok() {
                     done.fetch_add(1, Ordering::SeqCst);
                 }
+                ended.fetch_add(1, Ordering::SeqCst);
                 r
             })
         })
@@ -1050,12 +1101,27 @@ fn readers_of_a_silent_node_do_not_hold_up_the_others() {
     );
     // A process of node 2 that was never looked up reads while all of them still wait
     // (its lookup in the root does not wait for theirs).
-    assert!(m.read(&format!("{two}/status")).contains("Name:\tsleep"));
+    let two_path = m.path(&format!("{two}/status"));
+    let read_two = std::thread::spawn(move || {
+        on_cpu0();
+        std::fs::read_to_string(two_path)
+    });
+    let text = read_two.join().unwrap().expect("node 2's status");
+    assert!(text.contains("Name:\tsleep"), "{text}");
+    let ended_before = ended.load(Ordering::SeqCst);
     assert_eq!(
         done.load(Ordering::SeqCst),
         0,
         "a reader of node 3 finished before node 2's read did"
     );
+    if ring {
+        // Their requests held every entry the queue had: node 2's would have waited for
+        // the view to give up on node 3 (5 s, EIO).
+        assert_eq!(
+            ended_before, 0,
+            "a reader of node 3 ended before node 2's read came back"
+        );
+    }
     // Node 3 answers again: its readers get its file, or EIO if the view gave up first.
     drop(stopped);
     for r in readers {

@@ -7,7 +7,7 @@
 //! thread that submitted it; the server writes its reply into the same entry and hands it
 //! back with `FUSE_IO_URING_CMD_COMMIT_AND_FETCH`, which also waits for the next request.
 //! Each queue here has threads of its own, pinned to the queue's CPU, each with its own
-//! ring and one entry: a request is read, served and answered on the CPU of the thread that asked, with
+//! ring: a request is read, served and answered on the CPU of the thread that asked, with
 //! no wakeup of another CPU on the way (on a virtual machine whose idle CPUs halt, that
 //! wakeup is most of a small request's time).
 //!
@@ -60,10 +60,18 @@ const OUT_HEADER: usize = 16;
 const OP_IN: usize = 128;
 /// The smallest payload the kernel takes (`FUSE_MIN_READ_BUFFER`).
 const MIN_PAYLOAD: usize = 8192;
-/// Entries per ring: one, so that a thread busy with a request (a filesystem may block
-/// in it) has no entry the kernel could put the next request in while others wait idle:
-/// a queue serves as many requests at once as it has threads.
-const DEPTH: usize = 1;
+/// Entries a ring starts with. The kernel gives each request of a CPU's queue to an idle
+/// entry of that queue, or queues it until an entry is handed back by a commit (an entry
+/// registered later does not take requests already queued): a queue serves as many
+/// requests at once as it has entries, and those answered later, on other threads (a
+/// read that waits for a silent node), hold theirs until then. A thread busy with a
+/// request keeps its other entries, which the kernel may fill meanwhile: they wait for
+/// it (at most as long as the filesystem waits on a request's own thread).
+const DEPTH: usize = 4;
+/// Entries a ring may grow to: a request answered later, elsewhere, gets its ring a new
+/// entry in its place, for the requests that come after (a read that waits for ever, on
+/// `/proc/kmsg`, does not take its queue's capacity for good).
+const MAX_ENTRIES: usize = 16;
 /// `user_data` of the eventfd's poll (entries use their index).
 const WAKE: u64 = u64::MAX;
 /// Byte offset of `len` in an SQE (the io-uring crate has no setter for it on
@@ -95,13 +103,20 @@ const _: () = {
 };
 
 /// One entry's buffers, leaked (see the module's comment).
-struct Entry {
+pub(crate) struct Entry {
     header: *mut Header,
     payload: *mut u8,
     payload_len: usize,
     /// The two buffers as REGISTER's `iovec[2]` (read by the kernel at registration).
     iov: *mut [libc::iovec; 2],
 }
+
+// SAFETY: an entry's buffers are leaked and touched by one thread at a time: the ring's
+// thread between a completion and the dispatch, the one replying to the request until it
+// queues the commit.
+unsafe impl Send for Entry {}
+// SAFETY: as above.
+unsafe impl Sync for Entry {}
 
 /// Requests served over the rings since the process started.
 static SERVED: AtomicU64 = AtomicU64::new(0);
@@ -117,7 +132,9 @@ pub(crate) struct Ring {
     qid: u16,
     cpu: Option<usize>,
     ring: Mutex<Option<IoUring<squeue::Entry128, cqueue::Entry>>>,
-    entries: Vec<Entry>,
+    /// The entries made before INIT's reply (the ring's thread makes more as needed).
+    entries: Vec<&'static Entry>,
+    payload_len: usize,
     /// Replies written into entries, to be committed by the ring's thread (which alone
     /// may submit: the kernel delivers the next request as task work of the submitter).
     pending: Mutex<Vec<(usize, u64)>>,
@@ -125,13 +142,6 @@ pub(crate) struct Ring {
     owner: Mutex<Option<ThreadId>>,
     stop: AtomicBool,
 }
-
-// SAFETY: the raw pointers are leaked buffers that live as long as the process; an entry's
-// are touched by one thread at a time: the ring's thread between a completion and the
-// dispatch, the one replying to the request until it queues the commit.
-unsafe impl Send for Ring {}
-// SAFETY: as above.
-unsafe impl Sync for Ring {}
 
 /// Every queue's rings, made before INIT's reply.
 pub(crate) struct Rings {
@@ -183,7 +193,7 @@ fn pin(cpu: usize) {
     }
 }
 
-fn leak_entry(payload_len: usize) -> Entry {
+fn leak_entry(payload_len: usize) -> &'static Entry {
     let header: &'static mut Header = Box::leak(Box::new(Header {
         in_out: [0; 128],
         op_in: [0; OP_IN],
@@ -206,12 +216,12 @@ fn leak_entry(payload_len: usize) -> Entry {
             iov_len: payload_len,
         },
     ]));
-    Entry {
+    Box::leak(Box::new(Entry {
         header,
         payload,
         payload_len,
         iov,
-    }
+    }))
 }
 
 impl Rings {
@@ -286,11 +296,18 @@ impl RingThreads {
     /// Stops every ring's thread and waits for them (the filesystem they hold must be
     /// the session's alone again).
     pub(crate) fn stop(self) {
+        drop(self);
+    }
+}
+
+impl Drop for RingThreads {
+    /// Also when the session ends early (an error, a panic): no thread is left serving.
+    fn drop(&mut self) {
         for r in &self.rings {
             r.stop.store(true, Ordering::Release);
             r.notify();
         }
-        for t in self.threads {
+        for t in self.threads.drain(..) {
             let _ = t.join();
         }
     }
@@ -301,8 +318,8 @@ impl Ring {
         let qid = u16::try_from(qid).map_err(|_| io::Error::other("too many CPUs"))?;
         // Entries' commands, the wake poll, and room for a commit of each.
         let ring = IoUring::<squeue::Entry128, cqueue::Entry>::builder()
-            .setup_cqsize(4 * (DEPTH as u32 + 1))
-            .build(2 * (DEPTH as u32 + 1))?;
+            .setup_cqsize(4 * (MAX_ENTRIES as u32 + 1))
+            .build(2 * (MAX_ENTRIES as u32 + 1))?;
         // SAFETY: eventfd returns a new descriptor or -1.
         let wake = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
         if wake < 0 {
@@ -316,6 +333,7 @@ impl Ring {
             cpu: allowed(cpu).then_some(cpu),
             ring: Mutex::new(Some(ring)),
             entries: (0..DEPTH).map(|_| leak_entry(payload_len)).collect(),
+            payload_len,
             pending: Mutex::new(Vec::new()),
             wake,
             owner: Mutex::new(None),
@@ -340,13 +358,13 @@ impl Ring {
         }
     }
 
-    fn cmd(&self, fuse: RawFd, op: u32, e: usize, commit_id: u64) -> squeue::Entry128 {
+    fn cmd(&self, fuse: RawFd, op: u32, e: usize, ent: &Entry, commit_id: u64) -> squeue::Entry128 {
         let mut cmd = [0u8; 80];
         cmd[8..16].copy_from_slice(&commit_id.to_ne_bytes());
         cmd[16..18].copy_from_slice(&self.qid.to_ne_bytes());
         let mut sqe = opcode::UringCmd80::new(types::Fd(fuse), op).cmd(cmd);
         if op == CMD_REGISTER {
-            sqe = sqe.addr(Some(self.entries[e].iov as u64));
+            sqe = sqe.addr(Some(ent.iov as u64));
         }
         let mut sqe = sqe.build().user_data(e as u64);
         if op == CMD_REGISTER {
@@ -379,8 +397,9 @@ impl Ring {
         let Some(mut ring) = self.ring.lock().take() else {
             return;
         };
-        let mut sqes: Vec<squeue::Entry128> = (0..DEPTH)
-            .map(|e| self.cmd(fuse, CMD_REGISTER, e, 0))
+        let mut entries = self.entries.clone();
+        let mut sqes: Vec<squeue::Entry128> = (entries.iter().enumerate())
+            .map(|(e, ent)| self.cmd(fuse, CMD_REGISTER, e, ent, 0))
             .collect();
         sqes.push(
             opcode::PollAdd::new(types::Fd(self.wake.as_raw_fd()), libc::POLLIN as u32)
@@ -391,16 +410,16 @@ impl Ring {
         );
         // Requests staged as /dev/fuse gives them (header, argument, payload), aligned
         // for the header.
-        let biggest = self.entries[0].payload_len + IN_HEADER + OP_IN;
+        let biggest = self.payload_len + IN_HEADER + OP_IN;
         let mut stage = vec![0u64; biggest.div_ceil(8)];
-        let mut live = DEPTH;
+        let mut live = entries.len();
         // Whether each entry's command in flight is a REGISTER (else a commit).
-        let mut registering = [true; DEPTH];
+        let mut registering = vec![true; entries.len()];
         let mut done = Vec::new();
         while live > 0 && !self.stop.load(Ordering::Acquire) {
             sqes.extend(self.pending.lock().drain(..).map(|(e, id)| {
                 registering[e] = false;
-                self.cmd(fuse, CMD_COMMIT_AND_FETCH, e, id)
+                self.cmd(fuse, CMD_COMMIT_AND_FETCH, e, entries[e], id)
             }));
             if !sqes.is_empty() {
                 let mut sq = ring.submission();
@@ -422,8 +441,10 @@ impl Ring {
                 Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
                 Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {}
                 Err(e) => {
-                    error!("io_uring queue {}: {e}", self.qid);
-                    break;
+                    // Its entries would be cancelled with the ring, and their CPU's
+                    // requests wait for ever: end the server instead (as on a panic).
+                    error!("io_uring queue {}: {e}: ending the server", self.qid);
+                    std::process::abort();
                 }
             }
             done.extend(
@@ -453,14 +474,26 @@ impl Ring {
                 match -res {
                     0 => {
                         SERVED.fetch_add(1, Ordering::Relaxed);
-                        self.dispatch(e, &mut stage, se, &ch);
+                        self.dispatch(e, entries[e], &mut stage, se, &ch);
+                        // Answered later, elsewhere: the entry stays held until then, and
+                        // a new one takes its place here.
+                        let replied = self.pending.lock().iter().any(|&(x, _)| x == e);
+                        if !replied && entries.len() < MAX_ENTRIES {
+                            let ent = leak_entry(self.payload_len);
+                            entries.push(ent);
+                            registering.push(true);
+                            live += 1;
+                            sqes.push(self.cmd(fuse, CMD_REGISTER, entries.len() - 1, ent, 0));
+                        }
                     }
                     libc::EAGAIN | libc::EINTR if registering[e] => {
                         // The connection is not initialized yet: again in a moment.
                         std::thread::sleep(std::time::Duration::from_millis(1));
-                        sqes.push(self.cmd(fuse, CMD_REGISTER, e, 0));
+                        sqes.push(self.cmd(fuse, CMD_REGISTER, e, entries[e], 0));
                     }
-                    libc::ENOTCONN | libc::ECANCELED | libc::ENODEV => live -= 1,
+                    libc::ENOTCONN | libc::ECANCELED | libc::ENODEV | libc::ECONNABORTED => {
+                        live -= 1
+                    }
                     err if registering[e] => {
                         // The kernel refuses the ring (it then serves on /dev/fuse).
                         warn!(
@@ -479,7 +512,7 @@ impl Ring {
                             io::Error::from_raw_os_error(err)
                         );
                         registering[e] = true;
-                        sqes.push(self.cmd(fuse, CMD_REGISTER, e, 0));
+                        sqes.push(self.cmd(fuse, CMD_REGISTER, e, entries[e], 0));
                     }
                 }
             }
@@ -493,11 +526,11 @@ impl Ring {
     fn dispatch<FS: Filesystem>(
         self: &Arc<Ring>,
         e: usize,
+        ent: &'static Entry,
         stage: &mut [u64],
         se: &SessionEventLoop<FS>,
         ch: &ChannelSender,
     ) {
-        let ent = &self.entries[e];
         // SAFETY: the kernel filled the entry and completed its command: until this
         // request's reply is committed, the entry is ours.
         let (in_out, op_in, commit_id, payload_sz) = unsafe {
@@ -506,6 +539,7 @@ impl Ring {
         };
         let sender = RingSender {
             ring: self.clone(),
+            ent,
             entry: e,
             commit_id,
             ch: ch.clone(),
@@ -557,6 +591,7 @@ impl Drop for AbortOnPanic {
 #[derive(Clone)]
 pub(crate) struct RingSender {
     ring: Arc<Ring>,
+    ent: &'static Entry,
     entry: usize,
     commit_id: u64,
     ch: ChannelSender,
@@ -589,15 +624,12 @@ impl RingSender {
     /// Writes a reply (`fuse_out_header` and body, as for `/dev/fuse`) into the entry
     /// and queues its commit.
     pub(crate) fn send(&self, data: &[io::IoSlice<'_>]) -> io::Result<()> {
-        let ent = &self.ring.entries[self.entry];
+        let ent = self.ent;
         let total: usize = data.iter().map(|d| d.len()).sum();
         if total < OUT_HEADER || total - OUT_HEADER > ent.payload_len {
             // Committed as an error rather than lost: the entry must go back.
-            let err = io::Error::other(format!("a reply of {total} bytes"));
-            if total >= OUT_HEADER {
-                self.error(self.commit_id, libc::EIO);
-            }
-            return Err(err);
+            self.error(self.commit_id, libc::EIO);
+            return Err(io::Error::other(format!("a reply of {total} bytes")));
         }
         // SAFETY: the entry is this request's until its commit (queued below, once).
         unsafe {
