@@ -1005,11 +1005,7 @@ fn readers_of_a_silent_node_do_not_hold_up_the_others() {
 #[test]
 fn over_io_uring_readers_of_a_silent_node_do_not_hold_up_their_cpu() {
     root_or_skip!("over_io_uring_readers_of_a_silent_node_do_not_hold_up_their_cpu");
-    if !Path::new(ENABLE_URING).exists() {
-        eprintln!(
-            "skipped over_io_uring_readers_of_a_silent_node_do_not_hold_up_their_cpu: \
-             this kernel has no FUSE over io_uring ({ENABLE_URING} is missing)"
-        );
+    if !uring_or_skip("over_io_uring_readers_of_a_silent_node_do_not_hold_up_their_cpu") {
         return;
     }
     readers_of_a_silent_node(true);
@@ -2016,6 +2012,17 @@ fn stat_follows_a_descriptors_link_to_its_pipe_or_socket() {
 /// The kernel's switch for FUSE over io_uring (Linux 6.14 and later).
 const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
 
+/// Whether this kernel has FUSE over io_uring; says that test `name` is skipped if not.
+fn uring_or_skip(name: &str) -> bool {
+    let there = Path::new(ENABLE_URING).exists();
+    if !there {
+        eprintln!(
+            "skipped {name}: this kernel has no FUSE over io_uring ({ENABLE_URING} is missing)"
+        );
+    }
+    there
+}
+
 /// The kernel's FUSE over io_uring switched on while this lives, then given back as it
 /// was (also when the test panicked).
 struct UringOn(String);
@@ -2071,11 +2078,7 @@ fn per_queue(threads: &[(String, u64)]) -> std::collections::BTreeMap<String, u6
 #[test]
 fn the_view_serves_over_io_uring_when_the_kernel_offers_it() {
     root_or_skip!("the_view_serves_over_io_uring_when_the_kernel_offers_it");
-    if !Path::new(ENABLE_URING).exists() {
-        eprintln!(
-            "skipped the_view_serves_over_io_uring_when_the_kernel_offers_it: \
-             this kernel has no FUSE over io_uring ({ENABLE_URING} is missing)"
-        );
+    if !uring_or_skip("the_view_serves_over_io_uring_when_the_kernel_offers_it") {
         return;
     }
     let c = Cluster::up(3);
