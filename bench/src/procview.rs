@@ -68,11 +68,10 @@ pub fn status_read(c: &Cluster, r: &mut Report, n: usize) {
     let mut tcp_procs = baselines::TcpPair::with_process();
     let relayed = c.client(1).without_links();
     rt.block_on(relayed.proc(req.clone())).expect("proc read");
-    let mut mount_daemons = placement::processes_of("clan-procfs", mnt.to_str().expect("utf-8"));
-    mount_daemons.extend(placement::processes_of(
-        "clan-procfs",
-        ring_mnt.to_str().expect("utf-8"),
-    ));
+    let mount_daemons: Vec<i32> = [&mnt, &ring_mnt]
+        .iter()
+        .flat_map(|m| placement::processes_of("clan-procfs", m.to_str().expect("utf-8")))
+        .collect();
     for place in Placement::all() {
         let mut pins = Pins::default();
         if let Some((near_cpu, far_cpu)) = place.sides() {

@@ -97,6 +97,21 @@ impl Drop for Mounted {
     }
 }
 
+/// Kills `g` and waits for it (a zombie is still listed), then until its `status` in the
+/// view gives ENOENT.
+fn kill_until_gone_from(c: &Cluster, m: &Mounted, g: Gpid) {
+    c.clan_ok(&["kill", "-s", "KILL", &g.to_string()]);
+    c.clan(&["wait", &g.to_string()]);
+    eventually(
+        "the process to leave the view",
+        Duration::from_secs(10),
+        || {
+            let e = std::fs::read_to_string(m.path(&format!("{g}/status"))).err()?;
+            (e.kind() == ErrorKind::NotFound).then_some(())
+        },
+    );
+}
+
 /// The fields of a `stat` line after the command: (pid, comm, fields from state on).
 fn parse_stat(s: &str) -> (u64, String, Vec<String>) {
     let open = s.find('(').expect("stat has (comm)");
@@ -847,16 +862,7 @@ fn an_exited_process_is_enoent() {
         let e = std::fs::metadata(m.path(&format!("{g}/ctty"))).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::NotFound);
     }
-    c.clan_ok(&["kill", "-s", "KILL", &g.to_string()]);
-    c.clan(&["wait", &g.to_string()]);
-    eventually(
-        "the process to leave the view",
-        Duration::from_secs(10),
-        || {
-            let e = std::fs::read_to_string(m.path(&format!("{g}/status"))).err()?;
-            (e.kind() == ErrorKind::NotFound).then_some(())
-        },
-    );
+    kill_until_gone_from(&c, &m, g);
     // The kernel may keep the entry for its time to live (1 s).
     eventually("the directory to go", Duration::from_secs(5), || {
         let e = std::fs::metadata(m.path(&g.to_string())).err()?;
@@ -2136,20 +2142,8 @@ fn the_view_serves_over_io_uring_when_the_kernel_offers_it() {
     let stat = m.read(&format!("{g}/stat"));
     assert_eq!(parse_stat(&stat).0, g.raw(), "{stat}");
     assert!(m.read("loadavg").split(' ').count() >= 5);
-    // An exited process is ENOENT over the ring too (once reaped: a zombie is listed).
-    c.clan_ok(&["kill", "-s", "KILL", &g.to_string()]);
-    c.clan(&["wait", &g.to_string()]);
-    eventually(
-        "the process to leave the view",
-        Duration::from_secs(10),
-        || {
-            matches!(
-                std::fs::read_to_string(&file),
-                Err(e) if e.kind() == ErrorKind::NotFound
-            )
-            .then_some(())
-        },
-    );
+    // An exited process is ENOENT over the ring too.
+    kill_until_gone_from(&c, &m, g);
     // The unmount ends the server, rings and all.
     let server = m.server;
     c.clan_ok(&["proc", "umount", m.dir.to_str().unwrap()]);

@@ -103,8 +103,6 @@ mod session;
 mod time;
 #[cfg(target_os = "linux")]
 mod uring;
-#[cfg(target_os = "linux")]
-pub use uring::uring_requests;
 
 /// We generally support async reads
 #[cfg(not(target_os = "macos"))]

@@ -347,9 +347,7 @@ impl<FS: Filesystem> Session<FS> {
         }
 
         #[cfg(target_os = "linux")]
-        if let Some(t) = ring_threads {
-            t.stop();
-        }
+        drop(ring_threads);
 
         let Some(filesystem) = Arc::get_mut(&mut filesystem) else {
             return Err(io::Error::other(
@@ -469,11 +467,8 @@ impl<FS: Filesystem> Session<FS> {
                 let page = page_size::get();
                 let payload =
                     (config.max_write as usize).max(usize::from(config.max_pages()).max(32) * page);
-                self.rings = crate::uring::Rings::prepare(
-                    &self.ch,
-                    self.config.uring_threads_per_cpu,
-                    payload,
-                );
+                self.rings =
+                    crate::uring::Rings::prepare(self.config.uring_threads_per_cpu, payload);
                 if self.rings.is_some() {
                     config.requested |= InitFlags::FUSE_OVER_IO_URING;
                 }

@@ -31,7 +31,6 @@ use std::os::fd::OwnedFd;
 use std::os::fd::RawFd;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
-use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering;
 use std::thread::ThreadId;
 
@@ -118,15 +117,6 @@ unsafe impl Send for Entry {}
 // SAFETY: as above.
 unsafe impl Sync for Entry {}
 
-/// Requests served over the rings since the process started.
-static SERVED: AtomicU64 = AtomicU64::new(0);
-
-/// Requests served over io_uring since the process started (0 when the kernel did not
-/// take the rings).
-pub fn uring_requests() -> u64 {
-    SERVED.load(Ordering::Relaxed)
-}
-
 /// One ring: its thread's io_uring, entries, and the replies waiting to be committed.
 pub(crate) struct Ring {
     qid: u16,
@@ -139,14 +129,14 @@ pub(crate) struct Ring {
     /// may submit: the kernel delivers the next request as task work of the submitter).
     pending: Mutex<Vec<(usize, u64)>>,
     wake: OwnedFd,
-    owner: Mutex<Option<ThreadId>>,
+    /// The ring's thread, once it runs (replies made on it need no wakeup).
+    owner: std::sync::OnceLock<ThreadId>,
     stop: AtomicBool,
 }
 
 /// Every queue's rings, made before INIT's reply.
 pub(crate) struct Rings {
     rings: Vec<Arc<Ring>>,
-    fuse: RawFd,
 }
 
 impl std::fmt::Debug for Rings {
@@ -226,9 +216,9 @@ fn leak_entry(payload_len: usize) -> &'static Entry {
 
 impl Rings {
     /// Makes `per_queue` rings for each queue, with entries of `payload_len` bytes of
-    /// payload, for the connection `fuse`. `None` (and a log line) when anything fails:
-    /// the session then stays on `/dev/fuse`.
-    pub(crate) fn prepare(fuse: &Channel, per_queue: usize, payload_len: usize) -> Option<Rings> {
+    /// payload. `None` (and a log line) when anything fails: the session then stays on
+    /// `/dev/fuse`.
+    pub(crate) fn prepare(per_queue: usize, payload_len: usize) -> Option<Rings> {
         let Some(queues) = possible_cpus() else {
             warn!("io_uring: possible CPUs are not 0..n: serving on /dev/fuse");
             return None;
@@ -246,14 +236,12 @@ impl Rings {
                 }
             }
         }
-        Some(Rings {
-            rings,
-            fuse: std::os::fd::AsFd::as_fd(fuse).as_raw_fd(),
-        })
+        Some(Rings { rings })
     }
 
-    /// Starts each ring's thread, serving `fs`. A thread that can not start stops the
-    /// rings started before it: the kernel would hold requests for its queue for ever.
+    /// Starts each ring's thread, serving `fs` on the connection `ch`. A thread that can
+    /// not start stops the rings started before it: the kernel would hold requests for
+    /// its queue for ever.
     pub(crate) fn start<FS: Filesystem>(
         self,
         ch: &Channel,
@@ -263,18 +251,19 @@ impl Rings {
         for ring in &self.rings {
             let name = format!("fuser-ring-{}", ring.qid);
             let se = make(name.clone());
-            let (ring, ch, fuse) = (ring.clone(), ch.sender(), self.fuse);
+            let fuse = std::os::fd::AsFd::as_fd(ch).as_raw_fd();
+            let (ring, ch) = (ring.clone(), ch.sender());
             match std::thread::Builder::new()
                 .name(name)
                 .spawn(move || ring.serve(fuse, &se, ch))
             {
                 Ok(t) => threads.push(t),
                 Err(e) => {
-                    let started = RingThreads {
+                    // Dropped: the rings started so far stop.
+                    drop(RingThreads {
                         rings: self.rings.clone(),
                         threads,
-                    };
-                    started.stop();
+                    });
                     return Err(e);
                 }
             }
@@ -292,16 +281,9 @@ pub(crate) struct RingThreads {
     threads: Vec<std::thread::JoinHandle<()>>,
 }
 
-impl RingThreads {
-    /// Stops every ring's thread and waits for them (the filesystem they hold must be
-    /// the session's alone again).
-    pub(crate) fn stop(self) {
-        drop(self);
-    }
-}
-
 impl Drop for RingThreads {
-    /// Also when the session ends early (an error, a panic): no thread is left serving.
+    /// Stops every ring's thread and waits for them (the filesystem they hold must be the
+    /// session's alone again), also when the session ends early (an error, a panic).
     fn drop(&mut self) {
         for r in &self.rings {
             r.stop.store(true, Ordering::Release);
@@ -336,7 +318,7 @@ impl Ring {
             payload_len,
             pending: Mutex::new(Vec::new()),
             wake,
-            owner: Mutex::new(None),
+            owner: std::sync::OnceLock::new(),
             stop: AtomicBool::new(false),
         })
     }
@@ -353,7 +335,7 @@ impl Ring {
     /// another thread replied.
     fn commit(&self, e: usize, commit_id: u64) {
         self.pending.lock().push((e, commit_id));
-        if *self.owner.lock() != Some(std::thread::current().id()) {
+        if self.owner.get() != Some(&std::thread::current().id()) {
             self.notify();
         }
     }
@@ -393,7 +375,7 @@ impl Ring {
         if let Some(cpu) = self.cpu {
             pin(cpu);
         }
-        *self.owner.lock() = Some(std::thread::current().id());
+        let _ = self.owner.set(std::thread::current().id());
         let Some(mut ring) = self.ring.lock().take() else {
             return;
         };
@@ -473,7 +455,6 @@ impl Ring {
                 let e = ud as usize;
                 match -res {
                     0 => {
-                        SERVED.fetch_add(1, Ordering::Relaxed);
                         self.dispatch(e, entries[e], &mut stage, se, &ch);
                         // Answered later, elsewhere: the entry stays held until then, and
                         // a new one takes its place here.
