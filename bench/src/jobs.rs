@@ -383,15 +383,24 @@ impl Floor {
     }
 
     /// Thaws `a`, times `k` switches (at most `budget`, at least [`MIN_PER_BLOCK`]) waiting
-    /// `how`, each followed by [`PACE`] when `paced`; parks.
+    /// `how`, each followed by [`PACE`] when `paced`, with the thread at the real-time
+    /// priority cland's switch takes when `rt`; parks.
     fn block(
         &self,
         how: Wait,
         paced: bool,
+        rt: bool,
         k: usize,
         budget: Duration,
         s: &mut Samples,
     ) -> anyhow::Result<()> {
+        let _rt = if rt {
+            let rt = clan_core::sys::RealTime::enter(clan_core::config::DEFAULT_SWITCH_PRIORITY)
+                .context("SCHED_FIFO for the real-time floor")?;
+            Some(rt.context("the benchmark's thread is real-time already")?)
+        } else {
+            None
+        };
         self.cgs[0].freeze(false, Wait::Poll)?;
         let mut running = 0;
         let t0 = Instant::now();
@@ -617,6 +626,8 @@ struct SwitchRow {
     procs: usize,
     busy: bool,
     floor: Samples,
+    /// The floor with the thread at the real-time priority cland's switch takes.
+    rt_floor: Samples,
     spin: Samples,
     back_to_back: Samples,
     freeze: Samples,
@@ -652,6 +663,7 @@ fn switch_config(
         procs,
         busy,
         floor: Samples::default(),
+        rt_floor: Samples::default(),
         spin: Samples::default(),
         back_to_back: Samples::default(),
         freeze: Samples::default(),
@@ -662,9 +674,10 @@ fn switch_config(
         rtt: Samples::default(),
     };
     for _ in 0..ROUNDS {
-        floor.block(Wait::Poll, true, per, budget, &mut row.floor)?;
-        floor.block(Wait::Spin, true, per, budget, &mut row.spin)?;
-        floor.block(Wait::Poll, false, per, budget, &mut row.back_to_back)?;
+        floor.block(Wait::Poll, true, false, per, budget, &mut row.floor)?;
+        floor.block(Wait::Poll, true, true, per, budget, &mut row.rt_floor)?;
+        floor.block(Wait::Spin, true, false, per, budget, &mut row.spin)?;
+        floor.block(Wait::Poll, false, false, per, budget, &mut row.back_to_back)?;
         tasks.block(
             FREEZE,
             per,
@@ -687,6 +700,8 @@ fn switch_config(
     let base = "bare cgroup v2 freeze A + thaw B (floor)";
     let freeze = "clan job_switch, freeze (library)";
     r.latency(&g, base, &row.floor, None);
+    let rt_base = "  floor at real-time priority (SCHED_FIFO 1, as cland's switch)";
+    r.latency(&g, rt_base, &row.rt_floor, Some(base));
     r.latency(
         &g,
         "  floor re-reading cgroup.events (no poll)",
@@ -705,6 +720,12 @@ fn switch_config(
         "  the same as node 1 took it (its gang scheduler's switch)",
         &row.node_freeze,
         Some(base),
+    );
+    r.latency(
+        &g,
+        "    against the real-time floor",
+        &row.node_freeze,
+        Some(rt_base),
     );
     match (&row.signals_failed, row.signals.len()) {
         (None, _) => r.latency(
@@ -751,8 +772,8 @@ fn summary_table(rows: &[SwitchRow]) -> String {
         }
     };
     let mut t = String::from(
-        "| processes | load | floor | floor, no poll | floor, back to back | clan freeze | freeze / floor | node's own freeze switch | node's / floor | clan signals | signals / freeze | nodes() round trip |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| processes | load | floor | floor, real-time | floor, no poll | floor, back to back | clan freeze | freeze / floor | node's own freeze switch | node's / floor | node's / real-time floor | clan signals | signals / freeze | nodes() round trip |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in rows {
         let (signals, ratio_s) = match &r.signals_failed {
@@ -764,16 +785,18 @@ fn summary_table(rows: &[SwitchRow]) -> String {
             Some(_) => ("failed".into(), "-".into()),
         };
         t.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.3} |\n",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.3} |\n",
             r.procs,
             if r.busy { "busy" } else { "idle" },
             ms(&r.floor),
+            ms(&r.rt_floor),
             ms(&r.spin),
             ms(&r.back_to_back),
             ms(&r.freeze),
             ratio(&r.freeze, &r.floor),
             ms(&r.node_freeze),
             ratio(&r.node_freeze, &r.floor),
+            ratio(&r.node_freeze, &r.rt_floor),
             signals,
             ratio_s,
             r.rtt.median().as_secs_f64() * 1e3,

@@ -410,6 +410,24 @@ fn a_switch_suspends_one_job_and_resumes_the_other() {
         "{:?}",
         stat(&b)
     );
+    // A freezer switch runs at a real-time priority (switch_priority) and gives it back:
+    // no thread of either node's cland is left real-time.
+    for n in 1..=2 {
+        let pid = c.cland_pid(n);
+        let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).unwrap();
+        for t in tasks.flatten() {
+            let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+            let Some((_, after)) = stat.rsplit_once(") ") else {
+                continue; // gone meanwhile
+            };
+            // SCHED_FIFO 1, SCHED_RR 2 (the proc events thread is SCHED_BATCH, 3).
+            let policy = after.split(' ').nth(38);
+            assert!(
+                !matches!(policy, Some("1" | "2")),
+                "node {n}'s cland thread {stat}"
+            );
+        }
+    }
     // An unknown job to resume: said, exit 3.
     let o = c.clan(&["job", "switch", &b, "1000999"]);
     assert_eq!(o.status.code(), Some(3), "{o:?}");

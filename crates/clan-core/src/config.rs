@@ -58,6 +58,21 @@ pub struct NodeEntry {
     /// one machine: `clan up` gives each its share of the CPUs.
     #[serde(default)]
     pub workers: Option<usize>,
+    /// The real-time (`SCHED_FIFO`) priority of the daemon's thread while it freezes or
+    /// thaws a task with the cgroup freezer (a suspend, a resume, a job switch)
+    /// [default: [`DEFAULT_SWITCH_PRIORITY`]]; 0: the thread's ordinary priority. Busy
+    /// processes just thawed would otherwise each run a time slice before the switch
+    /// is done.
+    #[serde(default = "default_switch_priority")]
+    pub switch_priority: u8,
+}
+
+/// [`NodeEntry::switch_priority`] when the cluster file does not say: the lowest
+/// real-time priority, above every ordinary thread and below every other real-time one.
+pub const DEFAULT_SWITCH_PRIORITY: u8 = 1;
+
+fn default_switch_priority() -> u8 {
+    DEFAULT_SWITCH_PRIORITY
 }
 
 /// Worker threads of a node daemon's runtime when neither the cluster file nor

@@ -347,6 +347,65 @@ pub fn batch_scheduling(batch: bool) -> io::Result<()> {
     Ok(())
 }
 
+/// The calling thread (only) under the real-time policy `SCHED_FIFO` at a priority until
+/// dropped, then back under the policy and priority it had. Ordinary (`SCHED_OTHER`)
+/// threads never preempt it, so a short control action, such as a freeze and a thaw of
+/// a task, is not held up behind the very processes it thaws, each of which would
+/// otherwise run a time slice before it. Use it only around code that sleeps or ends
+/// quickly (the kernel leaves ordinary threads 5 % of each second in any case, its
+/// `sched_rt_runtime_us`), and on the thread that drops it.
+pub struct RealTime {
+    policy: libc::c_int,
+    param: libc::sched_param,
+}
+
+impl RealTime {
+    /// Puts the calling thread under `SCHED_FIFO` at `priority` (1 to 99). `Ok(None)` when
+    /// `priority` is 0 or the thread is real-time already (nothing is changed); an error
+    /// when the kernel refuses (no CAP_SYS_NICE, or a cpu cgroup without real-time
+    /// runtime), and the thread goes on as it was.
+    pub fn enter(priority: u8) -> io::Result<Option<RealTime>> {
+        if priority == 0 {
+            return Ok(None);
+        }
+        // SAFETY: sched_getscheduler and sched_getparam with pid 0 read the calling
+        // thread's policy and write one sched_param we own.
+        let policy = unsafe { libc::sched_getscheduler(0) };
+        if policy < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if matches!(
+            policy & !libc::SCHED_RESET_ON_FORK,
+            libc::SCHED_FIFO | libc::SCHED_RR
+        ) {
+            return Ok(None);
+        }
+        // SAFETY: sched_param is plain integers (more of them on musl), all valid at 0.
+        let mut param: libc::sched_param = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        if unsafe { libc::sched_getparam(0, &mut param) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let mut fifo = param;
+        fifo.sched_priority = libc::c_int::from(priority.min(99));
+        // Threads and processes it starts meanwhile start ordinary.
+        let fifo_policy = libc::SCHED_FIFO | libc::SCHED_RESET_ON_FORK;
+        // SAFETY: sched_setscheduler with pid 0 changes the calling thread only (the
+        // raw system call's meaning, which glibc's wrapper keeps) and reads `fifo`.
+        if unsafe { libc::sched_setscheduler(0, fifo_policy, &fifo) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Some(RealTime { policy, param }))
+    }
+}
+
+impl Drop for RealTime {
+    fn drop(&mut self) {
+        // SAFETY: as in `enter`; the thread's own policy and priority of before.
+        unsafe { libc::sched_setscheduler(0, self.policy, &self.param) };
+    }
+}
+
 /// The open-file limit of this process before [`raise_open_files`] raised it.
 static FIRST_NOFILE: std::sync::OnceLock<(u64, u64)> = std::sync::OnceLock::new();
 
@@ -994,5 +1053,52 @@ mod acting_tests {
             .unwrap()
             .is_none());
         assert!(ActingAs::reader(0, 0, &[], None).unwrap().is_none());
+    }
+}
+
+#[cfg(test)]
+mod realtime_tests {
+    use super::*;
+
+    /// The policy of the calling thread, as /proc shows it (field 41 of its `stat`).
+    fn policy() -> u32 {
+        let s = read_small("/proc/thread-self/stat").unwrap();
+        let after = &s[s.rfind(')').unwrap() + 2..];
+        after.split(' ').nth(38).unwrap().parse().unwrap()
+    }
+
+    #[test]
+    fn real_time_holds_for_this_thread_until_dropped() {
+        assert!(
+            RealTime::enter(0).unwrap().is_none(),
+            "priority 0: nothing changes"
+        );
+        assert_eq!(policy(), libc::SCHED_OTHER as u32);
+        // A thread started before.
+        let (ask, asked) = std::sync::mpsc::channel::<()>();
+        let other = std::thread::spawn(move || {
+            asked.recv().unwrap();
+            policy()
+        });
+        let rt = match RealTime::enter(1) {
+            Ok(rt) => rt.expect("an ordinary thread"),
+            Err(e) => {
+                eprintln!("skipped: the kernel refuses SCHED_FIFO to this thread: {e}");
+                ask.send(()).unwrap();
+                return;
+            }
+        };
+        assert_eq!(policy(), libc::SCHED_FIFO as u32);
+        let started = std::thread::spawn(policy).join().unwrap();
+        assert_eq!(started, libc::SCHED_OTHER as u32, "a thread it starts");
+        ask.send(()).unwrap();
+        assert_eq!(
+            other.join().unwrap(),
+            libc::SCHED_OTHER as u32,
+            "another thread keeps its policy"
+        );
+        assert!(RealTime::enter(1).unwrap().is_none(), "real-time already");
+        drop(rt);
+        assert_eq!(policy(), libc::SCHED_OTHER as u32, "given back");
     }
 }

@@ -1200,22 +1200,53 @@ impl Node {
         job: u64,
         creds: &pb::Creds,
     ) -> Result<Option<pb::TaskInfo>> {
+        use pb::JobAction as A;
         let start = Instant::now();
+        // A whole task frozen or thawed: at the node's switch priority.
+        let freezer_action = matches!(action, A::JobSuspend | A::JobResume)
+            && req.subtree == 0
+            && Method::of(req)? != Method::Signals;
         let run = || match self.task(job) {
-            Some(t) => self
-                .act_on_task(action, req, job, &t, creds, &mut || {})
-                .map(Some),
+            Some(t) => {
+                let _rt = (freezer_action && t.files.has_freezer())
+                    .then(|| self.switch_priority())
+                    .flatten();
+                let mut i = self.act_on_task(action, req, job, &t, creds, &mut || {})?;
+                i.took_ns = nanos_since(start);
+                Ok(Some(i))
+            }
             None => Ok(None),
         };
-        let mut info = if action == pb::JobAction::JobKill && req.subtree == 0 {
-            run()?
+        if action == A::JobKill && req.subtree == 0 {
+            run()
         } else {
-            self.one_at_a_time(&[job], run)?
-        };
-        if let Some(i) = &mut info {
-            i.took_ns = nanos_since(start);
+            self.one_at_a_time(&[job], run)
         }
-        Ok(info)
+    }
+
+    /// The calling thread at this node's `switch_priority` (real-time, cluster file) until
+    /// the guard drops, so that processes just thawed do not each run a time slice
+    /// before the thread that thawed them has verified it; `None` when it is 0, or when
+    /// the kernel refuses (said once in the log).
+    fn switch_priority(&self) -> Option<clan_core::sys::RealTime> {
+        static REFUSED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        let priority = self
+            .cfg
+            .node(self.id)
+            .map_or(clan_core::config::DEFAULT_SWITCH_PRIORITY, |n| {
+                n.switch_priority
+            });
+        clan_core::sys::RealTime::enter(priority)
+            .inspect_err(|e| {
+                if !REFUSED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                    tracing::info!(
+                        "task freezes and thaws at ordinary priority: SCHED_FIFO {priority} \
+                         refused: {e}"
+                    );
+                }
+            })
+            .ok()
+            .flatten()
     }
 
     /// A gang scheduler's row switch: job `req.job`'s task stops before job `req.resume`'s
@@ -1247,9 +1278,16 @@ impl Node {
         };
         let start = Instant::now();
         self.one_at_a_time(&[old, new], || {
+            // Until both tasks' results are taken, with the freezer (never for the signal
+            // method's verification loops): the thaw wakes the new task's processes, and
+            // each of them would otherwise run first.
+            let mut _rt = None;
             let mut out = Vec::with_capacity(2);
             let mut next = None;
             if let Some(t) = self.task(old) {
+                if t.files.has_freezer() {
+                    _rt = self.switch_priority();
+                }
                 let mut ahead = || {
                     if old != new {
                         next = Some(ready(new));
