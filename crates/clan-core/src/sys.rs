@@ -368,8 +368,7 @@ impl RealTime {
         if priority == 0 {
             return Ok(None);
         }
-        // SAFETY: sched_getscheduler and sched_getparam with pid 0 read the calling
-        // thread's policy and write one sched_param we own.
+        // SAFETY: sched_getscheduler with pid 0 reads the calling thread's policy.
         let policy = unsafe { libc::sched_getscheduler(0) };
         if policy < 0 {
             return Err(io::Error::last_os_error());
@@ -380,12 +379,9 @@ impl RealTime {
         ) {
             return Ok(None);
         }
-        // SAFETY: sched_param is plain integers (more of them on musl), all valid at 0.
-        let mut param: libc::sched_param = unsafe { std::mem::zeroed() };
-        // SAFETY: as above.
-        if unsafe { libc::sched_getparam(0, &mut param) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
+        // SAFETY: sched_param is plain integers (more of them on musl), all valid at 0,
+        // the only priority of the policies that are not real-time.
+        let param: libc::sched_param = unsafe { std::mem::zeroed() };
         let mut fifo = param;
         fifo.sched_priority = libc::c_int::from(priority.min(99));
         // Threads and processes it starts meanwhile start ordinary.
