@@ -455,7 +455,20 @@ fn a_switch_suspends_one_job_and_resumes_the_other() {
     let out = c.clan_ok(&["job", "suspend", &a]);
     assert!(out.contains("suspended (1 process)"), "{out}");
     assert_eq!(task_event(&c, 1, &a, "frozen").as_deref(), Some("1"));
-    c.clan_ok(&["job", "kill", &a]);
+    // A switch reports each task with its processes: three in one, one in the other.
+    let sh = "sleep 1064 & sleep 1065 & wait";
+    let three = job_of(&c.clan(&["run", "-d", "--node", "1", "--", "sh", "-c", sh]));
+    eventually("three processes", Duration::from_secs(10), || {
+        (job_states(&c, &three).len() == 3).then_some(())
+    });
+    let out = c.clan_ok(&["job", "switch", &three, &a, "--node", "1"]);
+    assert!(out.contains("suspended (3 processes)"), "{out}");
+    assert!(out.contains("resumed (1 process)"), "{out}");
+    assert_eq!(task_event(&c, 1, &three, "frozen").as_deref(), Some("1"));
+    assert_eq!(task_event(&c, 1, &a, "frozen").as_deref(), Some("0"));
+    for j in [&a, &three] {
+        c.clan_ok(&["job", "kill", j]);
+    }
     assert!(host_processes_mentioning("sleep 106").is_empty());
 }
 
@@ -1190,8 +1203,10 @@ fn a_signals_suspend_stops_traced_processes() {
         "sleep 3898 & sleep 3899; wait",
     ]);
     let job = job_of(&o);
+    // strace, sh and the two sleeps (whose names are in the command lines of the first
+    // two as well: counted in the job, not found by name).
     eventually("the traced sleeps", Duration::from_secs(20), || {
-        (host_pid_of("sleep 3898").is_some() && host_pid_of("sleep 3899").is_some()).then_some(())
+        (job_states(&c, &job).len() == 4).then_some(())
     });
     let out = c.clan_ok(&["job", "suspend", "--method", "signals", &job]);
     assert!(out.contains(": suspended (4 processes)"), "{out}");
