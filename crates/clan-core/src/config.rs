@@ -14,6 +14,7 @@
 //! addr = "10.0.0.1:7100"
 //! # freezer = false                  # suspend and kill jobs by signals, not the cgroup freezer
 //! # workers = 2                      # cland's runtime worker threads (CLAN_WORKERS overrides)
+//! # switch_priority = 1              # SCHED_FIFO priority of a freeze or thaw (0: ordinary)
 //! ```
 
 use crate::id::NodeId;
@@ -305,6 +306,10 @@ mod tests {
             c.nodes.iter().all(|n| n.freezer),
             "the freezer is used by default"
         );
+        assert!(c
+            .nodes
+            .iter()
+            .all(|n| n.switch_priority == DEFAULT_SWITCH_PRIORITY));
         assert_eq!(c.key, b"0123456789abcdef0123");
         assert_eq!(c.dead_after_ms, 3000);
         assert_eq!(c.exit_retention_ms, DEFAULT_EXIT_RETENTION_MS);
@@ -316,12 +321,13 @@ mod tests {
         );
         std::fs::write(
             &p,
-            "name = \"t\"\nkey_file = \"k\"\nproc_view = \"/run/v{node}\"\n[[node]]\nid = 1\naddr = \"127.0.0.1:7001\"\nfreezer = false\nworkers = 3\n",
+            "name = \"t\"\nkey_file = \"k\"\nproc_view = \"/run/v{node}\"\n[[node]]\nid = 1\naddr = \"127.0.0.1:7001\"\nfreezer = false\nworkers = 3\nswitch_priority = 0\n",
         )
         .unwrap();
         let c = ClusterConfig::load(&p).unwrap();
         assert!(!c.nodes[0].freezer);
         assert_eq!(c.nodes[0].workers, Some(3));
+        assert_eq!(c.nodes[0].switch_priority, 0);
         assert_eq!(
             c.proc_view(NodeId::new(1).unwrap()),
             PathBuf::from("/run/v1")
