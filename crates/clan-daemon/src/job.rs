@@ -109,6 +109,10 @@ pub struct Task {
     /// Whether every process was held by a job-control stop, when read ahead (a switch's
     /// next task, read while the kernel freezes the old one).
     held: Option<bool>,
+    /// Whether `pids` was read. A freezer switch asked by root reads its tasks'
+    /// `cgroup.procs` only once the switch is verified, for the report
+    /// ([`Node::task_unlisted`]): `pids` is empty until then.
+    listed: bool,
 }
 
 /// Descriptors on a task's `cgroup.freeze`, `cgroup.events` and `cgroup.procs`, kept from
@@ -186,6 +190,18 @@ impl TaskFiles {
             }
         };
         held_or_gone(state) && all_held(rest)
+    }
+
+    /// [`TaskFiles::all_held`] without the task's process list: the kept first process
+    /// answers when it is not held (the usual case: one read); else the list is read.
+    fn all_held_unlisted(&self) -> bool {
+        let runs = self
+            .first
+            .lock()
+            .as_ref()
+            .and_then(|(_, f)| clan_core::sys::state_and_start_of(f))
+            .is_some_and(|(state, _)| !held_or_gone(Some(state)));
+        !runs && self.all_held(&self.procs().unwrap_or_default())
     }
 
     /// Whether this task has a freezer cland uses.
@@ -1003,6 +1019,7 @@ impl Node {
                     files,
                     pids,
                     held: None,
+                    listed: true,
                 });
             }
             self.task_files.lock().remove(&job);
@@ -1019,7 +1036,34 @@ impl Node {
             files,
             pids,
             held: None,
+            listed: true,
         })
+    }
+
+    /// [`Node::task`] without its process list (`pids` empty, `listed` false), for a
+    /// freezer switch that reads the lists for its report once it is verified, not on
+    /// its way: from the kept files, whose `cgroup.events` says whether the task has a
+    /// process (and fails once the cgroup is gone). A task whose files are not kept, or
+    /// that has no freezer, is read in full.
+    fn task_unlisted(&self, job: u64) -> Option<Task> {
+        let kept = self.task_files.lock().get(&job).cloned();
+        match kept {
+            Some(files) if files.has_freezer() => match files.event("populated") {
+                Some(populated) => populated.then(|| Task {
+                    dir: self
+                        .cgroup
+                        .as_ref()
+                        .map(|cg| cg.job_dir(job))
+                        .unwrap_or_default(),
+                    files,
+                    pids: Vec::new(),
+                    held: None,
+                    listed: false,
+                }),
+                None => self.task(job),
+            },
+            _ => self.task(job),
+        }
     }
 
     /// Every task of this node (or only `job`'s), with what the kernel says of it.
@@ -1267,26 +1311,45 @@ impl Node {
             out.extend(self.act(A::JobResume, req, new, creds)?);
             return Ok(out);
         }
-        // The new task, with whether its processes are held: a process stopped by job
-        // control reads `T` while the freezer holds it too, so this is what a read after
-        // the thaw would find.
-        let ready = |job: u64| {
-            self.task(job).map(|mut t| {
-                t.held = Some(t.files.all_held(&t.pids));
-                t
-            })
-        };
         let start = Instant::now();
         self.one_at_a_time(&[old, new], || {
+            // Asked by root, and neither task suspended by signals (whose state comes from
+            // its processes'), the tasks' process lists are read for the report once the
+            // switch is verified, not on its way: the kernel's `frozen` is the verification.
+            let unlisted = creds.uid == 0 && {
+                let marked = self.stopping_jobs.lock();
+                !marked.contains(&old) && !marked.contains(&new)
+            };
+            let task_of = |job: u64| {
+                if unlisted {
+                    self.task_unlisted(job)
+                } else {
+                    self.task(job)
+                }
+            };
+            // The new task, with whether its processes are held: a process stopped by job
+            // control reads `T` while the freezer holds it too, so this is what a read
+            // after the thaw would find.
+            let ready = |job: u64| {
+                task_of(job).map(|mut t| {
+                    t.held = Some(if t.listed {
+                        t.files.all_held(&t.pids)
+                    } else {
+                        t.files.all_held_unlisted()
+                    });
+                    t
+                })
+            };
             // Until both tasks' results are taken, with the freezer (never for the signal
             // method's verification loops): the thaw wakes the new task's processes, and
             // each of them would otherwise run first.
-            let mut _rt = None;
+            let mut rt = None;
             let mut out = Vec::with_capacity(2);
+            let mut to_count = Vec::new();
             let mut next = None;
-            if let Some(t) = self.task(old) {
+            if let Some(t) = task_of(old) {
                 if t.files.has_freezer() {
-                    _rt = self.switch_priority();
+                    rt = self.switch_priority();
                 }
                 let mut ahead = || {
                     if old != new {
@@ -1295,13 +1358,29 @@ impl Node {
                 };
                 let mut i = self.act_on_task(A::JobSuspend, req, old, &t, creds, &mut ahead)?;
                 i.took_ns = nanos_since(start);
+                if !t.listed {
+                    to_count.push((out.len(), t.files.clone()));
+                }
                 out.push(i);
             }
             let start = Instant::now();
-            if let Some(t) = next.unwrap_or_else(|| self.task(new)) {
+            if let Some(t) = next.unwrap_or_else(|| task_of(new)) {
                 let mut i = self.act_on_task(A::JobResume, req, new, &t, creds, &mut || {})?;
                 i.took_ns = nanos_since(start);
+                if !t.listed {
+                    to_count.push((out.len(), t.files.clone()));
+                }
                 out.push(i);
+            }
+            drop(rt);
+            // Verified: the reports' process counts (a task emptied meanwhile is reported
+            // so, as a listed one would have been).
+            for (at, files) in to_count {
+                let procs = files.procs().unwrap_or_default().len();
+                out[at].procs = procs as u32;
+                if procs == 0 {
+                    out[at].state = "empty".into();
+                }
             }
             Ok(out)
         })
@@ -1371,7 +1450,11 @@ impl Node {
             }
             _ => return Err(Error::Invalid(format!("invalid subtree {}", req.subtree))),
         };
-        self.may_act(creds, job, &task.pids)?;
+        if task.listed {
+            self.may_act(creds, job, &task.pids)?;
+        } else if creds.uid != 0 {
+            self.may_act(creds, job, &files.procs().unwrap_or_default())?;
+        }
         let signals = match method {
             Method::Signals => true,
             _ if files.has_freezer() => false,
@@ -1401,7 +1484,18 @@ impl Node {
         let marked = self.stopping_jobs.lock().contains(&job);
         // The state before the action, read by the actions whose report needs it (before
         // they act).
-        let state_before = || Self::task_state(files, &members, whole && marked);
+        let state_before = || {
+            if task.listed {
+                Self::task_state(files, &members, whole && marked)
+            } else if files.frozen() || files.all_held_unlisted() {
+                // Not marked (a switch reads its lists first then).
+                "suspended"
+            } else if files.freezing() {
+                "suspending"
+            } else {
+                "running"
+            }
+        };
         let frozen = || files.frozen() || files.freezing();
         let mut changed;
         let mut left = Vec::new();
@@ -1482,7 +1576,13 @@ impl Node {
                 changed = state_before() != "running";
                 // Read before the thaw (a process stopped by job control reads `T` while
                 // frozen too), or by a switch while it froze the other task.
-                let held = task.held.unwrap_or_else(|| files.all_held(&members));
+                let held = task.held.unwrap_or_else(|| {
+                    if task.listed {
+                        files.all_held(&members)
+                    } else {
+                        files.all_held_unlisted()
+                    }
+                });
                 files.set_frozen(dir, false)?;
                 // Thawed (the kernel has just said `frozen 0`, and nothing asks for a
                 // freeze): stopped only if every process is held by a job-control stop.
@@ -1522,6 +1622,11 @@ impl Node {
             self.mark_stopping(job, false);
         }
         let mut after = match known {
+            // Its processes are counted by the caller, once the switch is verified.
+            Some(state) if !task.listed => pb::TaskInfo {
+                state: state.into(),
+                ..self.task_brief_as(job, &[], state)
+            },
             Some(state) => self.task_brief_as(job, &members, state),
             None => self.task_brief(job, files, &reached(self), whole),
         };
