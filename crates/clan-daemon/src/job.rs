@@ -115,6 +115,18 @@ pub struct Task {
     listed: bool,
 }
 
+impl Task {
+    /// Whether every process of the task is held by a job-control stop: from its list
+    /// when read, else through the kept first process ([`TaskFiles::all_held_unlisted`]).
+    fn all_held(&self) -> bool {
+        if self.listed {
+            self.files.all_held(&self.pids)
+        } else {
+            self.files.all_held_unlisted()
+        }
+    }
+}
+
 /// Descriptors on a task's `cgroup.freeze`, `cgroup.events` and `cgroup.procs`, kept from
 /// one request to the next (`Node::task_files`): a job switch, on a gang scheduler's every
 /// time slice, reads and writes them without walking a path through cgroupfs each time.
@@ -1092,9 +1104,20 @@ impl Node {
     /// Without a freezer it comes from the processes' states and `marked` (the whole job is
     /// being suspended by signals, or was, by a suspend that stopped only some).
     fn task_state(files: &TaskFiles, pids: &[u32], marked: bool) -> &'static str {
-        if pids.is_empty() {
+        Self::task_state_by(files, pids.is_empty(), || all_held(pids), marked)
+    }
+
+    /// [`Self::task_state`] from whether the task is `empty` and a check that every
+    /// process is held, asked only when the freezer does not hold the task.
+    fn task_state_by(
+        files: &TaskFiles,
+        empty: bool,
+        all_held: impl FnOnce() -> bool,
+        marked: bool,
+    ) -> &'static str {
+        if empty {
             "empty"
-        } else if files.frozen() || all_held(pids) {
+        } else if files.frozen() || all_held() {
             "suspended"
         } else if files.freezing() || marked {
             "suspending"
@@ -1332,11 +1355,7 @@ impl Node {
             // after the thaw would find.
             let ready = |job: u64| {
                 task_of(job).map(|mut t| {
-                    t.held = Some(if t.listed {
-                        t.files.all_held(&t.pids)
-                    } else {
-                        t.files.all_held_unlisted()
-                    });
+                    t.held = Some(t.all_held());
                     t
                 })
             };
@@ -1487,13 +1506,9 @@ impl Node {
         let state_before = || {
             if task.listed {
                 Self::task_state(files, &members, whole && marked)
-            } else if files.frozen() || files.all_held_unlisted() {
-                // Not marked (a switch reads its lists first then).
-                "suspended"
-            } else if files.freezing() {
-                "suspending"
             } else {
-                "running"
+                // Not marked (a switch reads its lists first then), and not empty.
+                Self::task_state_by(files, false, || task.all_held(), false)
             }
         };
         let frozen = || files.frozen() || files.freezing();
@@ -1576,13 +1591,7 @@ impl Node {
                 changed = state_before() != "running";
                 // Read before the thaw (a process stopped by job control reads `T` while
                 // frozen too), or by a switch while it froze the other task.
-                let held = task.held.unwrap_or_else(|| {
-                    if task.listed {
-                        files.all_held(&members)
-                    } else {
-                        files.all_held_unlisted()
-                    }
-                });
+                let held = task.held.unwrap_or_else(|| task.all_held());
                 files.set_frozen(dir, false)?;
                 // Thawed (the kernel has just said `frozen 0`, and nothing asks for a
                 // freeze): stopped only if every process is held by a job-control stop.
