@@ -36,17 +36,25 @@ use std::time::{Duration, Instant};
 /// How long a freeze, thaw or kill may take before it is reported as failed.
 const SETTLE: Duration = Duration::from_secs(10);
 
-/// `key` of a `cgroup.events` read through `f` from its start (which also re-arms the
-/// kernel's notification on that descriptor).
-fn event_of(f: &std::fs::File, key: &str) -> Option<bool> {
+/// What `parse` finds in one read of a `cgroup.events` through `f` from its start (which
+/// also re-arms the kernel's notification on that descriptor).
+fn with_events<T>(f: &std::fs::File, parse: impl FnOnce(&str) -> Option<T>) -> Option<T> {
     use std::os::unix::fs::FileExt;
     let mut buf = [0u8; 256];
     let n = f.read_at(&mut buf, 0).ok()?;
-    std::str::from_utf8(&buf[..n])
-        .ok()?
-        .lines()
+    parse(std::str::from_utf8(&buf[..n]).ok()?)
+}
+
+/// `key` of a `cgroup.events` text.
+fn key_in(text: &str, key: &str) -> Option<bool> {
+    text.lines()
         .find_map(|l| l.strip_prefix(key)?.trim().parse::<u8>().ok())
         .map(|v| v == 1)
+}
+
+/// `key` of a `cgroup.events` read through `f`.
+fn event_of(f: &std::fs::File, key: &str) -> Option<bool> {
+    with_events(f, |text| key_in(text, key))
 }
 
 /// Waits until `cgroup.events` of `dir`, open as `f`, says `key` is `want`, woken by the
@@ -113,9 +121,19 @@ pub struct Task {
     /// `cgroup.procs` only once the switch is verified, for the report
     /// ([`Node::task_unlisted`]): `pids` is empty until then.
     listed: bool,
+    /// The kernel's `frozen`, when read with `populated` in the same read of
+    /// `cgroup.events` that found the task ([`Node::task_unlisted`]). Found under the
+    /// task's lock, which every freeze and thaw of the task holds: still what the kernel
+    /// says until the action under that lock freezes or thaws it.
+    frozen: Option<bool>,
 }
 
 impl Task {
+    /// Whether the kernel reports the task frozen: as found, else read now.
+    fn frozen(&self) -> bool {
+        self.frozen.unwrap_or_else(|| self.files.frozen())
+    }
+
     /// Whether every process of the task is held by a job-control stop: from its list
     /// when read, else through the kept first process ([`TaskFiles::all_held_unlisted`]).
     fn all_held(&self) -> bool {
@@ -244,6 +262,13 @@ impl TaskFiles {
 
     fn event(&self, key: &str) -> Option<bool> {
         event_of(&self.events, key)
+    }
+
+    /// `populated` and `frozen` of one read of `cgroup.events` (a task with a freezer).
+    fn populated_frozen(&self) -> Option<(bool, bool)> {
+        with_events(&self.events, |text| {
+            Some((key_in(text, "populated")?, key_in(text, "frozen")?))
+        })
     }
 
     /// Whether `cgroup.freeze` asks for the task frozen (it may not be yet).
@@ -1032,6 +1057,7 @@ impl Node {
                     pids,
                     held: None,
                     listed: true,
+                    frozen: None,
                 });
             }
             self.task_files.lock().remove(&job);
@@ -1049,6 +1075,7 @@ impl Node {
             pids,
             held: None,
             listed: true,
+            frozen: None,
         })
     }
 
@@ -1060,8 +1087,8 @@ impl Node {
     fn task_unlisted(&self, job: u64) -> Option<Task> {
         let kept = self.task_files.lock().get(&job).cloned();
         match kept {
-            Some(files) if files.has_freezer() => match files.event("populated") {
-                Some(populated) => populated.then(|| Task {
+            Some(files) if files.has_freezer() => match files.populated_frozen() {
+                Some((populated, frozen)) => populated.then(|| Task {
                     dir: self
                         .cgroup
                         .as_ref()
@@ -1071,6 +1098,7 @@ impl Node {
                     pids: Vec::new(),
                     held: None,
                     listed: false,
+                    frozen: Some(frozen),
                 }),
                 None => self.task(job),
             },
@@ -1104,20 +1132,22 @@ impl Node {
     /// Without a freezer it comes from the processes' states and `marked` (the whole job is
     /// being suspended by signals, or was, by a suspend that stopped only some).
     fn task_state(files: &TaskFiles, pids: &[u32], marked: bool) -> &'static str {
-        Self::task_state_by(files, pids.is_empty(), || all_held(pids), marked)
+        Self::task_state_by(files, pids.is_empty(), None, || all_held(pids), marked)
     }
 
-    /// [`Self::task_state`] from whether the task is `empty` and a check that every
-    /// process is held, asked only when the freezer does not hold the task.
+    /// [`Self::task_state`] from whether the task is `empty`, its `frozen` when known
+    /// (else read), and a check that every process is held, asked only when the freezer
+    /// does not hold the task.
     fn task_state_by(
         files: &TaskFiles,
         empty: bool,
+        frozen: Option<bool>,
         all_held: impl FnOnce() -> bool,
         marked: bool,
     ) -> &'static str {
         if empty {
             "empty"
-        } else if files.frozen() || all_held() {
+        } else if frozen.unwrap_or_else(|| files.frozen()) || all_held() {
             "suspended"
         } else if files.freezing() || marked {
             "suspending"
@@ -1508,7 +1538,7 @@ impl Node {
                 Self::task_state(files, &members, whole && marked)
             } else {
                 // Not marked (a switch reads its lists first then), and not empty.
-                Self::task_state_by(files, false, || task.all_held(), false)
+                Self::task_state_by(files, false, task.frozen, || task.all_held(), false)
             }
         };
         let frozen = || files.frozen() || files.freezing();
@@ -1582,7 +1612,7 @@ impl Node {
             A::JobSuspend => {
                 // Already suspended by clan: frozen, or stopped as a whole by signals (a
                 // task's processes are not read on a gang scheduler's every time slice).
-                changed = !(files.frozen() || marked && files.all_held(&members));
+                changed = !(task.frozen() || marked && files.all_held(&members));
                 files.set_frozen_within(dir, true, SETTLE, meanwhile)?;
                 // The kernel has just said `frozen 1`: not read again below.
                 known = Some("suspended");
