@@ -2321,11 +2321,22 @@ fn a_client_that_keeps_asking_a_node_gets_a_link_to_it() {
         c.spawn(2, &["sleep", "1000"]),
         c.spawn(2, &["sleep", "1001"]),
     );
+    // A second client with a link of its own reads first after the break: its read is
+    // sent into the closed link (reads are not looked before), lost, and asked again
+    // through cland.
+    let reader = c.client(1);
+    rt.block_on(async {
+        for _ in 0..=clan_client::LINK_AFTER + 1 {
+            reader.proc(read_req(third, "status")).await.unwrap();
+        }
+    });
     c.kill_cland(2);
     let daemon = KillOnDrop(c.restart_cland(2));
     eventually("node 2 back", Duration::from_secs(10), || {
         rt.block_on(relayed.proc(read_req(other, "status"))).ok()
     });
+    let r = rt.block_on(reader.proc(read_req(third, "status"))).unwrap();
+    assert!(String::from_utf8_lossy(&r.data).contains(&format!("\nPid:\t{third}\n")));
     rt.block_on(client.kill_one(other, libc::SIGTERM)).unwrap();
     let o = c.clan(&["wait", &other.to_string()]);
     assert_eq!(o.status.code(), Some(128 + 15));

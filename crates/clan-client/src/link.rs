@@ -198,9 +198,11 @@ impl Link {
         }
         let (rd, wr) = &mut *io;
         // A link whose node closed it meanwhile (its cland restarted, or it was idle too
-        // long) is seen here, before a request is sent into it: the request then goes
-        // through cland, not lost.
-        if closed(rd) {
+        // long) is seen here, before a signal is sent into it: the signal then goes
+        // through cland, not lost. A read is sent without that look (one system call
+        // less): one the closed link loses is asked again through cland by its caller
+        // ([`crate::Client::proc`]), as reads change nothing.
+        if matches!(op, pb::peer_request::Op::Signal(_)) && closed(rd) {
             return Err(false);
         }
         let id = self.next.fetch_add(1, Ordering::Relaxed);
