@@ -343,6 +343,39 @@ impl Cg {
     }
 }
 
+/// How a block of the floor's switches runs.
+#[derive(Clone, Copy, Debug)]
+struct FloorMode {
+    /// How each freeze and thaw is waited for.
+    how: Wait,
+    /// Each switch followed by [`PACE`], as a gang scheduler's switches are apart.
+    paced: bool,
+    /// The thread at the real-time priority cland's switch takes.
+    rt: bool,
+}
+
+/// The floor: poll(2), paced, at an ordinary priority.
+const FLOOR: FloorMode = FloorMode {
+    how: Wait::Poll,
+    paced: true,
+    rt: false,
+};
+
+/// The floor at the real-time priority cland's switch takes.
+const RT_FLOOR: FloorMode = FloorMode { rt: true, ..FLOOR };
+
+/// The floor re-reading `cgroup.events` instead of polling it.
+const SPIN_FLOOR: FloorMode = FloorMode {
+    how: Wait::Spin,
+    ..FLOOR
+};
+
+/// The floor's switches back to back.
+const BACK_TO_BACK: FloorMode = FloorMode {
+    paced: false,
+    ..FLOOR
+};
+
 /// How the floor waits for `cgroup.events` to change.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Wait {
@@ -382,18 +415,16 @@ impl Floor {
         Ok(f)
     }
 
-    /// Thaws `a`, times `k` switches (at most `budget`, at least [`MIN_PER_BLOCK`]) waiting
-    /// `how`, each followed by [`PACE`] when `paced`, with the thread at the real-time
-    /// priority cland's switch takes when `rt`; parks.
+    /// Thaws `a`, times `k` switches (at most `budget`, at least [`MIN_PER_BLOCK`]) run as
+    /// `mode` says; parks.
     fn block(
         &self,
-        how: Wait,
-        paced: bool,
-        rt: bool,
+        mode: FloorMode,
         k: usize,
         budget: Duration,
         s: &mut Samples,
     ) -> anyhow::Result<()> {
+        let FloorMode { how, paced, rt } = mode;
         let _rt = if rt {
             let rt = clan_core::sys::RealTime::enter(clan_core::config::DEFAULT_SWITCH_PRIORITY)
                 .context("SCHED_FIFO for the real-time floor")?;
@@ -674,10 +705,10 @@ fn switch_config(
         rtt: Samples::default(),
     };
     for _ in 0..ROUNDS {
-        floor.block(Wait::Poll, true, false, per, budget, &mut row.floor)?;
-        floor.block(Wait::Poll, true, true, per, budget, &mut row.rt_floor)?;
-        floor.block(Wait::Spin, true, false, per, budget, &mut row.spin)?;
-        floor.block(Wait::Poll, false, false, per, budget, &mut row.back_to_back)?;
+        floor.block(FLOOR, per, budget, &mut row.floor)?;
+        floor.block(RT_FLOOR, per, budget, &mut row.rt_floor)?;
+        floor.block(SPIN_FLOOR, per, budget, &mut row.spin)?;
+        floor.block(BACK_TO_BACK, per, budget, &mut row.back_to_back)?;
         tasks.block(
             FREEZE,
             per,
