@@ -347,7 +347,21 @@ fn ps_lists_every_node_and_filters() {
     root_or_skip!("ps_lists_every_node_and_filters");
     let c = Cluster::up(3);
     let gs: Vec<Gpid> = (1..=3).map(|n| c.spawn(n, &["sleep", "300"])).collect();
-    let all = c.ps(&[]);
+    // Right after its start a process may still be running (its exec, its loader): the
+    // listing is taken once every one of them has reached its sleep.
+    let all = eventually(
+        "every sleep listed sleeping",
+        Duration::from_secs(10),
+        || {
+            let all = c.ps(&[]);
+            gs.iter()
+                .all(|g| {
+                    all.iter()
+                        .any(|p| p["gpid"].as_u64() == Some(g.raw()) && p["state"] == "S")
+                })
+                .then_some(all)
+        },
+    );
     for g in &gs {
         let p = all
             .iter()
