@@ -1132,22 +1132,22 @@ impl Node {
     /// Without a freezer it comes from the processes' states and `marked` (the whole job is
     /// being suspended by signals, or was, by a suspend that stopped only some).
     fn task_state(files: &TaskFiles, pids: &[u32], marked: bool) -> &'static str {
-        Self::task_state_by(files, pids.is_empty(), None, || all_held(pids), marked)
+        let frozen = || files.frozen();
+        Self::task_state_by(files, pids.is_empty(), frozen, || all_held(pids), marked)
     }
 
-    /// [`Self::task_state`] from whether the task is `empty`, its `frozen` when known
-    /// (else read), and a check that every process is held, asked only when the freezer
-    /// does not hold the task.
+    /// [`Self::task_state`] from whether the task is `empty`, and checks that the freezer
+    /// holds it and that every process is held, each asked only when needed.
     fn task_state_by(
         files: &TaskFiles,
         empty: bool,
-        frozen: Option<bool>,
+        frozen: impl FnOnce() -> bool,
         all_held: impl FnOnce() -> bool,
         marked: bool,
     ) -> &'static str {
         if empty {
             "empty"
-        } else if frozen.unwrap_or_else(|| files.frozen()) || all_held() {
+        } else if frozen() || all_held() {
             "suspended"
         } else if files.freezing() || marked {
             "suspending"
@@ -1540,7 +1540,7 @@ impl Node {
                 Self::task_state(files, &members, whole && marked)
             } else {
                 // Not marked (a switch reads its lists first then), and not empty.
-                Self::task_state_by(files, false, task.frozen, || task.all_held(), false)
+                Self::task_state_by(files, false, || task.frozen(), || task.all_held(), false)
             }
         };
         let frozen = || files.frozen() || files.freezing();
