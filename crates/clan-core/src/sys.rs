@@ -793,6 +793,8 @@ pub struct ActingAs {
     /// The thread's capabilities before, when it kept uid 0 and lowered its effective set
     /// ([`ActingAs::reader`]); `None` when it took a user's uid.
     caps: Option<[CapData; 2]>,
+    /// Not `Send`: the thread that made it gives its identity back.
+    _thread: std::marker::PhantomData<*const ()>,
 }
 
 /// `struct __user_cap_header_struct` (linux/capability.h).
@@ -849,12 +851,48 @@ fn effective(data: &[CapData; 2]) -> u64 {
     u64::from(data[0].effective) | u64::from(data[1].effective) << 32
 }
 
+/// A thread's own identity, as [`ActingAs`] finds it before it changes anything.
+#[derive(Clone, Copy)]
+struct Own {
+    euid: u32,
+    caps: [CapData; 2],
+}
+
+thread_local! {
+    /// This thread's own identity, read at its first [`ActingAs`]: only an [`ActingAs`]
+    /// changes a thread's credentials (the daemons change no others once they serve), and
+    /// it gives them back when dropped, so outside one they are what they were. A
+    /// request served on a daemon's thread then costs no `geteuid` or `capget` to learn
+    /// that its reader is the daemon itself.
+    static OWN: std::cell::Cell<Option<Own>> = const { std::cell::Cell::new(None) };
+    /// The [`ActingAs`] alive on this thread (inside one, the identity is read again).
+    static ACTING: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// The calling thread's effective uid and capabilities.
+fn own() -> io::Result<Own> {
+    let acting = ACTING.with(|a| a.get()) > 0;
+    if !acting {
+        if let Some(o) = OWN.with(|o| o.get()) {
+            return Ok(o);
+        }
+    }
+    let o = Own {
+        // SAFETY: geteuid has no preconditions.
+        euid: unsafe { libc::geteuid() },
+        caps: thread_caps()?,
+    };
+    if !acting {
+        OWN.with(|c| c.set(Some(o)));
+    }
+    Ok(o)
+}
+
 impl ActingAs {
     /// Acts as `uid`/`gid`/`groups`; `Ok(None)` when the caller is not root or the user is
     /// root (nothing to change).
     pub fn user(uid: u32, gid: u32, groups: &[u32]) -> io::Result<Option<ActingAs>> {
-        // SAFETY: geteuid and getegid have no preconditions.
-        if uid == 0 || unsafe { libc::geteuid() } != 0 {
+        if uid == 0 || own()?.euid != 0 {
             return Ok(None);
         }
         ActingAs::switch(Some(uid), gid, groups, None)
@@ -872,8 +910,8 @@ impl ActingAs {
         groups: &[u32],
         caps: Option<u64>,
     ) -> io::Result<Option<ActingAs>> {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
+        let own = own()?;
+        if own.euid != 0 {
             return Ok(None);
         }
         if uid != 0 {
@@ -882,7 +920,7 @@ impl ActingAs {
         let Some(caps) = caps else {
             return Ok(None);
         };
-        let before = thread_caps()?;
+        let before = own.caps;
         let mine = effective(&before);
         if mine & !caps == 0 {
             return Ok(None);
@@ -919,7 +957,9 @@ impl ActingAs {
             gid: unsafe { libc::getegid() },
             groups: saved,
             caps: caps.map(|(before, _)| before),
+            _thread: std::marker::PhantomData,
         };
+        ACTING.with(|a| a.set(a.get() + 1));
         let check = |ret: libc::c_long| {
             if ret == 0 {
                 Ok(())
@@ -965,6 +1005,7 @@ impl Drop for ActingAs {
                 std::process::abort();
             }
         }
+        ACTING.with(|a| a.set(a.get() - 1));
     }
 }
 
@@ -1049,6 +1090,50 @@ mod acting_tests {
             .unwrap()
             .is_none());
         assert!(ActingAs::reader(0, 0, &[], None).unwrap().is_none());
+    }
+
+    /// The thread's own identity is read once, and again inside an [`ActingAs`]: one made
+    /// inside another starts from what the outer one left and gives that back.
+    #[test]
+    fn acting_inside_acting_starts_from_the_outer_identity() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: needs root");
+            return;
+        }
+        let mine = eff();
+        if !cap::has(mine, cap::SYS_PTRACE) || !cap::has(mine, cap::DAC_READ_SEARCH) {
+            eprintln!("skipped: needs CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH");
+            return;
+        }
+        std::thread::spawn(move || {
+            // The identity read and kept: nothing to change for the daemon itself.
+            assert!(ActingAs::reader(0, 0, &[], Some(mine)).unwrap().is_none());
+            let outer = mine & !(1 << cap::SYS_PTRACE);
+            let inner = outer & !(1 << cap::DAC_READ_SEARCH);
+            let a = ActingAs::reader(0, 0, &[], Some(outer))
+                .unwrap()
+                .expect("lowered");
+            let b = ActingAs::reader(0, 0, &[], Some(inner))
+                .unwrap()
+                .expect("lowered");
+            assert_eq!(eff(), inner);
+            drop(b);
+            assert_eq!(eff(), outer, "the inner one gives back the outer's set");
+            drop(a);
+            assert_eq!(eff(), mine);
+            // As a user, the thread can take no other user's identity, and says so.
+            let u = ActingAs::user(65534, 65534, &[]).unwrap().expect("a user");
+            // SAFETY: geteuid has no preconditions.
+            assert_eq!(unsafe { libc::geteuid() }, 65534);
+            assert!(ActingAs::user(65533, 65533, &[]).unwrap().is_none());
+            drop(u);
+            // SAFETY: geteuid has no preconditions.
+            assert_eq!(unsafe { libc::geteuid() }, 0);
+            assert_eq!(eff(), mine);
+        })
+        .join()
+        .unwrap();
     }
 }
 

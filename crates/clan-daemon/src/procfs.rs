@@ -176,8 +176,8 @@ pub fn rewrite_stat(text: &[u8], m: &dyn PidMap) -> Option<Vec<u8>> {
 /// NS lines start with the number in the node's namespace (the one its /proc shows) and go
 /// down nested namespaces; they get that one value: the cluster has one pid namespace.
 pub fn rewrite_status(text: &[u8], m: &dyn PidMap) -> Vec<u8> {
-    use std::io::Write;
     let mut out = Vec::with_capacity(text.len() + 64);
+    let mut digits = itoa::Buffer::new();
     let mut rest = text;
     while !rest.is_empty() {
         // The ids come before the first memory line (`VmPeak`, or `VmSize`...) and end
@@ -202,14 +202,14 @@ pub fn rewrite_status(text: &[u8], m: &dyn PidMap) -> Vec<u8> {
                 b"NSsid" => |m, v| m.sid(v),
                 _ => return None,
             };
-            let val = std::str::from_utf8(&line[c + 1..]).ok()?;
-            let v = val.split_whitespace().next()?.parse::<i64>().ok()?;
-            Some((c, map(m, v)))
+            Some((c, map(m, first_number(&line[c + 1..])?)))
         });
         match new {
             Some((c, v)) => {
                 out.extend_from_slice(&line[..c]);
-                let _ = writeln!(out, ":\t{v}");
+                out.extend_from_slice(b":\t");
+                out.extend_from_slice(digits.format(v).as_bytes());
+                out.push(b'\n');
                 if &line[..c] == b"NSsid" {
                     break;
                 }
@@ -219,6 +219,15 @@ pub fn rewrite_status(text: &[u8], m: &dyn PidMap) -> Vec<u8> {
     }
     out.extend_from_slice(rest);
     out
+}
+
+/// The first word of `value` (a status line's part after its key) as a number; `None`
+/// when it is none.
+fn first_number(value: &[u8]) -> Option<i64> {
+    let word = value
+        .split(|b| b.is_ascii_whitespace())
+        .find(|w| !w.is_empty())?;
+    std::str::from_utf8(word).ok()?.parse().ok()
 }
 
 /// `text` with each line `f` rewrites (given it as UTF-8) replaced; every other line, one
