@@ -9,7 +9,7 @@
 //! | 16, 17 ... 22 | the hidden `.clan-walk` and its files (`crate::walk`) |
 //! | `1 << 20 \| n << 4 \| k` | `nodes/n` (k = 0) and its files (k = 1 ... 6) |
 //! | `gpid << 24` | the directory `/GPID` |
-//! | `gpid << 24 \| t << 21 \| 1 << 20 \| i` | a name of `/GPID` (i below 4096: its index in a table shared by every process, never renumbered) or a deeper path (i from 4096: its index in the gpid's own table), of the `t`th process to have the gpid (modulo 8) |
+//! | `gpid << 24 \| t << 21 \| 1 << 20 \| i` | a name of `/GPID` (i below 4096: its index in a table shared by every process, never renumbered) or a deeper path (i from 4096: its index in the gpid's own table), of the process that tag `t` (one of eight, [`Inodes::bind`]) stands for |
 //! | `1 << 63 \| i` | a path passed through to the local /proc (i: index in that table) |
 //!
 //! Gpids are below 2^31 (213 nodes of 10^7), so `gpid << 24` stays below 2^55.
@@ -18,7 +18,10 @@
 //! takes the pid of one that exited is a new one: the kernel gets its directory with a new
 //! generation (the start time, [`Inodes::start_of`]), and its paths get numbers of their
 //! own (the tag `t`), so a handle on the old process's files stays the old process's, and
-//! the view answers it as the kernel does for an exited process.
+//! the view answers it as the kernel does for an exited process. A new process takes a
+//! tag of which the kernel holds no number ([`Inodes::bind`]), so that a tag's start time
+//! is replaced only once nothing can ask about the process it stood for (unless the
+//! kernel holds numbers of all eight).
 //!
 //! The tables hold what the kernel may still ask about, no more (FUSE's forget): the
 //! kernel holds a number from each lookup that answered it until it forgets that many
@@ -42,7 +45,8 @@ const PROC_SHIFT: u32 = 24;
 const PROC_PATH: u64 = 1 << 20;
 const PROC_INDEX: u64 = (1 << 20) - 1;
 /// Processes one after the other with one gpid whose paths have numbers apart: the tag
-/// in bits 21 to 23 (a handle kept on the 8th process before is taken for this one's).
+/// in bits 21 to 23, one the kernel holds no number of (of eight, while it holds some of
+/// each, the one after the current: a handle kept on that process is then this one's).
 const TAGS: usize = 8;
 const TAG_SHIFT: u32 = 21;
 const TAG_MASK: u64 = (TAGS as u64 - 1) << TAG_SHIFT;
@@ -280,6 +284,9 @@ struct ProcState {
     paths: PathTable,
     /// Lookups of `/GPID` and of its names the kernel has not forgotten.
     held: u64,
+    /// Lookups the kernel has not forgotten of the numbers of each tag (the names of
+    /// `/GPID` and the deeper paths of the process the tag stands for).
+    held_tags: [u64; TAGS],
 }
 
 impl ProcState {
@@ -292,6 +299,7 @@ impl ProcState {
                 ..PathTable::default()
             },
             held: 0,
+            held_tags: [0; TAGS],
         }
     }
 
@@ -317,6 +325,12 @@ fn proc_ino(ino: u64) -> Option<ProcIno> {
         i if i < PROC_NAMES => Some(ProcIno::Named(g)),
         i => Some(ProcIno::Deeper(g, i)),
     }
+}
+
+/// The tag of a number of a process's path (`None` for `/GPID` itself, which has none).
+fn tag_of(ino: u64) -> Option<usize> {
+    let low = ino & ((1 << PROC_SHIFT) - 1);
+    (gpid_of(ino).is_some() && low != 0).then_some(((low & TAG_MASK) >> TAG_SHIFT) as usize)
 }
 
 /// The tables behind the numbers that are not computed.
@@ -439,7 +453,9 @@ impl Inodes {
 
     /// `gpid` names the process that started at `start` from now on (what a lookup of
     /// `/GPID` found). Another one than before is a new process: its paths get a tag of
-    /// their own. 0 (not known) changes nothing.
+    /// their own, the first after the current of which the kernel holds no number (the
+    /// one after the current when it holds numbers of every tag). 0 (not known) changes
+    /// nothing.
     pub fn bind(&mut self, gpid: u64, start: u64) {
         if start == 0 {
             return;
@@ -449,7 +465,11 @@ impl Inodes {
             return;
         }
         if state.starts[state.current] != 0 {
-            state.current = (state.current + 1) % TAGS;
+            let after = |k: usize| (state.current + k) % TAGS;
+            state.current = (1..TAGS)
+                .map(after)
+                .find(|&t| state.held_tags[t] == 0)
+                .unwrap_or(after(1));
         }
         state.starts[state.current] = start;
     }
@@ -459,16 +479,24 @@ impl Inodes {
         if ino & PASS != 0 {
             return self.pass.looked_up(ino & !PASS);
         }
-        match proc_ino(ino) {
+        let tag = tag_of(ino);
+        let state = match proc_ino(ino) {
             Some(ProcIno::Named(g)) => {
-                self.procs.entry(g).or_insert_with(ProcState::new).held += 1;
+                let state = self.procs.entry(g).or_insert_with(ProcState::new);
+                state.held += 1;
+                state
             }
-            Some(ProcIno::Deeper(g, i)) => {
-                if let Some(state) = self.procs.get_mut(&g) {
+            Some(ProcIno::Deeper(g, i)) => match self.procs.get_mut(&g) {
+                Some(state) if state.paths.get(i).is_some() => {
                     state.paths.looked_up(i);
+                    state
                 }
-            }
-            None => {}
+                _ => return,
+            },
+            None => return,
+        };
+        if let Some(t) = tag {
+            state.held_tags[t] += 1;
         }
     }
 
@@ -494,6 +522,9 @@ impl Inodes {
             }
             None => return,
         };
+        if let (Some(state), Some(t)) = (self.procs.get_mut(&g), tag_of(ino)) {
+            state.held_tags[t] = state.held_tags[t].saturating_sub(n);
+        }
         if self.procs.get(&g).is_some_and(ProcState::is_empty) {
             self.procs.remove(&g);
         }
@@ -784,6 +815,56 @@ mod tests {
         let other = t.ino(&Node::ProcPath(30_000_001, "status".into())).unwrap();
         assert_eq!(t.start_of(other), 0);
         assert_eq!(t.start_of(ROOT), 0);
+    }
+
+    /// Regression: the ninth process to have a gpid took the tag of the first, whose
+    /// start time it replaced, while the kernel still held a number of the first: an
+    /// attribute asked of that handle was the new process's. A tag the kernel holds a
+    /// number of is now passed over.
+    #[test]
+    fn a_tag_the_kernel_holds_is_not_given_to_a_new_process() {
+        let mut t = Inodes::default();
+        let g = 20_000_005;
+        let p = |name: &str| Node::ProcPath(g, name.to_string());
+        t.bind(g, 100);
+        let first = t.ino(&p("status")).unwrap();
+        t.looked_up(first);
+        // Twenty processes after it, each looked up and forgotten again.
+        for start in 101..121 {
+            t.bind(g, start);
+            let n = t.ino(&p("status")).unwrap();
+            assert_ne!(n, first, "start {start} took the held tag");
+            assert_eq!(t.start_of(n), start);
+            t.looked_up(n);
+            t.forget(n, 1);
+            assert_eq!(t.start_of(first), 100, "after start {start}");
+        }
+        // Once the kernel forgot it, the tag is free again.
+        t.forget(first, 1);
+        let mut seen = std::collections::HashSet::new();
+        for start in 200..208 {
+            t.bind(g, start);
+            seen.insert(t.ino(&p("status")).unwrap());
+        }
+        assert!(seen.contains(&first), "the forgotten tag is given again");
+        // The kernel holding numbers of all eight: the one after the current, as before.
+        let mut held = Vec::new();
+        for start in 300..308 {
+            t.bind(g, start);
+            let n = t.ino(&p("fd/3")).unwrap();
+            t.looked_up(n);
+            held.push(n);
+        }
+        let current = t.ino(&p("fd/3")).unwrap();
+        t.bind(g, 400);
+        let next = t.ino(&p("fd/3")).unwrap();
+        assert_ne!(next, current);
+        assert_eq!(t.start_of(next), 400);
+        for n in held {
+            t.forget(n, 1);
+        }
+        t.retain_procs(|_| false);
+        assert_eq!(t.sizes(), (0, 0));
     }
 
     #[test]
