@@ -703,6 +703,32 @@ mod status_tests {
     }
 
     #[test]
+    fn stat_lines_split_at_the_last_parenthesis() {
+        let line = b"4242 (a (b) c) S 1 4242 4243 0 -1 4194560 120 0 0 0 3 1 0 0 20 0 1 0 \
+                     98765 11145216 777 18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 0 17 1 0 0\n";
+        let s = StatLine::parse(line).unwrap();
+        assert_eq!(s.comm, b"a (b) c");
+        assert_eq!(s.state(), Some('S'));
+        assert_eq!(s.number::<u32>(4), Some(1), "ppid");
+        assert_eq!(s.number::<u32>(6), Some(4243), "session");
+        assert_eq!(s.number::<i32>(8), Some(-1), "tpgid");
+        assert_eq!(s.number::<u64>(22), Some(98765), "start time");
+        assert_eq!(s.number::<u64>(24), Some(777), "rss");
+        assert_eq!(s.number::<u64>(41), Some(0), "the last field of this line");
+        assert_eq!(s.field(42), None);
+        assert_eq!(s.field(2), None, "the name is not a field");
+        assert!(StatLine::parse(b"12 (x)").is_none(), "cut short");
+        assert!(StatLine::parse(b"garbage").is_none());
+        assert!(StatLine::parse(b") (").is_none());
+        let own = std::fs::read("/proc/self/stat").unwrap();
+        let s = StatLine::parse(&own).unwrap();
+        assert_eq!(s.number::<u32>(1 + 2), None, "the state is no number");
+        assert_eq!(s.field(52).map(|_| ()), Some(()));
+        let start = s.number::<u64>(22);
+        assert_eq!(state_and_start(std::process::id()).map(|(_, t)| t), start);
+    }
+
+    #[test]
     fn nspid_is_taken_at_the_node_level() {
         // A process of a node of a local cluster (level 1), in a namespace nested twice.
         let s = "Pid:\t900\nNSpid:\t900\t42\t1\t3\n";
@@ -730,16 +756,53 @@ pub fn state_and_start_in(proc_root: &std::path::Path, pid: u32) -> Option<(char
 /// afresh from its start without a path walk.
 pub fn state_and_start_of(f: &std::fs::File) -> Option<(char, u64)> {
     use std::os::unix::fs::FileExt;
-    // One read: `stat` is one line, whole in a read that has room for it (a command name
-    // of at most 64 bytes and 52 numbers stay under 1.5 KiB), and it is read for every
-    // process a job operation or a liveness check looks at.
-    let mut buf = [0u8; 2048];
+    let mut buf = [0u8; STAT_LINE_MAX];
     let n = f.read_at(&mut buf, 0).ok()?;
-    let text = &buf[..n];
-    let end = text.iter().rposition(|&b| b == b')')?;
-    let rest = std::str::from_utf8(&text[end + 1..]).ok()?;
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    Some((f.first()?.chars().next()?, f.get(19)?.parse().ok()?))
+    let line = StatLine::parse(&buf[..n])?;
+    Some((line.state()?, line.number(22)?))
+}
+
+/// Room for a whole `stat` line in one read: a command name of at most 64 bytes and 52
+/// numbers stay under 1.5 KiB.
+pub const STAT_LINE_MAX: usize = 2048;
+
+/// A process's `stat` line (proc(5)), split once: the command name (between the first
+/// `(` and the last `)`, as it may hold either and spaces) and the fields after it. Read
+/// for every process a job operation, a liveness check or a heartbeat's scan looks at,
+/// where the fields used are a handful of the 52.
+pub struct StatLine<'a> {
+    pub comm: &'a [u8],
+    /// Fields 3 (the state) and on.
+    rest: Vec<&'a [u8]>,
+}
+
+impl<'a> StatLine<'a> {
+    /// `None` for a line cut short or not a `stat` line.
+    pub fn parse(line: &'a [u8]) -> Option<StatLine<'a>> {
+        let open = line.iter().position(|&b| b == b'(')?;
+        let close = line.iter().rposition(|&b| b == b')')?;
+        let comm = line.get(open + 1..close)?;
+        let rest: Vec<&[u8]> = line[close + 1..]
+            .split(|b| b.is_ascii_whitespace())
+            .filter(|f| !f.is_empty())
+            .collect();
+        (!rest.is_empty()).then_some(StatLine { comm, rest })
+    }
+
+    /// Field `n`, numbered as in proc(5) (3 is the state); `None` past the end.
+    pub fn field(&self, n: usize) -> Option<&'a [u8]> {
+        self.rest.get(n.checked_sub(3)?).copied()
+    }
+
+    /// Field `n` as a number.
+    pub fn number<T: std::str::FromStr>(&self, n: usize) -> Option<T> {
+        std::str::from_utf8(self.field(n)?).ok()?.parse().ok()
+    }
+
+    /// The state letter (field 3).
+    pub fn state(&self) -> Option<char> {
+        self.field(3)?.first().map(|&b| char::from(b))
+    }
 }
 
 /// Whether a process known by pid and start time still lives (not a zombie, not gone, not

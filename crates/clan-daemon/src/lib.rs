@@ -215,7 +215,10 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
     {
         // A first load sample before the first heartbeat, so peers never show zeros.
         let n = node.clone();
-        let _ = tokio::task::spawn_blocking(move || n.sample_load(1.0)).await;
+        let _ = tokio::task::spawn_blocking(move || {
+            n.sample_load(1.0, &process::view::TickScan::new(&n.view))
+        })
+        .await;
     }
     node.start_peers().await?;
     // The cluster /proc of `clan shell` (needs FUSE; cland runs without it), started now
@@ -270,9 +273,12 @@ pub async fn run(opts: Options) -> anyhow::Result<()> {
                 let v = view_server.clone();
                 let _ = tokio::task::spawn_blocking(move || {
                     v();
-                    n.sample_load(0.2);
+                    // One scan of the node's processes serves the samplers that need it.
+                    let before = n.aliases_before_scan();
+                    let scan = process::view::TickScan::new(&n.view);
+                    n.sample_load(0.2, &scan);
                     n.prune_jobs();
-                    n.prune_group_aliases();
+                    n.prune_group_aliases(&before, &scan);
                     n.check_link_holders();
                     n.recheck_deferred_orphans();
                     n.sample_task_peaks();

@@ -9,7 +9,7 @@ use crate::error::{Error, Result};
 use crate::peer::Peer;
 use crate::placement::Placement;
 use crate::process::group::{Aliases, Kind, Members};
-use crate::process::view::ProcView;
+use crate::process::view::{ProcView, TickScan};
 use crate::process::vproc::VProc;
 use crate::process::wait::ChildRec;
 use clan_core::{ClusterConfig, Gpid, JobId, NamedMutex, NamedRwLock, NodeId};
@@ -443,10 +443,21 @@ impl Node {
         }
     }
 
-    /// Refreshes this node's load figures from its /proc (runs on a blocking thread).
-    pub fn sample_load(&self, alpha: f64) {
+    /// Refreshes this node's load figures from its /proc (runs on a blocking thread): a
+    /// node of a local cluster, which shares the machine, from its own processes (`scan`:
+    /// runnable ones but clan's shepherds, all, their resident memory), any other from
+    /// the kernel's `loadavg`.
+    pub fn sample_load(&self, alpha: f64, scan: &TickScan) {
         let (running, total, rss) = if self.view.ns_init != 0 {
-            self.view.sample()
+            let procs = scan.get();
+            (
+                procs
+                    .iter()
+                    .filter(|p| p.state == 'R' && !p.shepherd)
+                    .count() as u32,
+                procs.len() as u32,
+                procs.iter().map(|p| p.rss_kb).sum(),
+            )
         } else {
             let la = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
             let run = la

@@ -14,6 +14,7 @@
 
 use crate::error::{Error, Result};
 use crate::node::Node;
+use crate::process::view::TickScan;
 use clan_core::sigset::{self, Attrs, Expr, Route};
 use clan_core::{Gpid, NodeId};
 use clan_proto::pb;
@@ -389,22 +390,30 @@ impl Node {
         }
     }
 
-    /// [`Node::prune_aliases`] over a fresh scan of the node (only when there are aliases).
-    pub fn prune_group_aliases(self: &Arc<Self>) {
-        // Before the scan: an alias made during it (its process started after its pid was
-        // listed) is not the scan's to judge.
-        let before = self.aliases.read().entries();
+    /// The aliases there now, for [`Node::prune_group_aliases`]: taken before the scan it
+    /// judges them by, since an alias made during the scan (its process started after its
+    /// pid was listed) is not that scan's to judge.
+    pub fn aliases_before_scan(&self) -> HashSet<(Kind, u32, Gpid)> {
+        self.aliases.read().entries()
+    }
+
+    /// [`Node::prune_aliases`] of the aliases `before` over the heartbeat's scan of the
+    /// node (made only when there are aliases).
+    pub fn prune_group_aliases(
+        self: &Arc<Self>,
+        before: &HashSet<(Kind, u32, Gpid)>,
+        scan: &TickScan,
+    ) {
         if before.is_empty() {
             return;
         }
-        let live: Vec<(u32, u32)> = self
-            .view
-            .pids()
-            .into_iter()
-            .filter_map(|p| self.view.attrs(p, false))
-            .map(|a| (a.pgrp, a.session))
+        let live: Vec<(u32, u32)> = scan
+            .get()
+            .iter()
+            .filter(|p| !p.shepherd)
+            .map(|p| (p.pgrp, p.session))
             .collect();
-        self.prune_aliases(&live, &before);
+        self.prune_aliases(&live, before);
     }
 
     /// Sizes of the group tables, for `clan stats`.

@@ -130,6 +130,12 @@ impl ProcView {
         Some((mask("SigCgt:")?, mask("SigIgn:")?))
     }
 
+    /// Process `pid`'s `stat` line, in one read into `buf`.
+    fn read_stat<'b>(&self, pid: u32, buf: &'b mut [u8]) -> Option<clan_core::sys::StatLine<'b>> {
+        let n = self.open_at(&format!("{pid}/stat")).ok()?.read(buf).ok()?;
+        clan_core::sys::StatLine::parse(&buf[..n])
+    }
+
     fn read_at(&self, rel: &str, limit: usize) -> Option<Vec<u8>> {
         let mut f = self.open_at(rel).ok()?;
         // A page: one read for a stat or status (std then reads once more for the end).
@@ -246,7 +252,7 @@ impl ProcView {
     pub fn read(&self, pid: u32) -> Option<RawProc> {
         let stat_bytes = self.read_at(&format!("{pid}/stat"), 4096)?;
         let stat = Stat::from_read(stat_bytes.as_slice()).ok()?;
-        if is_shepherd(pid, &stat.comm) && self.runs_shepherd(pid) {
+        if is_shepherd(pid, stat.comm.as_bytes()) && self.runs_shepherd(pid) {
             return None;
         }
         let st = fstatat(
@@ -424,11 +430,11 @@ impl ProcView {
 
     /// Whether `pid` is one of clan's shepherds (not part of what users see).
     pub fn is_shepherd_pid(&self, pid: u32) -> bool {
+        let mut buf = [0u8; clan_core::sys::STAT_LINE_MAX];
         pid > 1
             && self
-                .read_at(&format!("{pid}/stat"), 4096)
-                .and_then(|b| Stat::from_read(b.as_slice()).ok())
-                .is_some_and(|st| is_shepherd(pid, &st.comm))
+                .read_stat(pid, &mut buf)
+                .is_some_and(|st| is_shepherd(pid, st.comm))
             && self.runs_shepherd(pid)
     }
 
@@ -464,8 +470,8 @@ impl ProcView {
 
     /// [`ProcView::attrs`], shepherds included (the kernel's own view, for its rules).
     pub fn attrs_raw(&self, pid: u32, job: bool) -> Option<LocalAttrs> {
-        let stat_bytes = self.read_at(&format!("{pid}/stat"), 4096)?;
-        let stat = Stat::from_read(stat_bytes.as_slice()).ok()?;
+        let mut buf = [0u8; clan_core::sys::STAT_LINE_MAX];
+        let stat = self.read_stat(pid, &mut buf)?;
         let st = fstatat(
             Some(self.root.as_raw_fd()),
             pid.to_string().as_str(),
@@ -480,14 +486,14 @@ impl ProcView {
             0
         };
         Some(LocalAttrs {
-            pgrp: u32::try_from(stat.pgrp).unwrap_or(0),
-            session: u32::try_from(stat.session).unwrap_or(0),
+            pgrp: stat.number(5).unwrap_or(0),
+            session: stat.number(6).unwrap_or(0),
             uid: st.st_uid,
             job,
-            state: stat.state,
-            ppid: u32::try_from(stat.ppid).unwrap_or(0),
-            start_ticks: stat.starttime,
-            shepherd: is_shepherd(pid, &stat.comm) && self.runs_shepherd(pid),
+            state: stat.state()?,
+            ppid: stat.number(4).unwrap_or(0),
+            start_ticks: stat.number(22)?,
+            shepherd: is_shepherd(pid, stat.comm) && self.runs_shepherd(pid),
         })
     }
 
@@ -527,24 +533,56 @@ impl ProcView {
         Ok(ProcHandle { gpid, dir })
     }
 
-    /// Runnable processes (not counting clan's own shepherds), all processes and their
-    /// resident memory, for the node's load.
-    pub fn sample(&self) -> (u32, u32, u64) {
-        let (mut running, mut total, mut rss) = (0, 0, 0);
-        for pid in self.pids() {
-            if let Some(b) = self.read_at(&format!("{pid}/stat"), 4096) {
-                if let Ok(s) = Stat::from_read(b.as_slice()) {
-                    total += 1;
-                    // clan's own (the node's init, shepherds starting or reporting) are
-                    // not load users make.
-                    if s.state == 'R' && s.comm != "clan-shepherd" {
-                        running += 1;
-                    }
-                    rss += s.rss * self.page_kb;
-                }
-            }
+    /// One pass over the node's processes for a heartbeat's samplers (the load, the
+    /// group aliases): each process's `stat`, in one read, of which the few fields they use
+    /// are taken.
+    pub fn scan(&self) -> Vec<Scanned> {
+        let mut buf = [0u8; clan_core::sys::STAT_LINE_MAX];
+        self.pids()
+            .into_iter()
+            .filter_map(|pid| {
+                let line = self.read_stat(pid, &mut buf)?;
+                Some(Scanned {
+                    state: line.state()?,
+                    shepherd: is_shepherd(pid, line.comm) && self.runs_shepherd(pid),
+                    rss_kb: line.number::<u64>(24).unwrap_or(0) * self.page_kb,
+                    pgrp: line.number(5).unwrap_or(0),
+                    session: line.number(6).unwrap_or(0),
+                })
+            })
+            .collect()
+    }
+}
+
+/// What a heartbeat's scan ([`ProcView::scan`]) keeps of a process.
+#[derive(Debug, Clone, Copy)]
+pub struct Scanned {
+    pub state: char,
+    /// One of clan's shepherds (see [`ProcView::attrs`]).
+    pub shepherd: bool,
+    pub rss_kb: u64,
+    pub pgrp: u32,
+    pub session: u32,
+}
+
+/// A heartbeat's scan of the node's processes, made when first asked for and shared by
+/// the samplers that need it (none does on a node whose load comes from its own
+/// `/proc/loadavg` and that has no group aliases).
+pub struct TickScan<'a> {
+    view: &'a ProcView,
+    done: std::cell::OnceCell<Vec<Scanned>>,
+}
+
+impl<'a> TickScan<'a> {
+    pub fn new(view: &'a ProcView) -> TickScan<'a> {
+        TickScan {
+            view,
+            done: std::cell::OnceCell::new(),
         }
-        (running, total, rss)
+    }
+
+    pub fn get(&self) -> &[Scanned] {
+        self.done.get_or_init(|| self.view.scan())
     }
 }
 
@@ -692,8 +730,8 @@ fn first_page(
     Ok(buf)
 }
 
-fn is_shepherd(pid: u32, comm: &str) -> bool {
-    pid != 1 && comm == "clan-shepherd"
+fn is_shepherd(pid: u32, comm: &[u8]) -> bool {
+    pid != 1 && comm == b"clan-shepherd"
 }
 
 pub fn job_of_cgroup(text: &str) -> Option<u64> {
