@@ -150,13 +150,37 @@ impl Cluster {
     }
 
     /// On every node, a shell that starts `per_node` `sleep SECS` and waits for them: the
-    /// shells' gpids (each leads the group of its sleeps).
+    /// shells' gpids (each leads the group of its sleeps), once every sleep runs (panics
+    /// after 3 minutes without).
     pub fn sleepers(&self, per_node: usize, secs: u32) -> Vec<clan_core::Gpid> {
         let script =
             format!("i=0; while [ $i -lt {per_node} ]; do sleep {secs} & i=$((i+1)); done; wait");
-        (1..=self.nodes)
+        let shells = (1..=self.nodes)
             .map(|node| self.spawn(node, &["sh", "-c", &script]).expect("sleepers"))
-            .collect()
+            .collect();
+        let want = self.nodes as usize * per_node;
+        let cmdline = format!("sleep\0{secs}\0");
+        let count = || {
+            std::fs::read_dir("/proc")
+                .map(|d| {
+                    d.flatten()
+                        .filter(|e| {
+                            std::fs::read(e.path().join("cmdline"))
+                                .is_ok_and(|b| b == cmdline.as_bytes())
+                        })
+                        .count()
+                })
+                .unwrap_or(0)
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(180);
+        while count() < want {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "sleepers did not start"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+        shells
     }
 
     /// `clan run -d --node N -- ARGV`: the gpid.

@@ -4,6 +4,7 @@
 mod baselines;
 mod clan;
 mod cluster;
+mod idle;
 mod jobs;
 mod placement;
 mod posix;
@@ -93,6 +94,9 @@ enum Cmd {
     /// The cluster /proc: `status` of a process on another node through the API and the
     /// mount, and `ps aux` in `clan shell` over every node's processes (issue 5).
     Proc,
+    /// Each cland's CPU per second on an idle cluster, with PER_NODE sleeping processes
+    /// per node against none.
+    Idle,
     #[command(hide = true)]
     NativePong,
     #[command(hide = true)]
@@ -237,6 +241,10 @@ fn main() -> anyhow::Result<()> {
     } else {
         if !matches!(cmd, Cmd::Death | Cmd::Jobs) {
             let c = cluster::Cluster::up(&bin, "fine", 4, 7900)?;
+            // First, while the cluster has run nothing yet.
+            if all || matches!(cmd, Cmd::Idle) {
+                idle::idle_cost(&c, &mut r, a.per_node);
+            }
             if all || matches!(cmd, Cmd::Run) {
                 clan::run_latency(&c, &mut r, n);
             }
