@@ -209,3 +209,22 @@ impl Drop for Cluster {
         }
     }
 }
+
+/// CPU time of every thread of a process so far (schedstat: nanoseconds on a CPU).
+pub fn cpu_time(pid: i32) -> std::time::Duration {
+    let ns: u64 = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|rd| {
+            rd.flatten()
+                .filter_map(|e| {
+                    std::fs::read_to_string(e.path().join("schedstat"))
+                        .ok()?
+                        .split_whitespace()
+                        .next()?
+                        .parse::<u64>()
+                        .ok()
+                })
+                .sum()
+        })
+        .unwrap_or(0);
+    std::time::Duration::from_nanos(ns)
+}

@@ -2,27 +2,16 @@
 //! nothing, with N sleeping processes on every node against none (the heartbeat's
 //! samplers read every process of their node).
 
-use crate::cluster::Cluster;
+use crate::cluster::{cpu_time, Cluster};
 use crate::report::Report;
 use crate::stats::Samples;
 use std::time::{Duration, Instant};
 
-/// Length of one window of CPU time (the kernel counts it in ticks of 10 ms: a window of
-/// 5 s resolves 2 ms a second).
+/// Length of one window of CPU time.
 const WINDOW: Duration = Duration::from_secs(5);
 
 /// Windows per phase.
 const WINDOWS: usize = 3;
-
-/// User and system time of process `pid`, threads gone included (`stat` fields 14, 15).
-fn cpu_time(pid: i32) -> Option<Duration> {
-    let line = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
-    let s = clan_core::sys::StatLine::parse(&line)?;
-    let ticks: u64 = s.number::<u64>(14)? + s.number::<u64>(15)?;
-    // SAFETY: sysconf has no preconditions.
-    let hz = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).unwrap_or(100);
-    Some(Duration::from_micros(ticks * 1_000_000 / hz.max(1)))
-}
 
 /// Each cland's CPU time per second of wall time, `WINDOWS` windows of `WINDOW`, one
 /// sample per node and window (as a duration: CPU time in one second).
@@ -30,14 +19,12 @@ fn cland_cpu(c: &Cluster) -> Samples {
     let pids: Vec<i32> = (1..=c.nodes).filter_map(|n| c.cland_pid(n)).collect();
     let mut s = Samples::default();
     for _ in 0..WINDOWS {
-        let before: Vec<Option<Duration>> = pids.iter().map(|&p| cpu_time(p)).collect();
+        let before: Vec<Duration> = pids.iter().map(|&p| cpu_time(p)).collect();
         let t = Instant::now();
         std::thread::sleep(WINDOW);
         let wall = t.elapsed().as_secs_f64();
         for (&p, b) in pids.iter().zip(before) {
-            if let (Some(b), Some(a)) = (b, cpu_time(p)) {
-                s.push((a.saturating_sub(b)).div_f64(wall));
-            }
+            s.push(cpu_time(p).saturating_sub(b).div_f64(wall));
         }
     }
     s

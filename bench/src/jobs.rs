@@ -900,25 +900,6 @@ fn clands() -> usize {
         .unwrap_or(0)
 }
 
-/// CPU time of every thread of a process so far (schedstat: nanoseconds on a CPU).
-fn cpu_time(pid: i32) -> Duration {
-    let ns: u64 = std::fs::read_dir(format!("/proc/{pid}/task"))
-        .map(|rd| {
-            rd.flatten()
-                .filter_map(|e| {
-                    std::fs::read_to_string(e.path().join("schedstat"))
-                        .ok()?
-                        .split_whitespace()
-                        .next()?
-                        .parse::<u64>()
-                        .ok()
-                })
-                .sum()
-        })
-        .unwrap_or(0);
-    Duration::from_nanos(ns)
-}
-
 /// Where a `forks` role runs.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Place {
@@ -976,10 +957,12 @@ impl ForkBench<'_> {
         let cmds = (0..par)
             .map(|_| self.cmd(at))
             .collect::<anyhow::Result<Vec<_>>>()?;
-        let c0 = cland.map(cpu_time);
+        let c0 = cland.map(crate::cluster::cpu_time);
         let rate = fork_rate(cmds)?;
         let cpu = match (cland, c0) {
-            (Some(p), Some(c0)) => cpu_time(p).saturating_sub(c0) / (self.forks * par) as u32,
+            (Some(p), Some(c0)) => {
+                crate::cluster::cpu_time(p).saturating_sub(c0) / (self.forks * par) as u32
+            }
             _ => Duration::ZERO,
         };
         Ok((rate, cpu))

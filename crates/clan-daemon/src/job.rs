@@ -1215,9 +1215,8 @@ impl Node {
     }
 
     /// Records each task's process count for its peak (the sampler calls this, at every
-    /// heartbeat): one read of each task's `cgroup.procs`, not the listing's reads of
-    /// every process's `status` (which made an idle node with a thousand processes spend
-    /// some 7 % of a CPU).
+    /// heartbeat): one read of each task's `cgroup.procs`, not the listing's read of
+    /// every process's `status`.
     pub fn sample_task_peaks(&self) {
         let counts: std::collections::HashMap<u64, u32> = self
             .local_jobs()

@@ -536,7 +536,7 @@ impl ProcView {
     /// One pass over the node's processes for a heartbeat's samplers (the load, the
     /// group aliases): each process's `stat`, in one read, of which the few fields they use
     /// are taken.
-    pub fn scan(&self) -> Vec<Scanned> {
+    fn scan(&self) -> Vec<Scanned> {
         let mut buf = [0u8; clan_core::sys::STAT_LINE_MAX];
         self.pids()
             .into_iter()
@@ -554,7 +554,7 @@ impl ProcView {
     }
 }
 
-/// What a heartbeat's scan ([`ProcView::scan`]) keeps of a process.
+/// What a heartbeat's scan ([`TickScan`]) keeps of a process.
 #[derive(Debug, Clone, Copy)]
 pub struct Scanned {
     pub state: char,
