@@ -327,6 +327,8 @@ pub struct BlockingLink {
     /// call that waits through frames not its answer).
     limit: Duration,
     timeout: Duration,
+    /// Polls for answers before sleeping for them.
+    spin: clan_core::sys::Spinner,
 }
 
 /// Why a [`BlockingLink::call`] has no answer. The link is not to be used again either way.
@@ -357,6 +359,7 @@ impl BlockingLink {
             next: 1,
             limit,
             timeout: limit,
+            spin: clan_core::sys::Spinner::default(),
         })
     }
 
@@ -409,12 +412,12 @@ impl BlockingLink {
             }
             if self.rd.get_ref().buffer().is_empty() {
                 use std::os::fd::AsFd;
-                clan_core::sys::spin_until_readable(
-                    self.rd.get_ref().get_ref().as_fd(),
-                    SPIN.min(left),
-                );
+                self.spin
+                    .wait(self.rd.get_ref().get_ref().as_fd(), SPIN.min(left));
             }
-            match self.rd.read_max_sync(clan_proto::MAX_FRAME) {
+            let frame = self.rd.read_max_sync(clan_proto::MAX_FRAME);
+            self.spin.arrived();
+            match frame {
                 Ok(Some(pb::PeerFrame {
                     frame: Some(Frame::Reply(r)),
                 })) if r.id == id => return r.reply.ok_or(Unanswered::Broken),

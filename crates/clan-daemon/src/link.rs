@@ -350,15 +350,18 @@ impl Served {
         // When the last answer went, and whether the request before came within
         // [`LINK_SPIN`] of the answer before it (the client asks one thing after another).
         let (mut answered, mut busy) = (std::time::Instant::now(), false);
+        let mut spin = clan_core::sys::Spinner::default();
         loop {
             // A request begins: bytes of it read ahead with the last one started its clock.
             let begun = !rd.get_ref().buffer().is_empty();
             if !begun && busy {
                 use std::os::fd::AsFd;
-                clan_core::sys::spin_until_readable(stream.as_fd(), LINK_SPIN);
+                spin.wait(stream.as_fd(), LINK_SPIN);
             }
             rd.get_mut().get_mut().next_request(begun);
-            let req = match rd.read_max_sync(MAX_LINK_FRAME) {
+            let frame = rd.read_max_sync(MAX_LINK_FRAME);
+            spin.arrived();
+            let req = match frame {
                 Ok(Some(pb::PeerFrame {
                     frame: Some(Frame::Request(req)),
                 })) => req,
