@@ -131,6 +131,7 @@ pub fn status_read(c: &Cluster, r: &mut Report, n: usize) {
         }
         drop(pins);
         let g = &format!("{g} ({})", place.label());
+        println!(" {}:", place.label());
         let tcp_name = baselines::TCP_RTT;
         let native_name = "native read of /proc/PID/status";
         r.latency(g, tcp_name, &rtt, None);
