@@ -214,12 +214,12 @@ mod tests {
     fn a_spinner_stops_polling_for_a_while_when_its_poll_held_up_the_answer() {
         use std::io::Write;
         use std::os::fd::AsFd;
+        use std::time::Duration;
         let (mut a, b) = std::os::unix::net::UnixStream::pair().unwrap();
         a.write_all(b"x").unwrap();
         let mut s = Spinner::default();
         let polls =
             |s: &mut Spinner, n: u32| (0..n).filter(|_| s.wait(b.as_fd(), Duration::ZERO)).count();
-        use std::time::Duration;
         assert_eq!(polls(&mut s, 3), 3);
         // What came long after an expired poll (a client that paused): polls go on.
         s.ended(Spun::Expired);
@@ -867,9 +867,8 @@ pub enum Spun {
 /// answer comes from another CPU within a few tens of microseconds: on a virtual machine
 /// whose idle CPUs halt, a thread that sleeps for it has its CPU halted and woken again by
 /// an interrupt from the answering one (about 50 us on the VMs clan is measured on), and
-/// one that polls does not. An offer is not always taken by a thread that wants the CPU
-/// (the scheduler may keep the one that offers it running): [`Spinner`] stops polling
-/// for a while when that held up what it waited for.
+/// one that polls does not. A poll can still hold up its own answer (seen, its cause not
+/// known): [`Spinner`] stops polling for a while when it seems to have.
 pub fn spin_until_readable(fd: std::os::fd::BorrowedFd<'_>, limit: std::time::Duration) -> Spun {
     use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
     use std::time::Instant;
@@ -901,7 +900,7 @@ const YIELDED: std::time::Duration = std::time::Duration::from_micros(5);
 /// ([`Spinner::arrived`] within [`STARVED_WITHIN`]), as when the thread that answers
 /// shares the CPU and did not get it (with every process of a read through the cluster
 /// /proc on one vCPU, Linux 6.18: whole series of reads at 365 us instead of 70, in 2 of
-/// 15 benchmark runs). The next [`SKIP_FIRST`] waits then sleep at once, twice as many
+/// 16 benchmark runs). The next [`SKIP_FIRST`] waits then sleep at once, twice as many
 /// after each further sign, up to [`SKIP_MOST`]; a poll that ends with the descriptor
 /// readable clears that. What comes later than that after an expired poll (a client that
 /// paused between requests, a slow answer) does not count.
