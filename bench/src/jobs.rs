@@ -9,7 +9,7 @@
 //! deployment (every cland of a local cluster follows every fork of the host).
 
 use crate::clan::rt1;
-use crate::cluster::Cluster;
+use crate::cluster::{cpu_time, Cluster};
 use crate::report::Report;
 use crate::stats::{fmt, Samples};
 use anyhow::{bail, Context};
@@ -957,12 +957,10 @@ impl ForkBench<'_> {
         let cmds = (0..par)
             .map(|_| self.cmd(at))
             .collect::<anyhow::Result<Vec<_>>>()?;
-        let c0 = cland.map(crate::cluster::cpu_time);
+        let c0 = cland.map(cpu_time);
         let rate = fork_rate(cmds)?;
         let cpu = match (cland, c0) {
-            (Some(p), Some(c0)) => {
-                crate::cluster::cpu_time(p).saturating_sub(c0) / (self.forks * par) as u32
-            }
+            (Some(p), Some(c0)) => cpu_time(p).saturating_sub(c0) / (self.forks * par) as u32,
             _ => Duration::ZERO,
         };
         Ok((rate, cpu))

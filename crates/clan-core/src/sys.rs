@@ -851,7 +851,7 @@ pub fn lives(pid: u32, start: u64) -> bool {
 
 /// How a [`spin_until_readable`] ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Spun {
+enum Spun {
     /// The descriptor is readable.
     Ready,
     /// Another thread took the CPU when it was offered.
@@ -869,7 +869,7 @@ pub enum Spun {
 /// an interrupt from the answering one (about 50 us on the VMs clan is measured on), and
 /// one that polls does not. A poll can still hold up its own answer (seen, its cause not
 /// known): [`Spinner`] stops polling for a while when it seems to have.
-pub fn spin_until_readable(fd: std::os::fd::BorrowedFd<'_>, limit: std::time::Duration) -> Spun {
+fn spin_until_readable(fd: std::os::fd::BorrowedFd<'_>, limit: std::time::Duration) -> Spun {
     use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
     use std::time::Instant;
     let until = Instant::now() + limit;
@@ -893,15 +893,15 @@ pub fn spin_until_readable(fd: std::os::fd::BorrowedFd<'_>, limit: std::time::Du
 /// takes it, at most (a system call, about a microsecond on a VM); longer, another ran.
 const YIELDED: std::time::Duration = std::time::Duration::from_micros(5);
 
-/// One thread's waits for one descriptor, each polling ([`spin_until_readable`]) before
+/// One thread's waits for one descriptor, each polling (`spin_until_readable`) before
 /// the caller sleeps for it, that stop polling for a while when polling seems to have held
 /// up what they wait for. The sign of that: a poll ran its whole limit with no other
 /// thread taking the CPU offered, and what it waited for came at once after it gave up
-/// ([`Spinner::arrived`] within [`STARVED_WITHIN`]), as when the thread that answers
+/// ([`Spinner::arrived`] within `STARVED_WITHIN`), as when the thread that answers
 /// shares the CPU and did not get it (with every process of a read through the cluster
 /// /proc on one vCPU, Linux 6.18: whole series of reads at 365 us instead of 70, in 2 of
-/// 16 benchmark runs). The next [`SKIP_FIRST`] waits then sleep at once, twice as many
-/// after each further sign, up to [`SKIP_MOST`]; a poll that ends with the descriptor
+/// 16 benchmark runs). The next `SKIP_FIRST` waits then sleep at once, twice as many
+/// after each further sign, up to `SKIP_MOST`; a poll that ends with the descriptor
 /// readable clears that. What comes later than that after an expired poll (a client that
 /// paused between requests, a slow answer) does not count.
 #[derive(Debug, Default)]
@@ -914,11 +914,11 @@ pub struct Spinner {
 }
 
 /// What comes within this of an expired poll was held up by it (see [`Spinner`]).
-pub const STARVED_WITHIN: std::time::Duration = std::time::Duration::from_micros(100);
+const STARVED_WITHIN: std::time::Duration = std::time::Duration::from_micros(100);
 /// Waits that sleep at once after the first sign of a poll holding up its answer, and at
 /// most after several in a row (see [`Spinner`]).
-pub const SKIP_FIRST: u32 = 16;
-pub const SKIP_MOST: u32 = 1024;
+const SKIP_FIRST: u32 = 16;
+const SKIP_MOST: u32 = 1024;
 
 impl Spinner {
     /// Waits up to `limit` for `fd` to become readable by polling (or not at all while
