@@ -182,8 +182,8 @@ mod tests {
         use std::os::fd::AsFd;
         use std::time::{Duration, Instant};
         let (mut a, b) = std::os::unix::net::UnixStream::pair().unwrap();
-        // Nothing comes: false, not before the limit (unless another thread took the CPU,
-        // which ends it sooner, also false).
+        // Nothing comes: not Ready, not before the limit (Expired; Offered sooner if
+        // another thread took the CPU).
         assert_ne!(
             spin_until_readable(b.as_fd(), Duration::from_millis(2)),
             Spun::Ready
@@ -194,7 +194,7 @@ mod tests {
             spin_until_readable(b.as_fd(), Duration::from_secs(5)),
             Spun::Ready
         );
-        // Written by another thread while it polls: true, long before the limit.
+        // Written by another thread while it polls: Ready, long before the limit.
         let (mut c, d) = std::os::unix::net::UnixStream::pair().unwrap();
         let t = Instant::now();
         let writer = std::thread::spawn(move || {
