@@ -7,17 +7,21 @@
 #   scripts/install-deps.sh --bench    also what bench/run compares against (Slurm, hyperfine)
 #   scripts/install-deps.sh --criu     also CRIU 4.1.1 built from Debian's source
 #                                      (scripts/install-criu.sh; a failure only warns)
+#   scripts/install-deps.sh --no-fuse-uring
+#                                      leaves the kernel's FUSE over io_uring switch alone
+#                                      (by default it is turned on where the kernel has it)
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 cd "$(dirname "$0")/.."
 
-usage() { echo "usage: $0 [--slurm] [--bench] [--criu]" >&2; exit 2; }
-want_slurm=0 want_bench=0 want_criu=0
+usage() { echo "usage: $0 [--slurm] [--bench] [--criu] [--no-fuse-uring]" >&2; exit 2; }
+want_slurm=0 want_bench=0 want_criu=0 want_uring=1
 for a in "$@"; do
   case "$a" in
     --slurm) want_slurm=1 ;;
     --bench) want_bench=1 want_slurm=1 ;;
     --criu) want_criu=1 ;;
+    --no-fuse-uring) want_uring=0 ;;
     -h|--help) usage ;;
     *) usage ;;
   esac
@@ -96,6 +100,21 @@ case ":$caller_path:" in
   *) echo "install-deps: Rust is in ~/.cargo/bin; put it on your PATH with:"
      echo "  export PATH=\"\$HOME/.cargo/bin:\$PATH\"" ;;
 esac
+
+# FUSE over io_uring (Linux 6.14+): the cluster /proc view then answers each read on the
+# reader's own CPU instead of waking a server thread on another (docs/proc.md, "Served over
+# io_uring"). The kernel offers it only while this switch is on; it is read at each mount and
+# touches no FUSE file system that does not ask for io_uring. Not kept across reboots: every
+# entry point (scripts/demo.sh, scripts/test.sh) runs this script first.
+uring=/sys/module/fuse/parameters/enable_uring
+[ -e /sys/module/fuse ] || modprobe fuse 2>/dev/null || true
+if [ "$want_uring" = 1 ] && [ -e "$uring" ] && [ "$(cat "$uring")" != Y ]; then
+  if echo Y > "$uring" 2>/dev/null; then
+    echo "install-deps: turned on FUSE over io_uring ($uring)"
+  else
+    echo "install-deps: warning: could not turn on FUSE over io_uring ($uring); the cluster /proc view will use /dev/fuse" >&2
+  fi
+fi
 
 if [ "$want_criu" = 1 ]; then
   # Nothing needs CRIU yet (migration will): a failure here only warns.

@@ -65,6 +65,9 @@ pub fn free_ports(n: u32) -> u16 {
     }
 }
 
+/// The failure detector of [`Cluster::up`]: heartbeats every 200 ms, dead after 2 s.
+pub const TEST_DETECTOR: [&str; 4] = ["--heartbeat-ms", "200", "--dead-after-ms", "2000"];
+
 /// A running local cluster.
 pub struct Cluster {
     pub dir: PathBuf,
@@ -97,7 +100,7 @@ impl Cluster {
     /// dead after 2 s of silence (1 s once declared a debug-built node dead while a CI
     /// machine started a dozen nodes at once).
     pub fn up(n: u32) -> Cluster {
-        Cluster::up_with(n, &["--heartbeat-ms", "200", "--dead-after-ms", "2000"])
+        Cluster::up_with(n, &TEST_DETECTOR)
     }
 
     /// [`Cluster::up`] for tests that kill a cland and start it again: its peers wait 10 s
@@ -108,6 +111,12 @@ impl Cluster {
     }
 
     pub fn up_with(n: u32, extra: &[&str]) -> Cluster {
+        Cluster::up_with_env(n, extra, &[])
+    }
+
+    /// [`Cluster::up_with`] with `env` added to `clan up`'s environment, which its clands
+    /// and what they start (their /proc views' servers) inherit.
+    pub fn up_with_env(n: u32, extra: &[&str], env: &[(&str, &str)]) -> Cluster {
         default_dispositions();
         let seq = SEQ.fetch_add(1, Ordering::SeqCst);
         let dir = std::env::temp_dir().join(format!("clan-test-{}-{seq}", std::process::id()));
@@ -122,19 +131,13 @@ impl Cluster {
         let mut tries = 0;
         loop {
             c.base_port = free_ports(n);
-            out = c.clan(
-                &[
-                    "up",
-                    "--nodes",
-                    &n.to_string(),
-                    "--base-port",
-                    &c.base_port.to_string(),
-                ]
+            let (nodes, port) = (n.to_string(), c.base_port.to_string());
+            let args = ["up", "--nodes", &nodes, "--base-port", &port]
                 .iter()
                 .chain(extra)
                 .copied()
-                .collect::<Vec<_>>(),
-            );
+                .collect::<Vec<_>>();
+            out = c.clan_env(&args, env);
             tries += 1;
             if out.status.success()
                 || tries == 5
@@ -174,8 +177,14 @@ impl Cluster {
     /// Runs `clan ARGS` to completion with stdin closed.
     /// Fails the test if clan takes more than two minutes, so a hang can not eat CI's time.
     pub fn clan(&self, args: &[&str]) -> Output {
+        self.clan_env(args, &[])
+    }
+
+    /// [`Cluster::clan`] with `env` added to its environment.
+    pub fn clan_env(&self, args: &[&str], env: &[(&str, &str)]) -> Output {
         let child = self
             .cmd()
+            .envs(env.iter().copied())
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

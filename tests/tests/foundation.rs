@@ -1955,10 +1955,14 @@ fn exec_waiting_in(cgroup: &str) -> Option<i32> {
 /// process's node and its shepherd gives it to the process, which dies of it; the start
 /// ends, and the stub dies of SIGINT too. (The stub used to hold the signal until the
 /// start answered: never, here.)
+///
+/// The nodes' views are served on /dev/fuse (`CLAN_PROC_URING_THREADS=0`): over io_uring
+/// the kernel hands each request to the server as it is made, and a reader of a stopped
+/// server can not be interrupted at all (docs/proc.md, "Served over io_uring").
 #[test]
 fn a_ctrl_c_reaches_a_process_whose_exec_hangs() {
     root_or_skip!("a_ctrl_c_reaches_a_process_whose_exec_hangs");
-    let c = Cluster::up(2);
+    let c = Cluster::up_with_env(2, &TEST_DETECTOR, &[("CLAN_PROC_URING_THREADS", "0")]);
     let Some(cgroup) = c
         .cgroup()
         .and_then(|p| p.file_name())

@@ -2151,3 +2151,54 @@ fn the_view_serves_over_io_uring_when_the_kernel_offers_it() {
         (!alive(server)).then_some(())
     });
 }
+
+/// Over io_uring a reader of a stopped server waits until the server answers or ends
+/// (the kernel has handed its request to the server's ring and no signal takes it back):
+/// killing the server ends it at once with an error, and the watcher removes the mount.
+/// That is the way out docs/proc.md gives.
+#[test]
+fn killing_a_stopped_io_uring_server_frees_its_readers() {
+    root_or_skip!("killing_a_stopped_io_uring_server_frees_its_readers");
+    if !uring_or_skip("killing_a_stopped_io_uring_server_frees_its_readers") {
+        return;
+    }
+    let c = Cluster::up(2);
+    let m = {
+        let _on = UringOn::new();
+        Mounted::new(&c)
+    };
+    // A read first: the rings are up once one came back.
+    assert!(m.read("loadavg").split(' ').count() >= 5);
+    if switches_of_threads(m.server, "fuser-ring-").is_empty() {
+        eprintln!("skipped killing_a_stopped_io_uring_server_frees_its_readers: the kernel did not offer io_uring to the view");
+        return;
+    }
+    let server = nix::unistd::Pid::from_raw(m.server);
+    nix::sys::signal::kill(server, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let mut reader = Command::new("cat")
+        .arg(m.path("uptime"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let wchan = format!("/proc/{}/wchan", reader.id());
+    eventually(
+        "the reader waiting for the server",
+        Duration::from_secs(30),
+        || {
+            std::fs::read_to_string(&wchan)
+                .is_ok_and(|w| w.contains("request_wait_answer"))
+                .then_some(())
+        },
+    );
+    nix::sys::signal::kill(server, nix::sys::signal::Signal::SIGKILL).unwrap();
+    let st = eventually("the reader's end", Duration::from_secs(10), || {
+        reader.try_wait().unwrap()
+    });
+    assert!(!st.success(), "the read of a killed server succeeded");
+    eventually(
+        "the watcher to remove the mount",
+        Duration::from_secs(10),
+        || (!mounted(&m.dir)).then_some(()),
+    );
+}
