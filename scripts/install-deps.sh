@@ -107,12 +107,16 @@ esac
 # touches no FUSE file system that does not ask for io_uring. Not kept across reboots: every
 # entry point (scripts/demo.sh, scripts/test.sh) runs this script first.
 uring=/sys/module/fuse/parameters/enable_uring
-[ -e /sys/module/fuse ] || modprobe fuse 2>/dev/null || true
-if [ "$want_uring" = 1 ] && [ -e "$uring" ] && [ "$(cat "$uring")" != Y ]; then
-  if echo Y > "$uring" 2>/dev/null; then
-    echo "install-deps: turned on FUSE over io_uring ($uring)"
-  else
-    echo "install-deps: warning: could not turn on FUSE over io_uring ($uring); the cluster /proc view will use /dev/fuse" >&2
+if [ "$want_uring" = 1 ]; then
+  [ -e /sys/module/fuse ] || modprobe fuse 2>/dev/null || true
+  if [ ! -e "$uring" ]; then
+    echo "install-deps: this kernel has no FUSE over io_uring ($uring); the cluster /proc view will use /dev/fuse"
+  elif [ "$(cat "$uring")" != Y ]; then
+    if { echo Y > "$uring"; } 2>/dev/null; then
+      echo "install-deps: turned on FUSE over io_uring ($uring)"
+    else
+      echo "install-deps: warning: could not turn on FUSE over io_uring ($uring); the cluster /proc view will use /dev/fuse" >&2
+    fi
   fi
 fi
 

@@ -74,6 +74,8 @@ pub struct Cluster {
     pub nodes: u32,
     pub base_port: u16,
     cgroup: Option<PathBuf>,
+    /// Added to the environment of every `clan` command and cland restart of this cluster.
+    env: Vec<(String, String)>,
 }
 
 /// Gives SIGINT, SIGQUIT and SIGHUP back their default dispositions in this test process,
@@ -114,8 +116,9 @@ impl Cluster {
         Cluster::up_with_env(n, extra, &[])
     }
 
-    /// [`Cluster::up_with`] with `env` added to `clan up`'s environment, which its clands
-    /// and what they start (their /proc views' servers) inherit.
+    /// [`Cluster::up_with`] with `env` added to the environment of this cluster's `clan`
+    /// commands (`clan up` among them: its clands and what they start, their /proc views'
+    /// servers, inherit it) and of the clands [`Cluster::restart_cland`] starts.
     pub fn up_with_env(n: u32, extra: &[&str], env: &[(&str, &str)]) -> Cluster {
         default_dispositions();
         let seq = SEQ.fetch_add(1, Ordering::SeqCst);
@@ -125,6 +128,10 @@ impl Cluster {
             nodes: n,
             base_port: 0,
             cgroup: None,
+            env: env
+                .iter()
+                .map(|&(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
         };
         // A port found free can be taken before `clan up` binds it: then take others.
         let mut out;
@@ -137,7 +144,7 @@ impl Cluster {
                 .chain(extra)
                 .copied()
                 .collect::<Vec<_>>();
-            out = c.clan_env(&args, env);
+            out = c.clan(&args);
             tries += 1;
             if out.status.success()
                 || tries == 5
@@ -170,21 +177,16 @@ impl Cluster {
         let mut c = Command::new(bin("clan"));
         c.env("CLAN_DIR", &self.dir)
             .env_remove("CLAN_NODE")
-            .env("PATH", path_with_bins());
+            .env("PATH", path_with_bins())
+            .envs(self.env.iter().map(|(k, v)| (k, v)));
         c
     }
 
     /// Runs `clan ARGS` to completion with stdin closed.
     /// Fails the test if clan takes more than two minutes, so a hang can not eat CI's time.
     pub fn clan(&self, args: &[&str]) -> Output {
-        self.clan_env(args, &[])
-    }
-
-    /// [`Cluster::clan`] with `env` added to its environment.
-    pub fn clan_env(&self, args: &[&str], env: &[(&str, &str)]) -> Output {
         let child = self
             .cmd()
-            .envs(env.iter().copied())
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -292,6 +294,7 @@ impl Cluster {
             .open(self.node_dir(n).join("cland.log"))
             .expect("cland.log");
         Command::new(bin("cland"))
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .args([
                 "--config",
                 self.dir.join("cluster.toml").to_str().expect("utf-8 path"),

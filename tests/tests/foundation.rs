@@ -1916,7 +1916,8 @@ fn a_stopped_shepherd_zygote_does_not_hang_spawns() {
 }
 
 /// Node `n`'s own cluster /proc view (a FUSE mount in its mount namespace) with its server
-/// stopped: whatever touches it waits until the guard goes.
+/// stopped: whatever touches it waits until the guard goes. The cluster must serve its
+/// views on /dev/fuse (`CLAN_PROC_URING_THREADS=0`).
 fn stopped_view(c: &Cluster, n: u32) -> Stopped {
     let at = c.node_dir(n).join("proc");
     let at = at.to_string_lossy();
@@ -1936,6 +1937,13 @@ fn stopped_view(c: &Cluster, n: u32) -> Stopped {
                     .is_ok_and(|c| c.trim() == "clan-procfs")
             })
     });
+    // On /dev/fuse: over io_uring no signal frees a reader of a stopped server.
+    let env = std::fs::read(format!("/proc/{server}/environ")).expect("the server's environ");
+    assert!(
+        env.split(|&b| b == 0)
+            .any(|v| v == b"CLAN_PROC_URING_THREADS=0"),
+        "node {n}'s view server was not started with CLAN_PROC_URING_THREADS=0"
+    );
     Stopped::new(nix::unistd::Pid::from_raw(server))
 }
 
