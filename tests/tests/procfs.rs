@@ -615,6 +615,64 @@ fn procps_and_psmisc_list_every_node_with_gpids() {
     assert_eq!((init[1], init[2], init[4]), ("0", "root", "clan"), "{ps}");
 }
 
+/// A process whose parent (on another node) exits gets the cluster's init for parent, as
+/// the kernel gives an orphan init: in `stat`, `status` and `clan ps`, not the gpid of a
+/// parent that is gone.
+#[test]
+fn an_orphan_of_another_nodes_parent_gets_the_clusters_init() {
+    root_or_skip!("an_orphan_of_another_nodes_parent_gets_the_clusters_init");
+    let c = Cluster::up(3);
+    let m = Mounted::new(&c);
+    // A shell on node 2 starts a process on node 3, says its gpid and waits for its input.
+    let mut stub = c
+        .cmd()
+        .args(["run", "--node", "2", "--", "sh", "-c"])
+        .arg("clan run -d --node 3 -- sleep 600 && echo $$ && read x; exit 0")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(stub.stdout.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+    let child: Gpid = line.trim().parse().expect("the child's gpid");
+    line.clear();
+    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+    let sh_local: u32 = line.trim().parse().expect("the shell's pid");
+    let sh = Gpid::new(clan_core::NodeId::new(2).unwrap(), sh_local).unwrap();
+    let ppid = |file: &str| -> String {
+        let text = m.read(&format!("{child}/{file}"));
+        if file == "stat" {
+            parse_stat(&text).2[1].clone()
+        } else {
+            status_field(&text, "PPid").unwrap_or_default()
+        }
+    };
+    assert_eq!(ppid("stat"), sh.to_string());
+    assert_eq!(ppid("status"), sh.to_string());
+    // The shell ends.
+    drop(stub.stdin.take());
+    let st = eventually("the shell's end", Duration::from_secs(30), || {
+        stub.try_wait().unwrap()
+    });
+    assert!(st.success(), "{st:?}");
+    eventually(
+        "the orphan's parent the cluster's init",
+        Duration::from_secs(10),
+        || (ppid("stat") == "1").then_some(()),
+    );
+    assert_eq!(ppid("status"), "1");
+    let ps = c.clan_ok(&["ps", "--node", "3", "-o", "json"]);
+    let rows: Vec<serde_json::Value> = serde_json::from_str(&ps).expect("clan ps -o json");
+    let row = rows
+        .iter()
+        .find(|r| r["gpid"] == child.raw())
+        .unwrap_or_else(|| panic!("{child} not in clan ps: {ps}"));
+    assert_eq!(row["ppid"], 1, "{row}");
+    c.clan_ok(&["kill", "-s", "KILL", &child.to_string()]);
+}
+
 /// A process of another node with a command line and an environment of 800 kB each (the
 /// two together near the kernel's limit for an exec): both read whole through the mount,
 /// byte for byte.

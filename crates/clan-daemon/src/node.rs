@@ -381,7 +381,7 @@ impl Node {
                     // Its kernel parent is its shepherd: the process that ran `clan run`
                     // is its parent in the cluster (as the cluster /proc shows it).
                     if p.ppid == 0 {
-                        p.ppid = vp.parent;
+                        p.ppid = vp.cluster_parent();
                     }
                 }
                 // No parent in the cluster (a node's init, a process started from

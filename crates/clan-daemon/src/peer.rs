@@ -903,6 +903,10 @@ impl Node {
                 Ok(Reply::Children(children))
             }
             Op::Stub(p) => Ok(Reply::Stub(self.stub_here(p.pid, p.start))),
+            Op::ParentExited(p) => {
+                self.parent_exited_here(from, &p.gpids);
+                Ok(Reply::Ok(pb::Ok {}))
+            }
             Op::Reattach(_) => Err(Error::Invalid(
                 "reattach is not supported on a control connection".into(),
             )),

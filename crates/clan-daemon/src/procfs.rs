@@ -942,13 +942,13 @@ impl Node {
             self.vprocs
                 .read()
                 .get(&g)
-                .map(|v| (v.parent, v.shepherd_pid))
+                .map(|v| (v.cluster_parent(), v.shepherd_pid))
         });
         let m = NodeMap {
             node: self,
             shepherds,
-            // Started from outside the cluster (clan run -d, a clan shell): no parent in
-            // the cluster, so the cluster's init, as for an orphan.
+            // Started from outside the cluster (clan run -d, a clan shell), or its parent
+            // exited: no parent in the cluster, so the cluster's init, as for an orphan.
             clan_parent: rec
                 .map(|(p, _)| p)
                 .filter(|&p| p != 0)

@@ -64,9 +64,23 @@ pub struct VProc {
     pub pushes: NamedMutex<Option<mpsc::UnboundedSender<pb::ChildStatus>>>,
     /// Its parent's node released its zombie: it has the exit, nothing more is pushed.
     pub released: std::sync::atomic::AtomicBool,
+    /// Its parent in the cluster exited (its node said so): the cluster's init is its
+    /// parent now, in the cluster /proc and `clan ps`, as the kernel reparents an orphan.
+    pub parent_exited: std::sync::atomic::AtomicBool,
 }
 
 impl VProc {
+    /// Gpid of its parent in the cluster as it is now: 0 (none, the cluster's init) once
+    /// that parent exited or its node was lost.
+    pub fn cluster_parent(&self) -> u64 {
+        use std::sync::atomic::Ordering::Acquire;
+        if self.parent_exited.load(Acquire) || self.parent_gone.load(Acquire) {
+            0
+        } else {
+            self.parent
+        }
+    }
+
     pub fn send(&self, msg: In) {
         let _ = self.tx.send(pb::ShepherdIn { msg: Some(msg) });
     }
@@ -899,6 +913,7 @@ impl Node {
             status,
             gone: watch::channel(false).0,
             parent_gone: false.into(),
+            parent_exited: false.into(),
             subscriber: NamedMutex::new("vproc.subscriber", out),
             sessions: 0.into(),
             hung_up: false.into(),

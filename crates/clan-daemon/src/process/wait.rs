@@ -607,6 +607,7 @@ impl Node {
             released = release.len(),
             "a parent with remote children exited"
         );
+        self.tell_parent_exited(&rec.kids);
         let releases: Vec<_> = release
             .into_iter()
             .map(|(g, gen)| self.spawn_release(g, gen))
@@ -616,6 +617,44 @@ impl Node {
         }
         for g in groups {
             self.orphan_check(g).await;
+        }
+    }
+
+    /// Parent side: tells the nodes of `kids` that their parent exited, so that they show
+    /// the cluster's init as their parent. Once, not waited for: a node that does not get
+    /// it shows the old parent until the child ends (nothing else depends on it).
+    fn tell_parent_exited(self: &Arc<Self>, kids: &[(Gpid, u64, u64)]) {
+        let mut by_node: HashMap<NodeId, Vec<u64>> = HashMap::new();
+        for (g, _, _) in kids {
+            by_node.entry(g.node()).or_default().push(g.raw());
+        }
+        for (to, gpids) in by_node {
+            if to == self.id {
+                self.parent_exited_here(to, &gpids);
+                continue;
+            }
+            let node = self.clone();
+            tokio::spawn(async move {
+                let op = pb::peer_request::Op::ParentExited(pb::ParentExited { gpids });
+                if let Err(e) = node.call(to, node.own_creds(), op).await {
+                    debug!(node = %to, "parent's exit not told: {e}");
+                }
+            });
+        }
+    }
+
+    /// Home side: node `from` says the parent of these local processes exited; only the
+    /// node their parent is on may say it.
+    pub fn parent_exited_here(&self, from: NodeId, gpids: &[u64]) {
+        let vprocs = self.vprocs.read();
+        for v in gpids
+            .iter()
+            .filter_map(|&g| vprocs.get(&Gpid::from_raw(g)?))
+        {
+            if v.parent_node == from {
+                v.parent_exited
+                    .store(true, std::sync::atomic::Ordering::Release);
+            }
         }
     }
 
