@@ -37,6 +37,11 @@ impl Mounted {
             SEQ.fetch_add(1, Ordering::SeqCst)
         ));
         std::fs::create_dir_all(&dir).expect("mount point");
+        Mounted::at(c, dir)
+    }
+
+    /// `clan proc mount DIR`.
+    fn at(c: &Cluster, dir: PathBuf) -> Mounted {
         let out = c.clan_ok(&["proc", "mount", dir.to_str().expect("utf-8")]);
         let server = out
             .rsplit("clan-procfs pid ")
@@ -1285,6 +1290,23 @@ fn a_killed_server_leaves_no_mount_behind() {
     let c = Cluster::up(3);
     let m = Mounted::new(&c);
     assert!(mounted(&m.dir));
+    // Its watcher is named so that `pkill [-f] clan-procfs` and `killall clan-procfs`
+    // spare it: they end the server, and the watcher cleans up after it.
+    let dir = m.dir.to_string_lossy().into_owned();
+    let watcher: i32 = host_processes_mentioning(&dir)
+        .iter()
+        .filter_map(|l| l.split_once(':')?.0.parse().ok())
+        .find(|&p| p != m.server)
+        .unwrap_or_else(|| panic!("no watcher: {:?}", host_processes_mentioning(&dir)));
+    let comm = std::fs::read_to_string(format!("/proc/{watcher}/comm")).unwrap();
+    let cmdline = std::fs::read(format!("/proc/{watcher}/cmdline")).unwrap();
+    let cmdline = String::from_utf8_lossy(&cmdline);
+    assert_eq!(comm.trim(), "clan-view-watch");
+    // (This test's directory is named clan-procfs-*: a user's would not match.)
+    assert_eq!(
+        cmdline.trim_end_matches('\0'),
+        format!("clan-view-watch {dir}")
+    );
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(m.server),
         nix::sys::signal::Signal::SIGKILL,
@@ -1295,12 +1317,60 @@ fn a_killed_server_leaves_no_mount_behind() {
         Duration::from_secs(10),
         || (!mounted(&m.dir)).then_some(()),
     );
-    let dir = m.dir.to_string_lossy().into_owned();
     eventually("the watcher to end", Duration::from_secs(10), || {
         host_processes_mentioning(&dir).is_empty().then_some(())
     });
     // The directory is a plain directory again.
     assert_eq!(std::fs::read_dir(&m.dir).unwrap().count(), 0);
+}
+
+/// A view whose server and watcher were both killed is a dead mount (ENOTCONN): the next
+/// `clan proc mount` there replaces it, and `clan proc umount` removes it.
+#[test]
+fn a_dead_view_is_replaced_by_the_next_mount() {
+    root_or_skip!("a_dead_view_is_replaced_by_the_next_mount");
+    let c = Cluster::up(2);
+    let kill_all = |m: &Mounted| {
+        let dir = m.dir.to_string_lossy().into_owned();
+        let pids: Vec<i32> = host_processes_mentioning(&dir)
+            .iter()
+            .filter_map(|l| l.split_once(':')?.0.parse().ok())
+            .collect();
+        let kill = |p: i32| {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(p),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        };
+        // The watcher first, and dead before the server, so that nobody detaches the view.
+        let watcher = *pids
+            .iter()
+            .find(|&&p| p != m.server)
+            .unwrap_or_else(|| panic!("no watcher: {pids:?}"));
+        kill(watcher);
+        eventually("the watcher's death", Duration::from_secs(10), || {
+            let stat = std::fs::read_to_string(format!("/proc/{watcher}/stat")).ok();
+            stat.is_none_or(|st| {
+                st.rsplit_once(") ")
+                    .is_some_and(|(_, r)| r.starts_with('Z'))
+            })
+            .then_some(())
+        });
+        kill(m.server);
+        eventually("a dead mount", Duration::from_secs(10), || {
+            (std::fs::metadata(&m.dir).err()?.raw_os_error() == Some(libc::ENOTCONN)).then_some(())
+        });
+    };
+    let m = Mounted::new(&c);
+    kill_all(&m);
+    assert!(mounted(&m.dir));
+    // Mounted again on top of the dead one: it is replaced, and the view answers.
+    let again = Mounted::at(&c, m.dir.clone());
+    assert!(again.read("loadavg").split(' ').count() >= 5);
+    kill_all(&again);
+    // `clan proc umount` removes a dead one.
+    c.clan_ok(&["proc", "umount", m.dir.to_str().unwrap()]);
+    assert!(!mounted(&m.dir));
 }
 
 #[test]

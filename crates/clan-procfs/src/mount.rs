@@ -77,8 +77,13 @@ impl MountError {
 }
 
 /// Checks that `dir` is a directory that nothing is mounted on; returns its canonical
-/// path.
+/// path. A dead view there (its server and its watcher both killed) is detached first,
+/// as cland replaces its own.
 pub fn check_mountpoint(dir: &Path) -> Result<PathBuf, MountError> {
+    if let Ok(abs) = std::path::absolute(dir) {
+        clear_dead_view(&abs, Path::new("/proc/self/mountinfo"))
+            .map_err(|_| MountError::Mounted(dir.to_path_buf()))?;
+    }
     let canon = check_dir(dir)?;
     if mountinfo::top_at(&mountinfo::read(), &canon).is_some() {
         return Err(MountError::Mounted(dir.to_path_buf()));
@@ -219,12 +224,13 @@ fn spawn_watcher(point: &Path) -> Result<OwnedFd, MountError> {
     let (rd, wr) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
         .map_err(|e| MountError::Other(format!("pipe: {e}")))?;
     let before = mountinfo::top_at(&mountinfo::read(), point).map(|m| m.id);
+    let args = arg_area();
     // SAFETY: called before any thread is started (checked by the callers' order: the
     // runtime and the FUSE loops come after), so the child may do anything.
     match unsafe { nix::unistd::fork() } {
         Ok(nix::unistd::ForkResult::Child) => {
             drop(wr);
-            watch(rd, point, before, Path::new("/proc/self/mountinfo"));
+            watch(rd, point, before, Path::new("/proc/self/mountinfo"), args);
         }
         Ok(nix::unistd::ForkResult::Parent { .. }) => Ok(wr),
         Err(e) => Err(MountError::Other(format!("fork the watcher: {e}"))),
@@ -233,8 +239,15 @@ fn spawn_watcher(point: &Path) -> Result<OwnedFd, MountError> {
 
 /// The watcher's life: wait for EOF, then detach the mount the server made, if it is
 /// still there. Never returns.
-/// `mountinfo`: where the watcher's mount namespace lists its mounts.
-fn watch(rd: OwnedFd, point: &Path, before: Option<u64>, mountinfo_path: &Path) -> ! {
+/// `mountinfo`: where the watcher's mount namespace lists its mounts; `args`: its
+/// argument area ([`arg_area`], read before it left the server's namespaces).
+fn watch(
+    rd: OwnedFd,
+    point: &Path,
+    before: Option<u64>,
+    mountinfo_path: &Path,
+    args: Option<(usize, usize)>,
+) -> ! {
     use nix::sys::signal::{signal, SigHandler};
     for s in [
         Signal::SIGINT,
@@ -251,7 +264,12 @@ fn watch(rd: OwnedFd, point: &Path, before: Option<u64>, mountinfo_path: &Path) 
         None,
     );
     let _ = std::env::set_current_dir("/");
-    let _ = nix::sys::prctl::set_name(c"clan-procfs-w");
+    // A name and a command line without "clan-procfs": `pkill [-f] clan-procfs`, `killall
+    // clan-procfs` end the server and leave its watcher to clean up after it.
+    let _ = nix::sys::prctl::set_name(c"clan-view-watch");
+    if let Some(area) = args {
+        set_cmdline(area, &format!("clan-view-watch {}", point.display()));
+    }
     // Keep only stdio and the pipe: a readiness fd kept open here would make whoever
     // waits for its EOF wait for the watcher.
     let keep = rd.as_raw_fd() as u32;
@@ -291,6 +309,29 @@ fn watch(rd: OwnedFd, point: &Path, before: Option<u64>, mountinfo_path: &Path) 
     }
     // SAFETY: _exit ends the process without running the parent's atexit handlers.
     unsafe { libc::_exit(0) }
+}
+
+/// Where this process's arguments are in its memory: `arg_start` and `arg_end`, fields 48
+/// and 49 of /proc/self/stat (after the command's closing parenthesis, field 3 comes
+/// first). A forked child has them at the same addresses.
+fn arg_area() -> Option<(usize, usize)> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    let (_, rest) = stat.rsplit_once(") ")?;
+    let field = |n: usize| rest.split(' ').nth(n - 3)?.trim().parse::<usize>().ok();
+    let (start, end) = (field(48)?, field(49)?);
+    (start != 0 && end > start).then_some((start, end))
+}
+
+/// Writes `title` over this process's arguments (`area`, from [`arg_area`]), as
+/// setproctitle(3) does, cut to their length: what /proc/PID/cmdline (ps, pkill -f)
+/// shows from then on. For the forked watcher only, which reads its arguments no more.
+fn set_cmdline((start, end): (usize, usize), title: &str) {
+    // SAFETY: [start, end) is this process's argument area (the kernel said so), mapped
+    // and writable on its stack; nothing in this single-threaded child refers to it.
+    let area = unsafe { std::slice::from_raw_parts_mut(start as *mut u8, end - start) };
+    let n = title.len().min(area.len() - 1);
+    area[..n].copy_from_slice(&title.as_bytes()[..n]);
+    area[n..].fill(0);
 }
 
 fn mount_error(point: &Path, e: std::io::Error) -> MountError {
@@ -351,6 +392,7 @@ fn mount_in_ns(
         .map_err(|e| other(&format!("the mount namespace of process {ns_pid}"), &e))?;
     let (rd, wr) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| other("pipe", &e))?;
     let (res_rd, res_wr) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| other("pipe", &e))?;
+    let args = arg_area();
     // SAFETY: called before any thread is started (serve_inner's order), so the child may
     // do anything.
     match unsafe { nix::unistd::fork() } {
@@ -394,7 +436,7 @@ fn mount_in_ns(
                 Ok(before) => {
                     let _ = report.write_all(b"ok");
                     drop(report);
-                    watch(rd, point, before, Path::new(NODE_MOUNTINFO));
+                    watch(rd, point, before, Path::new(NODE_MOUNTINFO), args);
                 }
                 Err(e) => {
                     let _ = report.write_all(e.as_bytes());
