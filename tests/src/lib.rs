@@ -425,6 +425,14 @@ pub fn host_processes_mentioning(needle: &str) -> Vec<String> {
     v
 }
 
+/// The pids of the host processes whose command line mentions `needle`.
+pub fn host_pids_mentioning(needle: &str) -> Vec<i32> {
+    host_processes_mentioning(needle)
+        .iter()
+        .filter_map(|l| l.split_once(':')?.0.parse().ok())
+        .collect()
+}
+
 /// Exit code or terminating signal of an Output.
 pub fn ended(o: &Output) -> (Option<i32>, Option<i32>) {
     use std::os::unix::process::ExitStatusExt;

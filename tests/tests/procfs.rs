@@ -4,7 +4,10 @@
 //! the server killed).
 
 use clan_core::Gpid;
-use clan_tests::{bin, eventually, host_processes_mentioning, need_root, test_user, Cluster};
+use clan_tests::{
+    bin, eventually, host_pids_mentioning, host_processes_mentioning, need_root, proc_state,
+    test_user, Cluster,
+};
 use std::io::ErrorKind;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
@@ -49,6 +52,15 @@ impl Mounted {
             .and_then(|s| s.trim().trim_end_matches(')').parse().ok())
             .unwrap_or_else(|| panic!("no server pid in {out:?}"));
         Mounted { dir, server }
+    }
+
+    /// The server's watcher: the other process whose command line names the directory.
+    fn watcher(&self) -> i32 {
+        let dir = self.dir.to_string_lossy();
+        host_pids_mentioning(&dir)
+            .into_iter()
+            .find(|&p| p != self.server)
+            .unwrap_or_else(|| panic!("no watcher: {:?}", host_processes_mentioning(&dir)))
     }
 
     fn path(&self, rel: &str) -> PathBuf {
@@ -1293,11 +1305,7 @@ fn a_killed_server_leaves_no_mount_behind() {
     // Its watcher is named so that `pkill [-f] clan-procfs` and `killall clan-procfs`
     // spare it: they end the server, and the watcher cleans up after it.
     let dir = m.dir.to_string_lossy().into_owned();
-    let watcher: i32 = host_processes_mentioning(&dir)
-        .iter()
-        .filter_map(|l| l.split_once(':')?.0.parse().ok())
-        .find(|&p| p != m.server)
-        .unwrap_or_else(|| panic!("no watcher: {:?}", host_processes_mentioning(&dir)));
+    let watcher = m.watcher();
     let comm = std::fs::read_to_string(format!("/proc/{watcher}/comm")).unwrap();
     let cmdline = std::fs::read(format!("/proc/{watcher}/cmdline")).unwrap();
     let cmdline = String::from_utf8_lossy(&cmdline);
@@ -1331,11 +1339,6 @@ fn a_dead_view_is_replaced_by_the_next_mount() {
     root_or_skip!("a_dead_view_is_replaced_by_the_next_mount");
     let c = Cluster::up(2);
     let kill_all = |m: &Mounted| {
-        let dir = m.dir.to_string_lossy().into_owned();
-        let pids: Vec<i32> = host_processes_mentioning(&dir)
-            .iter()
-            .filter_map(|l| l.split_once(':')?.0.parse().ok())
-            .collect();
         let kill = |p: i32| {
             let _ = nix::sys::signal::kill(
                 nix::unistd::Pid::from_raw(p),
@@ -1343,18 +1346,10 @@ fn a_dead_view_is_replaced_by_the_next_mount() {
             );
         };
         // The watcher first, and dead before the server, so that nobody detaches the view.
-        let watcher = *pids
-            .iter()
-            .find(|&&p| p != m.server)
-            .unwrap_or_else(|| panic!("no watcher: {pids:?}"));
+        let watcher = m.watcher();
         kill(watcher);
         eventually("the watcher's death", Duration::from_secs(10), || {
-            let stat = std::fs::read_to_string(format!("/proc/{watcher}/stat")).ok();
-            stat.is_none_or(|st| {
-                st.rsplit_once(") ")
-                    .is_some_and(|(_, r)| r.starts_with('Z'))
-            })
-            .then_some(())
+            matches!(proc_state(watcher as u32), None | Some('Z')).then_some(())
         });
         kill(m.server);
         eventually("a dead mount", Duration::from_secs(10), || {
@@ -2312,12 +2307,8 @@ fn killing_a_stopped_io_uring_server_frees_its_readers() {
             let tasks = std::fs::read_dir(format!("/proc/{}/task", m.server)).ok()?;
             tasks
                 .flatten()
-                .all(|t| {
-                    std::fs::read_to_string(t.path().join("stat")).is_ok_and(|st| {
-                        st.rsplit_once(") ")
-                            .is_some_and(|(_, r)| r.starts_with('T'))
-                    })
-                })
+                .filter_map(|t| t.file_name().to_str()?.parse::<u32>().ok())
+                .all(|tid| proc_state(tid) == Some('T'))
                 .then_some(())
         },
     );
@@ -2360,10 +2351,7 @@ fn killing_a_stopped_io_uring_server_frees_its_readers() {
         if let Some(st) = readers[0].try_wait().unwrap() {
             panic!("a SIGKILL ended a reader of a stopped io_uring server: {st:?}");
         }
-        let stat = std::fs::read_to_string(format!("/proc/{killed}/stat")).ok()?;
-        stat.rsplit_once(") ")
-            .is_some_and(|(_, r)| r.starts_with('D'))
-            .then_some(())
+        (proc_state(killed) == Some('D')).then_some(())
     });
     nix::sys::signal::kill(server, nix::sys::signal::Signal::SIGKILL).unwrap();
     let ends: Vec<_> = readers

@@ -311,14 +311,12 @@ fn watch(
     unsafe { libc::_exit(0) }
 }
 
-/// Where this process's arguments are in its memory: `arg_start` and `arg_end`, fields 48
-/// and 49 of /proc/self/stat (after the command's closing parenthesis, field 3 comes
-/// first). A forked child has them at the same addresses.
+/// Where this process's arguments are in its memory (`arg_start` and `arg_end` of
+/// /proc/self/stat). A forked child has them at the same addresses.
 fn arg_area() -> Option<(usize, usize)> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-    let (_, rest) = stat.rsplit_once(") ")?;
-    let field = |n: usize| rest.split(' ').nth(n - 3)?.trim().parse::<usize>().ok();
-    let (start, end) = (field(48)?, field(49)?);
+    use procfs_core::FromRead;
+    let stat = procfs_core::process::Stat::from_file("/proc/self/stat").ok()?;
+    let (start, end) = (stat.arg_start? as usize, stat.arg_end? as usize);
     (start != 0 && end > start).then_some((start, end))
 }
 
